@@ -1,0 +1,4 @@
+from llmb.cli import cli
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,100 @@
+"""The cpu reference plugin: plain PyTorch on the host CPU, built into llmb."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+
+import torch
+
+from llmb import Setting, hookimpl
+
+COMPILE_MODES = ("none", "default", "max-autotune")
+
+
+@hookimpl
+def device_types():
+    return ["cpu"]
+
+
+@hookimpl
+def supported_precisions():
+    # No CPU computes TF32 matmuls; a TF32 label here would only be FP32 under another name.
+    return ["FP32", "FP16", "BF16"]
+
+
+@hookimpl
+def hardware_available():
+    return True
+
+
+@hookimpl
+def plugin_settings():
+    return [
+        Setting("compile", str, "none", "torch.compile the model with this mode", COMPILE_MODES),
+        Setting("threads", int, 0, "intra-op threads for torch (0: torch's default)"),
+    ]
+
+
+@hookimpl
+def setup_backend(device, precision, settings):
+    if settings.get("threads"):
+        torch.set_num_threads(settings["threads"])
+
+
+@hookimpl
+def process_model(model, optimizer, device, precision, settings):
+    mode = settings.get("compile", "none")
+    if mode == "none":
+        return model
+    return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+@hookimpl
+def synchronize(device):
+    return True  # eager CPU kernels have finished when they return
+
+
+@hookimpl
+def reset_peak_memory(device):
+    return True  # the process high-water mark below cannot be reset; it only grows
+
+
+@hookimpl
+def peak_memory_bytes(device):
+    # Process max RSS: an upper bound on the training memory (includes the interpreter and the libraries).
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+@hookimpl
+def device_name(device):
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+@hookimpl
+def device_count(device):
+    return 1
+
+
+@hookimpl
+def run_facts(device):
+    return {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+    }
+
+
+@hookimpl
+def distributed_backend(device):
+    return "gloo"

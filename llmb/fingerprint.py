@@ -1,0 +1,20 @@
+"""The model fingerprint: sha256 of the model source. Every run recomputes it and compares with the release."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import llmb.model
+
+# The released model definition's sha256. Changing llmb/model.py changes this, and so the benchmark itself.
+RELEASED_MODEL_FINGERPRINT = "c8d3bd3c62147903185167fd5df11a82aaa38361a0a2f394ada7984401c7516a"
+
+
+def model_fingerprint() -> str:
+    """sha256 of the model source as it is installed now."""
+    return hashlib.sha256(Path(llmb.model.__file__).read_bytes()).hexdigest()
+
+
+def fingerprint_holds() -> bool:
+    return model_fingerprint() == RELEASED_MODEL_FINGERPRINT

@@ -1,0 +1,163 @@
+"""The fixed llmb model: a LLaMA-style decoder with the semantics of HF transformers' LlamaForCausalLM.
+
+This file is the benchmark's model definition. Its sha256 is the model fingerprint: any edit makes every run
+invalid ("model definition changed"). Hardware plugins post-process the *instance*, never this source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 32000
+    hidden_size: int = 3200
+    intermediate_size: int = 6400
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 32
+    sequence_length: int = 256
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    initializer_range: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# The official benchmark shape, the only one a valid result may use (1,433,680,000 parameters).
+OFFICIAL_CONFIG = ModelConfig()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # As HF: normalise in float32, cast back, then scale by the weight in its own dtype.
+        input_dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(input_dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        # Not a parameter and not saved: recomputed from the shape, so casting the model cannot round it.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(seq_len, device=x.device, dtype=torch.float32)
+        freqs = torch.outer(positions, self.inv_freq.float())
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        width = self.num_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        heads = (batch, seq_len, self.num_heads, self.head_dim)
+        q = self.q_proj(x).view(heads).transpose(1, 2)
+        k = self.k_proj(x).view(heads).transpose(1, 2)
+        v = self.v_proj(x).view(heads).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Decoder-only LLaMA for causal-LM training; parameter names follow HF's LlamaForCausalLM."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.hidden_size % config.num_attention_heads:
+            raise ValueError(f"hidden size {config.hidden_size} is not divisible by {config.num_attention_heads} heads")
+        if config.head_dim % 2:
+            raise ValueError(f"head dim {config.head_dim} must be even for rotary embeddings")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        """Return (loss, logits); loss is None without labels. Labels are shifted here, as in HF."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(x, input_ids.shape[1])
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        logits = self.lm_head(self.norm(x)).float()
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+        return loss, logits
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def embedding_parameters(config: ModelConfig) -> int:
+    """Parameters of the input embedding table (excluded from FLOPs, as torchtitan does)."""
+    return config.vocab_size * config.hidden_size

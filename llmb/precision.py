@@ -1,0 +1,240 @@
+"""Precision recipes, and the audit that finds which numeric format really ran.
+
+The rules: a run that mixes formats counts as its lowest-bit format. Formats are ranked by mantissa bits, most
+first: FP32 (24) > TF32 (11) > FP16 (11, narrow range) > BF16 (8) > FP8. A run is labelled with the lowest rank
+that any piece of evidence shows: tensor dtypes, backend flags, the autocast dtype, the plugin's own facts, and a
+matmul probe run on the device in the run's real backend state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+PRECISIONS = ("FP32", "TF32", "FP16", "BF16")
+MODES = ("pure", "amp")
+# Lowest format last. FP8 is not a benchmark precision: a run that shows it cannot be labelled with any of the four.
+RANK = {"FP32": 0, "TF32": 1, "FP16": 2, "BF16": 3, "FP8": 4}
+HALF_DTYPES = {"FP16": torch.float16, "BF16": torch.bfloat16}
+DTYPE_FORMAT = {
+    torch.float64: "FP32",
+    torch.float32: "FP32",
+    torch.float16: "FP16",
+    torch.bfloat16: "BF16",
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        DTYPE_FORMAT[getattr(torch, _name)] = "FP8"
+
+# Relative Frobenius error of a 256x256x256 FP32 matmul against float64, measured on this project's CPU:
+# IEEE FP32 ~3e-7, BF16 inputs ~2.3e-3 to 2.9e-3, FP16 inputs ~4e-4; TF32 has FP16's 10-bit mantissa, so ~4e-4.
+# The thresholds sit a decade away from each measured cluster.
+PROBE_FP32_MAX_ERROR = 1e-5
+PROBE_10BIT_MAX_ERROR = 1.2e-3
+PROBE_BF16_MAX_ERROR = 1.5e-2
+
+
+@dataclass(frozen=True)
+class PrecisionFact:
+    """One fact about backend state; ``implies`` is the numeric format it lets run, or None if it says nothing."""
+
+    name: str
+    value: Any
+    implies: str | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    precision: str
+    mode: str
+    param_dtype: torch.dtype
+    autocast_dtype: torch.dtype | None
+    grad_scaler: bool
+
+
+def lowest(formats: list[str | None]) -> str:
+    """The lowest-bit format among the given ones (FP32 if none)."""
+    present = [f for f in formats if f]
+    return max(present, key=RANK.__getitem__) if present else "FP32"
+
+
+def recipe(precision: str, mode: str) -> Recipe:
+    """How the harness runs a precision: parameter dtype, autocast dtype, and whether FP16 needs a scaler."""
+    if precision in ("FP32", "TF32"):
+        return Recipe(precision, "pure", torch.float32, None, False)
+    half = HALF_DTYPES[precision]
+    if mode == "pure":
+        return Recipe(precision, mode, half, None, False)
+    return Recipe(precision, mode, torch.float32, half, precision == "FP16")
+
+
+def _set_fp32_precision(value: str) -> None:
+    """Set the per-backend fp32_precision switches this torch has ("ieee" or "tf32")."""
+    b = torch.backends
+    for holder in (b.cuda.matmul, b.cudnn.conv, b.cudnn.rnn, b.mkldnn.matmul, b.mkldnn.conv, b.mkldnn.rnn):
+        if hasattr(holder, "fp32_precision"):
+            holder.fp32_precision = value
+
+
+def apply_backend_recipe(precision: str) -> None:
+    """Set the framework's matmul switches for the precision; a plugin's setup_backend runs after this.
+
+    Only TF32 allows TF32: FP16/BF16 keep IEEE FP32 for their FP32 leftovers, as the reference's defaults did.
+    """
+    allow = precision == "TF32"
+    torch.set_float32_matmul_precision("high" if allow else "highest")
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        # Newer torch: use only the new switches; mixing them with allow_tf32 makes torch raise when read.
+        _set_fp32_precision("tf32" if allow else "ieee")
+    else:  # pragma: no cover - older torch
+        torch.backends.cuda.matmul.allow_tf32 = allow
+        torch.backends.cudnn.allow_tf32 = allow
+
+
+def _read(getter) -> Any:
+    try:
+        return getter()
+    except Exception as exc:  # torch raises when legacy and new switches disagree; record that
+        return f"unreadable: {exc.__class__.__name__}"
+
+
+_SWITCH_FORMAT = {"ieee": None, "none": None, "tf32": "TF32", "bf16": "BF16"}
+_MATMUL_PRECISION_FORMAT = {"highest": None, "high": "TF32", "medium": "BF16"}
+
+
+def backend_flag_facts(device: torch.device) -> list[PrecisionFact]:
+    """What torch's global and per-backend switches allow for FP32 matmuls on this device type."""
+    b = torch.backends
+    mm = torch.get_float32_matmul_precision()
+    facts = [PrecisionFact("torch.float32_matmul_precision", mm, _MATMUL_PRECISION_FORMAT.get(mm))]
+    switches = {"cpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")}.get(
+        device.type, ("cuda.matmul", "cudnn.conv", "cudnn.rnn")
+    )
+    for path in switches:
+        holder = b
+        for part in path.split("."):
+            holder = getattr(holder, part, None)
+        if holder is not None and hasattr(holder, "fp32_precision"):
+            value = holder.fp32_precision
+            facts.append(PrecisionFact(f"torch.backends.{path}.fp32_precision", value, _SWITCH_FORMAT.get(value)))
+    if device.type == "cuda":
+        for name, getter in (
+            ("torch.backends.cuda.matmul.allow_tf32", lambda: b.cuda.matmul.allow_tf32),
+            ("torch.backends.cudnn.allow_tf32", lambda: b.cudnn.allow_tf32),
+        ):
+            value = _read(getter)
+            facts.append(PrecisionFact(name, value, "TF32" if value is True else None))
+        for name, getter in (
+            ("allow_fp16_reduced_precision_reduction", lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction),
+            ("allow_bf16_reduced_precision_reduction", lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        ):
+            # These only touch FP16/BF16 GEMMs, whose runs are labelled FP16/BF16 already: recorded, no implication.
+            facts.append(PrecisionFact(f"torch.backends.cuda.matmul.{name}", _read(getter), None))
+    return facts
+
+
+def tensor_dtypes(tensors) -> dict[str, int]:
+    """Count of tensors per dtype name."""
+    counts: dict[str, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            key = str(t.dtype).replace("torch.", "")
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer):
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if key != "step" and isinstance(value, torch.Tensor):
+                yield value
+
+
+def _format_of_dtype_name(name: str) -> str | None:
+    dtype = getattr(torch, name, None)
+    return DTYPE_FORMAT.get(dtype)
+
+
+def matmul_probe(device: torch.device, autocast_dtype: torch.dtype | None, sync) -> dict:
+    """Multiply FP32 matrices on the device in the run's backend state and compare with float64 on the CPU.
+
+    The relative error tells the mantissa width the device really used; a second product with large values
+    overflows FP16's range (65504) but not TF32's or BF16's, which tells the two 10-bit formats apart.
+    """
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randn(256, 256, generator=gen)
+    b = torch.randn(256, 256, generator=gen)
+    big = 300.0  # products ~9e4 each, sums ~1.4e6: finite in FP32/TF32/BF16, inf in FP16
+
+    def product(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+        with ctx:
+            out = x.to(device) @ y.to(device)
+        sync()
+        return out.detach().to("cpu", torch.float64)
+
+    reference = a.double() @ b.double()
+    error = ((product(a, b) - reference).norm() / reference.norm()).item()
+    big_result = product(a * big, b * big)
+    big_reference = reference * big * big
+    range_ok = bool(torch.isfinite(big_result).all()) and (
+        ((big_result - big_reference).norm() / big_reference.norm()).item() < 0.1
+    )
+    if not range_ok:
+        verdict = "FP16"
+    elif error <= PROBE_FP32_MAX_ERROR:
+        verdict = "FP32"
+    elif error <= PROBE_10BIT_MAX_ERROR:
+        verdict = "TF32"
+    elif error <= PROBE_BF16_MAX_ERROR:
+        verdict = "BF16"
+    else:
+        verdict = "FP8"
+    return {"relative_error": error, "fp16_range_overflow": not range_ok, "verdict": verdict}
+
+
+def audit(
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    recipe: Recipe,
+    plugin_facts: list[PrecisionFact],
+    sync,
+) -> dict:
+    """Collect every piece of evidence of the numeric format after one training step; return the audit record."""
+    params = list(model.parameters())
+    param_dtypes = tensor_dtypes(params)
+    grad_dtypes = tensor_dtypes(p.grad for p in params if p.grad is not None)
+    state_dtypes = tensor_dtypes(optimizer_state_tensors(optimizer))
+    facts = backend_flag_facts(device) + list(plugin_facts)
+    autocast_format = DTYPE_FORMAT.get(recipe.autocast_dtype) if recipe.autocast_dtype else None
+    probe = matmul_probe(device, recipe.autocast_dtype, sync)
+
+    evidence: dict[str, str | None] = {}
+    for label, counts in (("parameters", param_dtypes), ("gradients", grad_dtypes), ("optimizer_state", state_dtypes)):
+        evidence[label] = lowest([_format_of_dtype_name(n) for n in counts])
+    evidence["autocast"] = autocast_format
+    for fact in facts:
+        if fact.implies:
+            evidence[fact.name] = fact.implies
+    evidence["matmul_probe"] = probe["verdict"]
+    effective = lowest(list(evidence.values()))
+    return {
+        "effective": effective,
+        "parameter_dtypes": param_dtypes,
+        "gradient_dtypes": grad_dtypes,
+        "optimizer_state_dtypes": state_dtypes,
+        "autocast_dtype": str(recipe.autocast_dtype).replace("torch.", "") if recipe.autocast_dtype else None,
+        "grad_scaler": recipe.grad_scaler,
+        "backend": [{"name": f.name, "value": _jsonable(f.value), "implies": f.implies} for f in facts],
+        "matmul_probe": probe,
+        "evidence": {k: v for k, v in evidence.items() if v},
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)

@@ -1,0 +1,314 @@
+"""One benchmark run, end to end: plugin, backend, model, post-processing, audit, measurement, record."""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import math
+import platform
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from llmb import __version__, flops, precision
+from llmb.config import official_reasons
+from llmb.device import Device, check_device_present, parse_device
+from llmb.errors import LlmbError, UsageError
+from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
+from llmb.model import LlamaModel, ModelConfig, count_parameters
+from llmb.plugins import Plugin, select_plugin
+from llmb.results import SCHEMA
+from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
+
+# A freshly initialised model predicts near-uniformly: its first loss sits near ln(vocab). Measured here: tiny
+# preset 10.38, small 10.40, official ~11.0 (logit std 0.02 x sqrt(hidden)); a scaled or broken model leaves the band.
+LOSS_BAND = (0.8, 1.3)
+
+
+@dataclass
+class RunOptions:
+    config: ModelConfig
+    preset: str = "official"
+    plugin: str | None = None
+    device: str | None = None
+    precision: str = "FP32"
+    mode: str = "pure"
+    batch_size: int = 1
+    steps: int = 50
+    warmup_steps: int = 5
+    repeats: int = 1
+    seed: int = 0
+    settings: dict[str, str] = field(default_factory=dict)
+    strict_precision: bool = False
+
+
+class Progress:
+    """What a run reports while it works; the CLI draws it, tests ignore it."""
+
+    def phase(self, name: str, total: int) -> None: ...
+
+    def advance(self) -> None: ...
+
+
+def loss_band(vocab_size: int) -> tuple[float, float]:
+    return LOSS_BAND[0] * math.log(vocab_size), LOSS_BAND[1] * math.log(vocab_size)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    while exc is not None:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        text = str(exc).lower()
+        if isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def resolve(options: RunOptions) -> tuple[Plugin, torch.device, dict]:
+    """Check the request before any work: plugin, settings, device, precision, sizes."""
+    if options.precision not in precision.PRECISIONS:
+        raise UsageError(f"unknown precision {options.precision!r} (choose from {', '.join(precision.PRECISIONS)})")
+    if options.mode not in precision.MODES:
+        raise UsageError(f"unknown precision mode {options.mode!r} (choose from pure, amp)")
+    for name in ("batch_size", "steps", "warmup_steps", "repeats"):
+        if getattr(options, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
+    plugin = select_plugin(options.plugin)
+    settings = plugin.resolve_settings(options.settings)
+    if options.precision not in plugin.precisions():
+        raise UsageError(
+            f"plugin {plugin.name!r} does not support {options.precision} (supports {', '.join(plugin.precisions())})"
+        )
+    types = plugin.device_types()
+    device = parse_device(options.device or (types[0] if types else "cpu"))
+    if types and device.type not in types:
+        raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
+    return plugin, device, settings
+
+
+def run(options: RunOptions, progress: Progress | None = None) -> dict:
+    """Run the benchmark once for one precision and return its result record."""
+    progress = progress or Progress()
+    plugin, device, settings = resolve(options)
+    try:
+        return _run(options, plugin, device, settings, progress)
+    except LlmbError:
+        raise
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise LlmbError(
+                f"out of memory at batch size {options.batch_size} on {device}: {str(exc).splitlines()[0]}"
+            ) from exc
+        raise
+    finally:
+        gc.collect()
+
+
+def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress) -> dict:
+    config = options.config
+    recipe = precision.recipe(options.precision, options.mode)
+    precision.apply_backend_recipe(options.precision)
+    plugin.call("setup_backend", device=device, precision=options.precision, settings=settings)
+    check_device_present(device)
+    services = Device(plugin, device)
+
+    torch.manual_seed(options.seed)
+    model = LlamaModel(config)  # built on the CPU from the seed, so every device starts from the same weights
+    parameters = count_parameters(model)
+    model.to(device=device, dtype=recipe.param_dtype)
+    model.train()
+    optimizer_options = plugin.call("optimizer_options", device=device, precision=options.precision, settings=settings)
+    try:
+        optimizer = build_optimizer(model, optimizer_options)
+    except ValueError as exc:
+        raise LlmbError(f"plugin {plugin.name!r}: {exc}") from None
+    processed = plugin.call(
+        "process_model",
+        model=model,
+        optimizer=optimizer,
+        device=device,
+        precision=options.precision,
+        settings=settings,
+    )
+    model = processed if processed is not None else model
+    invalid: list[str] = [f"optimizer: {p}" for p in optimizer_problems(optimizer, model)]
+    processed_parameters = count_parameters(model)
+    if processed_parameters != parameters:
+        invalid.append(f"post-processing changed the parameter count from {parameters} to {processed_parameters}")
+
+    batch = synthetic_batch(config, options.batch_size, options.seed, device)
+    trainer = Trainer(model, optimizer, batch, recipe, services)
+
+    progress.phase("warmup", options.warmup_steps)
+    services.reset_peak_memory()
+    initial_loss = float(trainer.step())  # a freshly initialised model's loss, for the band guard
+    progress.advance()
+    audit = precision.audit(
+        model=model,
+        optimizer=optimizer,
+        device=device,
+        recipe=recipe,
+        plugin_facts=_flatten(
+            plugin.call("precision_facts", device=device, precision=options.precision, settings=settings)
+        ),
+        sync=services.synchronize,
+    )
+    for _ in range(options.warmup_steps - 1):
+        trainer.step()
+        progress.advance()
+
+    measurements = []
+    for repeat in range(options.repeats):
+        progress.phase(f"measure {repeat + 1}/{options.repeats}", options.steps)
+        measurements.append(trainer.measure(options.steps, on_step=progress.advance))
+    peak_memory = services.peak_memory_bytes()
+    chosen = median_measurement(measurements)
+
+    low, high = loss_band(config.vocab_size)
+    losses = (initial_loss, chosen.loss_first, chosen.loss_last)
+    if not all(math.isfinite(v) for v in losses):
+        invalid.append("non-finite loss")
+    elif not low <= initial_loss <= high:
+        invalid.append(f"first loss {initial_loss:.4f} outside the band [{low:.2f}, {high:.2f}] around ln(vocab)")
+    elif all(m.loss_last == initial_loss for m in measurements):
+        invalid.append("loss did not move over the run")
+    if trainer.scaler is None and trainer.optimizer_steps != trainer.harness_steps:
+        invalid.append(
+            f"optimizer.step() ran {trainer.optimizer_steps} times for {trainer.harness_steps} harness steps"
+        )
+    fingerprint = model_fingerprint()
+    if fingerprint != RELEASED_MODEL_FINGERPRINT:
+        invalid.append("model definition changed")
+    effective = audit["effective"]
+    if effective not in precision.PRECISIONS:
+        invalid.append(f"effective precision {effective} is not a benchmark precision")
+    if precision.RANK[effective] > precision.RANK[options.precision] and options.strict_precision:
+        invalid.append(f"--strict-precision: requested {options.precision}, ran {effective}")
+
+    return build_record(
+        options=options,
+        plugin=plugin,
+        settings=settings,
+        services=services,
+        parameters=parameters,
+        audit=audit,
+        measurements=measurements,
+        chosen=chosen,
+        initial_loss=initial_loss,
+        peak_memory=peak_memory,
+        invalid=invalid,
+        fingerprint=fingerprint,
+        trainer=trainer,
+    )
+
+
+def _flatten(lists) -> list:
+    return [item for items in (lists or []) for item in (items or [])]
+
+
+def build_record(
+    *,
+    options,
+    plugin,
+    settings,
+    services,
+    parameters,
+    audit,
+    measurements,
+    chosen,
+    initial_loss,
+    peak_memory,
+    invalid,
+    fingerprint,
+    trainer,
+) -> dict:
+    config = options.config
+    effective = audit["effective"]
+    tokens = options.batch_size * config.sequence_length * options.steps
+    tokens_per_second = tokens / chosen.window_seconds
+    flops_per_token = flops.model_flops_per_token(config, parameters)
+    tflops = flops.achieved_tflops(tokens_per_second, flops_per_token)
+    peak = services.peak_flops(effective) if effective in precision.PRECISIONS else None
+    debug = official_reasons(config)
+    return {
+        "schema": SCHEMA,
+        "llmb_version": __version__,
+        "run_id": uuid.uuid4().hex[:8],
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "official": not debug,
+        "valid": not debug and not invalid,
+        "debug_reasons": debug,
+        "invalid_reasons": invalid,
+        "model_fingerprint": fingerprint,
+        "preset": options.preset,
+        "config": config.to_dict(),
+        "parameters": parameters,
+        "batch_size": options.batch_size,
+        "sequence_length": config.sequence_length,
+        "warmup_steps": options.warmup_steps,
+        "steps": options.steps,
+        "repeats": options.repeats,
+        "seed": options.seed,
+        "plugin": {
+            "name": plugin.name,
+            "version": plugin.version,
+            "distribution": plugin.distribution,
+            "settings": settings,
+        },
+        "device": {
+            "type": services.device.type,
+            "spec": str(services.device),
+            "name": services.name(),
+            "count": services.count(),
+        },
+        "software": {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()},
+        "facts": _merge(plugin.call("run_facts", device=services.device)),
+        "optimizer": {
+            "class": f"{type(trainer.optimizer).__module__}.{type(trainer.optimizer).__qualname__}",
+            "defaults": {
+                k: trainer.optimizer.defaults.get(k)
+                for k in ("lr", "betas", "eps", "weight_decay", "foreach", "fused", "capturable")
+            },
+            "harness_steps": trainer.harness_steps,
+            "optimizer_steps": trainer.optimizer_steps,
+        },
+        "precision": {
+            "requested": options.precision,
+            "effective": effective,
+            "mode": trainer.recipe.mode,
+            "audit": audit,
+        },
+        "timing": {
+            "window_seconds": chosen.window_seconds,
+            "step_seconds": chosen.step_seconds,
+            "method": chosen.method,
+            "repeat_window_seconds": [m.window_seconds for m in measurements],
+        },
+        "tokens_per_second": tokens_per_second,
+        "samples_per_second": options.batch_size * options.steps / chosen.window_seconds,
+        "model_flops_per_token": flops_per_token,
+        "tflops": tflops,
+        "peak_flops": peak,
+        "mfu": flops.mfu(tflops, peak),
+        "fom": flops.fom(config, options.batch_size, chosen.window_seconds / options.steps),
+        "peak_memory_bytes": peak_memory,
+        "loss": {"initial": initial_loss, "first": chosen.loss_first, "last": chosen.loss_last},
+    }
+
+
+def _merge(dicts) -> dict:
+    merged: dict = {}
+    for item in dicts or []:
+        merged.update(item or {})
+    return {
+        k: (v if isinstance(v, (bool, int, float, str, type(None), list, dict)) else str(v)) for k, v in merged.items()
+    }
+
+
+def write(record: dict, out_dir: Path) -> Path:
+    from llmb.results import write_result
+
+    return write_result(record, out_dir)

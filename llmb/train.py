@@ -1,0 +1,162 @@
+"""The fixed training loop: synthetic data, torch.optim.AdamW, and a device-synchronised timer.
+
+The harness owns this loop. Plugins change the model instance and the backend, never what happens here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from llmb.device import Device
+from llmb.model import ModelConfig
+from llmb.precision import Recipe
+
+# The benchmark's optimizer, fixed: torch.optim.AdamW with these hyperparameters.
+ADAMW_HYPERPARAMETERS = {"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01}
+# What a plugin may choose: AdamW's implementation, never its mathematics.
+OPTIMIZER_OPTIONS = ("foreach", "fused", "capturable")
+
+
+def synthetic_batch(config: ModelConfig, batch_size: int, seed: int, device: torch.device) -> torch.Tensor:
+    """Random token ids from a seeded CPU generator (the same on every device), moved to the device once."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (batch_size, config.sequence_length), generator=generator)
+    return ids.to(device)
+
+
+def parameter_groups(model: torch.nn.Module) -> list[dict]:
+    """Weight decay for matrices, none for 1-D parameters (the norm weights)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, options: dict | None) -> torch.optim.AdamW:
+    """torch.optim.AdamW with the fixed hyperparameters; plugin options may only pick the implementation."""
+    options = dict(options or {})
+    refused = sorted(set(options) - set(OPTIMIZER_OPTIONS))
+    if refused:
+        raise ValueError(
+            f"optimizer options {', '.join(refused)} refused: only {', '.join(OPTIMIZER_OPTIONS)} may be set"
+        )
+    return torch.optim.AdamW(parameter_groups(model), **ADAMW_HYPERPARAMETERS, **options)
+
+
+def optimizer_problems(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[str]:
+    """Why the optimizer is not the benchmark's AdamW over every model parameter (empty when it is)."""
+    problems = []
+    if type(optimizer) is not torch.optim.AdamW:
+        problems.append(f"optimizer is {type(optimizer).__module__}.{type(optimizer).__qualname__}, not AdamW")
+        return problems
+    for index, group in enumerate(optimizer.param_groups):
+        expected = dict(ADAMW_HYPERPARAMETERS, weight_decay=ADAMW_HYPERPARAMETERS["weight_decay"] if index == 0 else 0)
+        for key, value in expected.items():
+            got = group.get(key)
+            if (tuple(got) if isinstance(got, (list, tuple)) else got) != value:
+                problems.append(f"optimizer {key} is {got!r}, fixed value is {value!r}")
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [name for name, p in model.named_parameters() if id(p) not in in_optimizer]
+    if missing:
+        problems.append(f"{len(missing)} model parameters are not optimised (first: {missing[0]})")
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        problems.append(f"{len(frozen)} model parameters are frozen (first: {frozen[0]})")
+    return problems
+
+
+@dataclass
+class Measurement:
+    window_seconds: float
+    step_seconds: list[float]
+    method: str
+    loss_first: float
+    loss_last: float
+
+
+class Trainer:
+    """One model, its optimizer and its batch, stepped by the harness's loop."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batch: torch.Tensor,
+        recipe: Recipe,
+        device: Device,
+    ) -> None:
+        self.model, self.optimizer, self.batch, self.recipe, self.device = model, optimizer, batch, recipe, device
+        self.scaler = torch.amp.GradScaler(device.device.type) if recipe.grad_scaler else None
+        self.harness_steps = 0
+        self.optimizer_steps = 0
+        # Counts real AdamW.step() calls, so a plugin that bypasses the harness's step shows up.
+        optimizer.register_step_post_hook(self._count_step)
+
+    def _count_step(self, optimizer, args, kwargs) -> None:
+        self.optimizer_steps += 1
+
+    def _autocast(self):
+        if self.recipe.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.device.type, dtype=self.recipe.autocast_dtype)
+
+    def step(self) -> torch.Tensor:
+        """One training step, all from Python: zero_grad, forward, backward, optimizer.step()."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss, _ = self.model(self.batch, labels=self.batch)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)  # calls optimizer.step() unless the gradients overflowed
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.device.step_end()
+        self.harness_steps += 1
+        return loss.detach()
+
+    def measure(self, steps: int, on_step: Callable[[], None] | None = None) -> Measurement:
+        """Time `steps` steps in one window synchronised on the device at both ends, plus per-step times."""
+        device = self.device
+        events = [(device.new_event(), device.new_event()) for _ in range(steps)] if device.has_events else None
+        losses = []
+        host_steps = []
+        device.synchronize()
+        start = time.perf_counter()
+        for index in range(steps):
+            if events:
+                events[index][0].record()
+            else:
+                step_start = time.perf_counter()
+            losses.append(self.step())
+            if events:
+                events[index][1].record()
+            else:
+                device.synchronize()
+                host_steps.append(time.perf_counter() - step_start)
+            if on_step:
+                on_step()
+        device.synchronize()
+        window = time.perf_counter() - start
+        if events:
+            step_seconds = [begin.elapsed_time(end) / 1000.0 for begin, end in events]
+            method = "device-events"
+        else:
+            step_seconds, method = host_steps, "host-synchronised"
+        return Measurement(window, step_seconds, method, float(losses[0]), float(losses[-1]))
+
+
+def median_measurement(measurements: list[Measurement]) -> Measurement:
+    """The run whose window is the median one (the lower middle for an even count)."""
+    ordered = sorted(measurements, key=lambda m: m.window_seconds)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

@@ -1,0 +1,47 @@
+"""Parity with HF transformers' LlamaForCausalLM (transformers is a test-only dependency)."""
+
+import pytest
+import torch
+
+from llmb.config import build_config
+from llmb.model import LlamaModel
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
+
+
+def test_logits_and_loss_match_hf_llama_in_fp32():
+    config = build_config("tiny", num_hidden_layers=3)
+    hf_config = transformers.LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_attention_heads,
+        max_position_embeddings=config.sequence_length,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        hidden_act="silu",
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    hf_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    ours = LlamaModel(config).eval()
+    hf = transformers.LlamaForCausalLM(hf_config).eval()
+    hf_state = {name.removeprefix("model."): tensor for name, tensor in hf.state_dict().items()}
+    # Copy our weights into HF by name: HF nests the decoder under "model.", the head sits beside it.
+    theirs = {}
+    for name, tensor in ours.state_dict().items():
+        assert name in hf_state, f"{name} has no HF counterpart"
+        theirs[name if name == "lm_head.weight" else f"model.{name}"] = tensor
+    missing, unexpected = hf.load_state_dict(theirs, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing)
+
+    ids = torch.randint(0, config.vocab_size, (2, config.sequence_length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        loss, logits = ours(ids, labels=ids)
+        out = hf(input_ids=ids, labels=ids)
+    torch.testing.assert_close(logits, out.logits.float(), rtol=1e-5, atol=1e-5)
+    assert abs(loss.item() - out.loss.item()) < 1e-5

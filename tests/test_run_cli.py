@@ -1,0 +1,106 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from llmb.cli import cli
+from llmb.results import SCHEMA
+
+TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "3", "--warmup-steps", "1"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
+    result = invoke("run", *TINY, "--precision", "FP32", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    record = json.loads(files[0].read_text())
+    for key in (
+        "schema",
+        "llmb_version",
+        "created",
+        "official",
+        "invalid_reasons",
+        "model_fingerprint",
+        "config",
+        "parameters",
+        "batch_size",
+        "sequence_length",
+        "warmup_steps",
+        "steps",
+        "plugin",
+        "device",
+        "software",
+        "precision",
+        "timing",
+        "tokens_per_second",
+        "samples_per_second",
+        "peak_memory_bytes",
+        "loss",
+    ):
+        assert key in record, key
+    assert record["schema"] == SCHEMA
+    assert record["official"] is False and record["valid"] is False
+    assert record["invalid_reasons"] == []
+    assert len(record["timing"]["step_seconds"]) == 3
+    assert record["timing"]["method"] == "host-synchronised"
+    tokens = record["batch_size"] * record["sequence_length"] * record["steps"]
+    assert record["tokens_per_second"] == pytest.approx(tokens / record["timing"]["window_seconds"])
+    assert record["precision"] == {**record["precision"], "requested": "FP32", "effective": "FP32", "mode": "pure"}
+    assert "DEBUG RUN" in result.output
+    assert not list(tmp_path.glob(".*")), "no temporary files left behind"
+
+
+def test_repeats_report_the_median_window(tmp_path):
+    result = invoke("run", *TINY, "--repeats", "3", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    windows = record["timing"]["repeat_window_seconds"]
+    assert len(windows) == 3
+    assert record["timing"]["window_seconds"] == sorted(windows)[1]
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--precision", "FP64"], 2, "unknown precision"),
+        (["--batch-size", "0"], 2, "--batch-size must be at least 1"),
+        (["--device", "nosuchdevice"], 2, "cannot parse device"),
+        (["--device", "cuda"], 2, "serves cpu, not 'cuda'"),
+        (["--hidden-size", "65"], 2, "not divisible"),
+        (["--plugin", "nosuch"], 2, "no plugin named"),
+        (["-O", "nosetting=1"], 2, "has no setting"),
+        (["-O", "compile=fast"], 2, "expected one of"),
+        (["--precision", "TF32"], 2, "does not support TF32"),
+        (["--batch-size", "100000000"], 1, "out of memory"),
+    ],
+)
+def test_bad_input_is_one_line_and_an_exit_code(args, code, message, tmp_path):
+    result = CliRunner().invoke(cli, ["run", *TINY, "--out", str(tmp_path), *args])
+    assert result.exit_code == code, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not list(tmp_path.glob("*.json"))
+
+
+class CudaOnlyPlugin:
+    """In-memory plugin that claims CUDA devices; this machine has none, so the device is absent."""
+
+    __name__ = "cuda_only"
+
+    from llmb import hookimpl
+
+    @hookimpl
+    def device_types(self):
+        return ["cuda"]
+
+
+def test_absent_device_is_a_usage_error(register_plugin, tmp_path):
+    register_plugin(CudaOnlyPlugin(), "cuda_only")
+    result = CliRunner().invoke(cli, ["run", *TINY[2:], "--plugin", "cuda_only", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "device 'cuda' is not available" in result.output
