@@ -107,7 +107,25 @@ def run(options: RunOptions, progress: Progress | None = None) -> dict:
         gc.collect()
 
 
-def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress) -> dict:
+@dataclass
+class Session:
+    """A model prepared for training the way a run prepares it: backend, placement, recipe, plugin, optimizer."""
+
+    plugin: Plugin
+    device: torch.device
+    settings: dict
+    services: Device
+    recipe: precision.Recipe
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    trainer: Trainer
+    parameters: int
+    invalid: list[str]
+
+
+def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict) -> Session:
+    """Everything before the first step: the precision recipe, the plugin's backend setup, the model built from the
+    seed on the CPU and moved to the device, AdamW, the plugin's post-processing, and the checks on its output."""
     config = options.config
     recipe = precision.recipe(options.precision, options.mode)
     precision.apply_backend_recipe(options.precision)
@@ -138,24 +156,35 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
     processed_parameters = count_parameters(model)
     if processed_parameters != parameters:
         invalid.append(f"post-processing changed the parameter count from {parameters} to {processed_parameters}")
-
     batch = synthetic_batch(config, options.batch_size, options.seed, device)
     trainer = Trainer(model, optimizer, batch, recipe, services)
+    return Session(plugin, device, settings, services, recipe, model, optimizer, trainer, parameters, invalid)
+
+
+def audit_session(session: Session) -> dict:
+    """The precision audit in the run's real state (call it after the first step, so gradients exist)."""
+    facts = session.plugin.call(
+        "precision_facts", device=session.device, precision=session.recipe.precision, settings=session.settings
+    )
+    return precision.audit(
+        model=session.model,
+        optimizer=session.optimizer,
+        device=session.device,
+        recipe=session.recipe,
+        plugin_facts=_flatten(facts),
+        sync=session.services.synchronize,
+    )
+
+
+def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress) -> dict:
+    session = prepare(options, plugin, device, settings)
+    trainer, services, invalid = session.trainer, session.services, session.invalid
 
     progress.phase("warmup", options.warmup_steps)
     services.reset_peak_memory()
     initial_loss = float(trainer.step())  # a freshly initialised model's loss, for the band guard
     progress.advance()
-    audit = precision.audit(
-        model=model,
-        optimizer=optimizer,
-        device=device,
-        recipe=recipe,
-        plugin_facts=_flatten(
-            plugin.call("precision_facts", device=device, precision=options.precision, settings=settings)
-        ),
-        sync=services.synchronize,
-    )
+    audit = audit_session(session)
     for _ in range(options.warmup_steps - 1):
         trainer.step()
         progress.advance()
@@ -167,14 +196,7 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
     peak_memory = services.peak_memory_bytes()
     chosen = median_measurement(measurements)
 
-    low, high = loss_band(config.vocab_size)
-    losses = (initial_loss, chosen.loss_first, chosen.loss_last)
-    if not all(math.isfinite(v) for v in losses):
-        invalid.append("non-finite loss")
-    elif not low <= initial_loss <= high:
-        invalid.append(f"first loss {initial_loss:.4f} outside the band [{low:.2f}, {high:.2f}] around ln(vocab)")
-    elif all(m.loss_last == initial_loss for m in measurements):
-        invalid.append("loss did not move over the run")
+    invalid += loss_problems(options.config, initial_loss, measurements)
     if trainer.scaler is None and trainer.optimizer_steps != trainer.harness_steps:
         invalid.append(
             f"optimizer.step() ran {trainer.optimizer_steps} times for {trainer.harness_steps} harness steps"
@@ -193,7 +215,7 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         plugin=plugin,
         settings=settings,
         services=services,
-        parameters=parameters,
+        parameters=session.parameters,
         audit=audit,
         measurements=measurements,
         chosen=chosen,
@@ -203,6 +225,19 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         fingerprint=fingerprint,
         trainer=trainer,
     )
+
+
+def loss_problems(config: ModelConfig, initial_loss: float, measurements: list) -> list[str]:
+    """The cheap loss guard of every run: finite, first loss near ln(vocab), and moving over the run."""
+    low, high = loss_band(config.vocab_size)
+    losses = [initial_loss] + [v for m in measurements for v in (m.loss_first, m.loss_last)]
+    if not all(math.isfinite(v) for v in losses):
+        return ["non-finite loss"]
+    if not low <= initial_loss <= high:
+        return [f"first loss {initial_loss:.4f} outside the band [{low:.2f}, {high:.2f}] around ln(vocab)"]
+    if all(m.loss_last == initial_loss for m in measurements):
+        return ["loss did not move over the run"]
+    return []
 
 
 def _flatten(lists) -> list:
