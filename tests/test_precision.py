@@ -1,0 +1,174 @@
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from llmb import PrecisionFact, hookimpl, precision
+from llmb.cli import cli
+from llmb.config import PRESETS
+from llmb.flops import fom, model_flops_per_token, parameter_count
+from llmb.model import OFFICIAL_CONFIG
+
+TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "3", "--warmup-steps", "1"]
+
+
+def run(tmp_path, *args):
+    result = CliRunner().invoke(cli, ["run", *TINY, "--out", str(tmp_path), *args])
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    return result, records
+
+
+@pytest.fixture(autouse=True)
+def restore_matmul_precision():
+    yield
+    precision.apply_backend_recipe("FP32")
+
+
+@pytest.mark.parametrize(
+    "name, mode, param_dtype, autocast, probe",
+    [
+        ("FP32", "pure", "float32", None, "FP32"),
+        ("BF16", "pure", "bfloat16", None, "FP32"),  # FP32 probe inputs, no autocast: the dtypes carry the label
+        ("BF16", "amp", "float32", "bfloat16", "BF16"),
+        ("FP16", "pure", "float16", None, "FP32"),
+        ("FP16", "amp", "float32", "float16", "FP16"),
+    ],
+)
+def test_cpu_runs_record_a_correct_audit(tmp_path, name, mode, param_dtype, autocast, probe):
+    result, [record] = run(tmp_path, "--precision", name, "--precision-mode", mode)
+    assert result.exit_code == 0, result.output
+    audit = record["precision"]["audit"]
+    assert record["precision"] == {**record["precision"], "requested": name, "effective": name, "mode": mode}
+    assert set(audit["parameter_dtypes"]) == {param_dtype}
+    assert set(audit["gradient_dtypes"]) == {param_dtype}
+    assert set(audit["optimizer_state_dtypes"]) == {param_dtype}
+    assert audit["autocast_dtype"] == autocast
+    assert audit["grad_scaler"] is (name == "FP16" and mode == "amp")
+    assert audit["matmul_probe"]["verdict"] == probe
+    assert {"name": "torch.float32_matmul_precision", "value": "highest", "implies": None} in audit["backend"]
+    assert record["invalid_reasons"] == []
+
+
+class MediumMatmulPlugin:
+    """Sets float32 matmuls to "medium" under FP32: oneDNN then multiplies in BF16 on this CPU."""
+
+    __name__ = "medium"
+
+    @hookimpl
+    def device_types(self):
+        return ["cpu"]
+
+    @hookimpl
+    def supported_precisions(self):
+        return ["FP32"]
+
+    @hookimpl
+    def setup_backend(self, device, precision, settings):
+        torch.set_float32_matmul_precision("medium")
+
+
+def test_medium_matmul_precision_under_fp32_is_labelled_bf16(register_plugin, tmp_path):
+    register_plugin(MediumMatmulPlugin(), "medium")
+    result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32")
+    assert result.exit_code == 0, result.output
+    assert record["precision"]["requested"] == "FP32"
+    assert record["precision"]["effective"] == "BF16"
+    evidence = record["precision"]["audit"]["evidence"]
+    # The flag audit always sees it; the probe sees it where oneDNN really uses BF16 (AVX512-BF16/AMX CPUs).
+    assert evidence["torch.float32_matmul_precision"] == "BF16"
+    assert "-BF16-" in next(tmp_path.glob("*.json")).name
+    assert "PRECISION: requested FP32 but the audit found BF16" in result.output
+
+
+def test_medium_probe_sees_bf16_on_a_bf16_capable_cpu():
+    if not torch.backends.mkldnn.is_available() or "bf16" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no BF16 matmul units; only the flag audit can see 'medium' here")
+    torch.set_float32_matmul_precision("medium")
+    probe = precision.matmul_probe(torch.device("cpu"), None, lambda: None)
+    assert probe["verdict"] == "BF16", probe
+
+
+def test_strict_precision_makes_a_lower_effective_precision_an_error(register_plugin, tmp_path):
+    register_plugin(MediumMatmulPlugin(), "medium")
+    result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32", "--strict-precision")
+    assert result.exit_code == 1
+    assert any("--strict-precision" in r for r in record["invalid_reasons"])
+
+
+def test_plugin_precision_facts_lower_the_label(register_plugin, tmp_path):
+    class ClaimsTF32:
+        __name__ = "claims_tf32"
+
+        @hookimpl
+        def precision_facts(self, device, precision, settings):
+            return [PrecisionFact("vendor.matmul_mode", "fast", "TF32"), PrecisionFact("vendor.note", "x", None)]
+
+    register_plugin(ClaimsTF32(), "claims_tf32")
+    result, [record] = run(tmp_path, "--plugin", "claims_tf32")
+    assert result.exit_code == 0, result.output
+    assert record["precision"]["effective"] == "TF32"
+    assert {"name": "vendor.matmul_mode", "value": "fast", "implies": "TF32"} in record["precision"]["audit"]["backend"]
+
+
+def test_probe_verdicts_for_each_format():
+    cpu = torch.device("cpu")
+    assert precision.matmul_probe(cpu, None, lambda: None)["verdict"] == "FP32"
+    assert precision.matmul_probe(cpu, torch.bfloat16, lambda: None)["verdict"] == "BF16"
+    fp16 = precision.matmul_probe(cpu, torch.float16, lambda: None)
+    assert fp16["verdict"] == "FP16" and fp16["fp16_range_overflow"]
+
+
+def test_lowest_format_ranks_by_mantissa_bits():
+    assert precision.lowest(["FP32", "TF32"]) == "TF32"
+    assert precision.lowest(["FP16", "BF16", "FP32"]) == "BF16"
+    assert precision.lowest([None, "FP32"]) == "FP32"
+    assert precision.lowest([]) == "FP32"
+
+
+def test_tf32_is_unsupported_on_cpu_and_all_runs_the_rest(tmp_path):
+    result, records = run(tmp_path, "--precision", "all")
+    assert result.exit_code == 0, result.output
+    assert "TF32: unsupported" in result.output
+    assert sorted(r["precision"]["effective"] for r in records) == ["BF16", "FP16", "FP32"]
+
+
+class PeakPlugin:
+    __name__ = "peak"
+
+    @hookimpl
+    def supported_precisions(self):
+        return ["FP32", "BF16"]
+
+    @hookimpl
+    def peak_flops(self, device, precision):
+        return {"FP32": 1e12}.get(precision)
+
+
+def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_plugin, tmp_path):
+    register_plugin(PeakPlugin(), "peak")
+    result, records = run(tmp_path, "--plugin", "peak", "--precision", "FP32")
+    assert result.exit_code == 0, result.output
+    [record] = records
+    assert record["peak_flops"] == 1e12
+    assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 1e12)
+    result, records = run(tmp_path / "bf16", "--plugin", "peak", "--precision", "BF16")
+    assert records[0]["mfu"] is None and records[0]["peak_flops"] is None
+
+
+def test_cpu_plugin_declares_no_peak_so_mfu_is_null(tmp_path):
+    _, [record] = run(tmp_path)
+    assert record["mfu"] is None
+
+
+def test_official_flops_per_token():
+    # torchtitan: 6 x (1,433,680,000 - 102,400,000) + 12 x 12 x 32 x 100 x 256
+    assert parameter_count(OFFICIAL_CONFIG) == 1_433_680_000
+    assert model_flops_per_token(OFFICIAL_CONFIG) == 6 * 1_331_280_000 + 117_964_800
+    assert model_flops_per_token(OFFICIAL_CONFIG) == pytest.approx(8.106e9, rel=1e-3)
+
+
+def test_alcf_fom():
+    config = PRESETS["tiny"]
+    s, d, layers = config.sequence_length, config.hidden_size, config.num_hidden_layers
+    assert fom(config, 4, 0.5) == (6 * s * d * d + s * s * d) * 4 * layers / 0.5
