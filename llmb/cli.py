@@ -235,3 +235,103 @@ def plugins_command(as_json: bool) -> None:
             ", ".join(f"{s['name']}={s['default']}" for s in p["settings"]),
         )
     console.print(table)
+
+
+@cli.command(name="package-submission")
+@click.option("--submitter", required=True, help="Your organisation (a folder name).")
+@click.option("--system", "system_name", required=True, help="The system's name (a folder name).")
+@click.option(
+    "--results",
+    "results_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of result JSON files (and any conformance.json files).",
+)
+@click.option("--out", default="submissions", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--archive", is_flag=True, help="Also write <out>/<ORG>/<NAME>.tar.gz.")
+@click.option(
+    "--system-file", type=click.Path(dir_okay=False, path_type=Path), help="JSON merged over the collected system."
+)
+@click.option("--include-debug", is_flag=True, help="Keep every result, invalid ones too (marked: a debug bundle).")
+@click.option(
+    "--allow-debug-shapes", is_flag=True, help="Keep valid runs at non-official shapes (marked: a debug bundle)."
+)
+@click.option(
+    "--no-run-conformance", is_flag=True, help="Refuse instead of running check-plugin where no record is given."
+)
+@click.option(
+    "--release-source",
+    "release_sources",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of released llmb sources, for the diffs of changed files (default: the git history).",
+)
+@click.option("--note", default="", help="A line for summary.md.")
+@click.option("--force", is_flag=True, help="Replace an existing bundle of the same name.")
+@handle_errors
+def package_submission(
+    submitter,
+    system_name,
+    results_dir,
+    out,
+    archive,
+    system_file,
+    include_debug,
+    allow_debug_shapes,
+    no_run_conformance,
+    release_sources,
+    note,
+    force,
+) -> None:
+    """Write a submission bundle: results, system, code diff, plugin source, conformance, summary, manifest."""
+    from llmb import submission, verify
+
+    options = submission.PackageOptions(
+        submitter=submitter,
+        system=system_name,
+        results=results_dir,
+        out=out,
+        archive=archive,
+        system_file=system_file,
+        include_debug=include_debug,
+        allow_debug_shapes=allow_debug_shapes,
+        run_conformance=not no_run_conformance,
+        release_sources=list(release_sources),
+        note=note,
+        force=force,
+    )
+    with err_console.status("packaging (runs check-plugin where no conformance record is given)"):
+        root, skipped = submission.package(options)
+    for line in skipped:
+        err_console.print(f"[yellow]left out[/] {line}", highlight=False)
+    console.print((root / submission.SUMMARY_MD).read_text(), highlight=False)
+    rows = verify.verify(root, accept_debug=True)
+    failed = [row for row in rows if not row.passed]
+    console.print(f"bundle written to {root}" + (f" and {root}.tar.gz" if archive else ""), highlight=False)
+    if failed:
+        console.print(f"[bold red]{len(failed)} checks fail even with --accept-debug; run `llmb verify {root}`[/]")
+
+
+@cli.command(name="verify")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option("--accept-debug", is_flag=True, help="Accept a debug bundle (non-official shapes), checking the rest.")
+@handle_errors
+def verify_command(path: Path, accept_debug: bool) -> None:
+    """Check a submission bundle (a folder or a .tar.gz) without running any of its code; exit 1 if any check fails."""
+    from rich.text import Text
+
+    from llmb import verify
+
+    rows = verify.verify(path, accept_debug=accept_debug)
+    table = Table(title=f"llmb verify {path}")
+    for column in ("check", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        # The detail quotes the bundle's own text: plain text, never rich markup.
+        table.add_row(row.check, "[green]pass[/]" if row.passed else "[bold red]FAIL[/]", Text(row.detail))
+    console.print(table)
+    failed = sum(not row.passed for row in rows)
+    if failed:
+        console.print(f"[bold red]{failed} of {len(rows)} checks failed[/]")
+        sys.exit(1)
+    console.print(f"[green]all {len(rows)} checks passed[/]")

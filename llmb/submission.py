@@ -1,0 +1,443 @@
+"""Submission bundles: `llmb package-submission` gathers results, code, conformance and the system into one folder.
+
+Layout of ``<out>/<ORG>/<NAME>/`` (the verifier in llmb/verify.py reads the same names from here):
+
+    submission.json            who, what, which plugins, whether it holds debug results
+    system.json                the system, collected automatically and completed with --system-file
+    results/<PRECISION>/*.json the runs, filed under the precision the audit found
+    conformance/*.json         `llmb check-plugin` for each plugin, precision, mode and settings used
+    code/release_manifest.json the release manifest the bundle was made against
+    code/llmb.json             every llmb file: unchanged, changed, added or removed, with both hashes
+    code/llmb.diff             whole-file unified diffs of every change to llmb
+    code/plugins/<dist>/       the complete source of each plugin distribution (the cpu plugin is part of llmb)
+    summary.md                 one row per precision
+    MANIFEST.sha256            sha256 of every other file
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import statistics
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from llmb import __version__, codediff, manifest, sysinfo
+from llmb.errors import LlmbError, UsageError
+from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
+from llmb.precision import PRECISIONS
+from llmb.results import SCHEMA as RESULT_SCHEMA
+from llmb.results import result_filename, write_json_atomic
+
+SCHEMA = "llmb.submission/1"
+CONFORMANCE_SCHEMA = "llmb.conformance/1"
+PLUGIN_SOURCE_SCHEMA = "llmb.plugin-source/1"
+MIN_RUNS = 3
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+PLUGIN_SOURCE_LIMIT = 64 * 2**20
+SKIP_PARTS = {"__pycache__", "build", "dist", ".git", ".tox", ".venv", "venv", "node_modules"}
+# File names in a bundle, shared with the verifier.
+SUBMISSION_JSON, SYSTEM_JSON, SUMMARY_MD, MANIFEST_FILE = (
+    "submission.json",
+    "system.json",
+    "summary.md",
+    "MANIFEST.sha256",
+)
+RELEASE_MANIFEST, CODE_STATUS, CODE_DIFF = "code/release_manifest.json", "code/llmb.json", "code/llmb.diff"
+
+
+@dataclass
+class PackageOptions:
+    submitter: str
+    system: str
+    results: Path
+    out: Path = Path("submissions")
+    archive: bool = False
+    system_file: Path | None = None
+    include_debug: bool = False
+    allow_debug_shapes: bool = False
+    run_conformance: bool = True
+    release_sources: list[Path] = field(default_factory=list)
+    note: str = ""
+    force: bool = False
+    package_dir: Path = manifest.PACKAGE_DIR
+
+
+# Headlines and the summary (used by both the packager and the verifier, so they agree by construction)
+
+
+def run_group(record: dict) -> tuple[str, str, int]:
+    return record["plugin"]["name"], record["precision"]["mode"], record["batch_size"]
+
+
+def headlines(records: list[dict]) -> dict[str, dict]:
+    """Per effective precision, the group (plugin, mode, batch) with the best median tokens/s over its valid runs."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        if not record["invalid_reasons"]:
+            groups.setdefault((record["precision"]["effective"], *run_group(record)), []).append(record)
+    best: dict[str, dict] = {}
+    for (label, plugin, mode, batch), runs in sorted(groups.items(), key=lambda item: item[0][3]):
+        mfus = [r["mfu"] for r in runs]
+        row = {
+            "plugin": plugin,
+            "mode": mode,
+            "batch_size": batch,
+            "runs": runs,
+            "tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
+            "tflops": statistics.median(r["tflops"] for r in runs),
+            "mfu": statistics.median(mfus) if None not in mfus else None,
+            "peak_memory_bytes": max((r["peak_memory_bytes"] or 0) for r in runs) or None,
+        }
+        if label not in best or row["tokens_per_second"] > best[label]["tokens_per_second"]:
+            best[label] = row
+    return best
+
+
+def render_summary(submission: dict, records: list[dict]) -> str:
+    """summary.md: one row per benchmark precision, from the bundle's results and its plugins' capabilities."""
+    best = headlines(records)
+    supported = {p for plugin in submission["plugins"] for p in plugin["precisions"]}
+    plugin_names = ", ".join(p["name"] for p in submission["plugins"])
+    lines = [f"# llmb submission: {submission['submitter']} / {submission['system_name']}", ""]
+    if submission["debug"]["is_debug"]:
+        lines += [
+            "**DEBUG BUNDLE: not a valid submission.** It holds results that are not valid official runs "
+            f"({', '.join(submission['debug']['reasons'])}); `llmb verify` fails it unless given --accept-debug.",
+            "",
+        ]
+    if submission.get("note"):
+        lines += [submission["note"], ""]
+    lines += [
+        "| Precision | Plugin | Mode | Best batch | Tokens/s (median) | TFLOP/s | MFU | Peak memory | Runs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label in PRECISIONS:
+        row = best.get(label)
+        if row is None:
+            why = "not submitted" if label in supported else f"not supported by {plugin_names}"
+            lines.append(f"| {label} | {why} | | | | | | | |")
+            continue
+        mfu = f"{row['mfu']:.2%}" if row["mfu"] is not None else "n/a"
+        memory = f"{row['peak_memory_bytes'] / 2**30:.2f} GiB" if row["peak_memory_bytes"] else "n/a"
+        lines.append(
+            f"| {label} | {row['plugin']} | {row['mode']} | {row['batch_size']} | {row['tokens_per_second']:,.1f} "
+            f"| {row['tflops']:.4f} | {mfu} | {memory} | {len(row['runs'])} |"
+        )
+    shapes = sorted({r["preset"] for r in records})
+    lines += [
+        "",
+        f"Shape: {', '.join(shapes)} preset. Tokens/s is the median of the runs at the best batch size; "
+        "MFU is against the plugin's dense peak for the effective precision; peak memory is the largest of those runs.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# The packager
+
+
+def check_name(value: str, what: str) -> str:
+    if not NAME_PATTERN.match(value or ""):
+        raise UsageError(f"{what} {value!r} must be letters, digits, '.', '_' or '-' (a folder name)")
+    return value
+
+
+def read_json_file(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_inputs(results_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Every result and conformance record under a directory."""
+    if not results_dir.is_dir():
+        raise UsageError(f"--results {results_dir} is not a directory")
+    results, conformance = [], []
+    for path in sorted(results_dir.rglob("*.json")):
+        if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
+            continue
+        data = read_json_file(path)
+        if data.get("schema") == RESULT_SCHEMA:
+            results.append(data)
+        elif data.get("schema") == CONFORMANCE_SCHEMA:
+            conformance.append(data)
+    return results, conformance
+
+
+def debug_reasons(record: dict) -> list[str]:
+    """Why a result is not a valid official run (empty when it is)."""
+    reasons = [] if record["official"] else ["debug shape"]
+    return reasons + list(record["invalid_reasons"])
+
+
+def select_results(records: list[dict], options: PackageOptions) -> tuple[list[dict], list[str]]:
+    """The results the bundle takes, and one line for each it leaves out."""
+    kept, skipped, seen = [], [], set()
+    for record in records:
+        reasons = debug_reasons(record)
+        shape_only = reasons == ["debug shape"]
+        if record["run_id"] in seen:
+            skipped.append(f"{record['run_id']}: a copy of a run already taken")
+        elif not reasons or options.include_debug or (shape_only and options.allow_debug_shapes):
+            kept.append(record)
+            seen.add(record["run_id"])
+        else:
+            hint = "--allow-debug-shapes" if shape_only else "--include-debug"
+            skipped.append(f"{record['run_id']}: {'; '.join(reasons)} (left out; {hint} keeps it)")
+    if not kept:
+        raise UsageError("no results to submit: " + ("; ".join(skipped) or "no result files found"))
+    if not options.include_debug:
+        best = headlines(kept)
+        short = [f"{label}: {len(row['runs'])}" for label, row in best.items() if len(row["runs"]) < MIN_RUNS]
+        if short:
+            raise UsageError(
+                f"at least {MIN_RUNS} runs per precision at the best batch size are needed ({', '.join(short)})"
+            )
+    return kept, skipped
+
+
+def settings_as_options(settings: dict) -> dict[str, str]:
+    """Resolved plugin settings back to the -O strings a run parses."""
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in settings.items()}
+
+
+def conformance_key(record: dict) -> tuple:
+    """What a conformance record must match: plugin, version, requested precision, mode, settings."""
+    plugin, prec = record["plugin"], record["precision"]
+    settings = json.dumps(settings_as_options(plugin.get("settings") or {}), sort_keys=True)
+    return plugin["name"], plugin["version"], prec["requested"], prec["mode"], settings
+
+
+def gather_conformance(records: list[dict], given: list[dict], run_missing: bool) -> list[dict]:
+    """One conformance record per key the results use: a given one (a passing one first), else a fresh check."""
+    chosen = []
+    for key in sorted({conformance_key(r) for r in records}):
+        found = sorted((c for c in given if conformance_key(c) == key), key=lambda c: not c.get("passed"))
+        if found:
+            chosen.append(found[0])
+            continue
+        name, version, requested, mode, settings = key
+        if not run_missing:
+            raise UsageError(
+                f"no conformance record for plugin {name} {requested} {mode} with settings {settings} "
+                f"in the results directory: run `llmb check-plugin` or leave out --no-run-conformance"
+            )
+        from llmb.conformance import check_plugin  # lazy: it builds models
+
+        device = next(r["device"]["spec"] for r in records if conformance_key(r) == key)
+        record = check_plugin(name, device, requested, mode=mode, settings=json.loads(settings))
+        if conformance_key(record) != key:
+            raise LlmbError(
+                f"check-plugin ran {name} with settings {record['plugin']['settings']}, the results recorded "
+                f"{settings}: the installed plugin is not the one that made the results"
+            )
+        chosen.append(record)
+    return chosen
+
+
+def plugin_entries(records: list[dict]) -> list[dict]:
+    from llmb.plugins import Plugin
+
+    entries = {}
+    for record in records:
+        p = record["plugin"]
+        if p["name"] not in entries:
+            installed = Plugin(p["name"])
+            if (installed.distribution, installed.version) != (p["distribution"], p["version"]):
+                raise LlmbError(
+                    f"plugin {p['name']}: the results were made by {p['distribution']} {p['version']}, "
+                    f"but {installed.distribution} {installed.version} is installed; its source would not match"
+                )
+            source = CODE_DIFF if p["distribution"] == "llmb" else f"code/plugins/{p['distribution']}"
+            entries[p["name"]] = {
+                "name": p["name"],
+                "distribution": p["distribution"],
+                "version": p["version"],
+                "precisions": installed.precisions(),
+                "source": source,
+            }
+    return list(entries.values())
+
+
+def _skipped(relative: Path) -> bool:
+    return any(part in SKIP_PARTS or part.startswith(".") or part.endswith(".egg-info") for part in relative.parts) or (
+        relative.suffix in (".pyc", ".pyo")
+    )
+
+
+def distribution_files(name: str) -> tuple[str, dict[str, Path]]:
+    """Where an installed distribution's source lives, and its files (an editable install: its project folder)."""
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        raise LlmbError(f"plugin distribution {name!r} is not installed; its source cannot be bundled") from None
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    url = urlparse(direct.get("url", ""))
+    if "dir_info" in direct and url.scheme == "file":
+        root = Path(url2pathname(url.path))
+        files = {
+            path.relative_to(root).as_posix(): path
+            for path in sorted(root.rglob("*"))
+            if path.is_file() and not path.is_symlink() and not _skipped(path.relative_to(root))
+        }
+        return f"local project {root}", files
+    files = {}
+    for item in dist.files or []:
+        relative = Path(str(item))
+        if ".." in relative.parts or _skipped(relative):
+            continue  # scripts in bin/, byte code: not source
+        files[relative.as_posix()] = Path(item.locate())
+    return "installed distribution", files
+
+
+def copy_plugin_source(name: str, version: str, dest: Path) -> dict:
+    origin, files = distribution_files(name)
+    total = sum(path.stat().st_size for path in files.values())
+    if total > PLUGIN_SOURCE_LIMIT:
+        raise LlmbError(f"plugin distribution {name} has {total / 2**20:.0f} MiB of files; the limit is 64 MiB")
+    hashes = {}
+    for relative, path in files.items():
+        target = dest / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        hashes[relative] = manifest.sha256_file(target)
+    if not any(name.endswith(".py") for name in hashes):
+        raise LlmbError(f"no Python source found for plugin distribution {name} ({origin})")
+    return {"schema": PLUGIN_SOURCE_SCHEMA, "distribution": name, "version": version, "origin": origin, "files": hashes}
+
+
+def write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def bundle_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+def write_manifest(root: Path) -> None:
+    lines = [f"{manifest.sha256_file(root / name)}  {name}\n" for name in bundle_files(root)]
+    write_text(root / MANIFEST_FILE, "".join(lines))
+
+
+def write_archive(root: Path, archive: Path, arcname: str) -> Path:
+    """A .tar.gz of the bundle: regular files and folders only, owner and mode normalised."""
+    tmp = archive.with_name(f".{archive.name}.tmp")
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755 if info.isdir() else 0o644
+        return info
+
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(root, arcname=arcname, filter=normalise)
+    os.replace(tmp, archive)
+    return archive
+
+
+def package(options: PackageOptions) -> tuple[Path, list[str]]:
+    """Write the bundle; return its folder and one line for each result left out."""
+    org, name = check_name(options.submitter, "--submitter"), check_name(options.system, "--system")
+    package_dir = Path(options.package_dir)
+    model_hash = manifest.sha256_file(package_dir / "model.py")
+    if model_hash != RELEASED_MODEL_FINGERPRINT:
+        raise LlmbError(f"llmb/model.py is not the released model (sha256 {model_hash}): the bundle is refused")
+    try:
+        released = manifest.load(package_dir)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise LlmbError(f"cannot read the release manifest shipped with llmb: {exc}") from None
+    refused = manifest.problems(released)
+    if refused:
+        raise LlmbError(f"the release manifest shipped with llmb is broken: {refused[0]}")
+    given_system = read_json_file(options.system_file) if options.system_file else {}
+
+    results, given_conformance = load_inputs(Path(options.results))
+    records, skipped = select_results(results, options)
+    wrong = [r["run_id"] for r in records if r["model_fingerprint"] != RELEASED_MODEL_FINGERPRINT]
+    if wrong:
+        raise LlmbError(f"results made with a changed model definition cannot be submitted: {', '.join(wrong)}")
+    status, diff = codediff.code_diff(released, package_dir, list(options.release_sources))
+    plugins = plugin_entries(records)
+    conformance = gather_conformance(records, given_conformance, options.run_conformance)
+
+    final = Path(options.out) / org / name
+    if final.exists() and not options.force:
+        raise UsageError(f"{final} exists: remove it or pass --force to replace it")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=final.parent) as tmp:
+        root = Path(tmp) / name
+        _write_bundle(root, org, name, options, records, conformance, plugins, released, status, diff, given_system)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(root, final)
+    if options.archive:
+        write_archive(final, final.parent / f"{name}.tar.gz", f"{org}/{name}")
+    return final, skipped
+
+
+def _write_bundle(root, org, name, options, records, conformance, plugins, released, status, diff, given_system):
+    result_paths = []
+    debug = []
+    for record in records:
+        path = f"results/{record['precision']['effective']}/{result_filename(record)}"
+        write_json_atomic(root / path, record)
+        result_paths.append(path)
+        reasons = debug_reasons(record)
+        if reasons:
+            debug.append({"result": path, "reasons": reasons})
+    conformance_paths = []
+    for index, record in enumerate(conformance):
+        p = record["plugin"]
+        path = f"conformance/{p['name']}-{record['precision']['requested']}-{record['precision']['mode']}-{index}.json"
+        write_json_atomic(root / path, record)
+        conformance_paths.append(path)
+    for plugin in plugins:
+        if plugin["distribution"] != "llmb":
+            dest = root / plugin["source"]
+            write_json_atomic(
+                dest.with_suffix(".json"), copy_plugin_source(plugin["distribution"], plugin["version"], dest)
+            )
+    write_json_atomic(root / RELEASE_MANIFEST, released)
+    write_json_atomic(root / CODE_STATUS, {"schema": codediff.CODE_SCHEMA, "package": "llmb", "files": status})
+    write_text(root / CODE_DIFF, diff)
+    changed = [e["path"] for e in status if e["status"] != "unchanged"]
+    reasons = sorted({reason.split(":")[0] for entry in debug for reason in entry["reasons"]})
+    submission = {
+        "schema": SCHEMA,
+        "llmb_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "submitter": org,
+        "system_name": name,
+        "division": "open" if changed else "closed",
+        "llmb_changes": changed,
+        "debug": {
+            "is_debug": bool(debug),
+            "reasons": reasons,
+            "allow_debug_shapes": options.allow_debug_shapes,
+            "include_debug": options.include_debug,
+            "results": debug,
+        },
+        "note": options.note,
+        "plugins": plugins,
+        "results": result_paths,
+        "conformance": conformance_paths,
+    }
+    write_json_atomic(root / SUBMISSION_JSON, submission)
+    system = sysinfo.complete(sysinfo.collect(records, plugins), given_system)
+    system.update(submitter=org, system_name=name, division=submission["division"])
+    write_json_atomic(root / SYSTEM_JSON, system)
+    write_text(root / SUMMARY_MD, render_summary(submission, records))
+    write_manifest(root)

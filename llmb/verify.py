@@ -1,0 +1,652 @@
+"""`llmb verify`: check a submission bundle without trusting its submitter.
+
+A bundle is untrusted input: nothing in it is imported or run, an archive is unpacked only into a temporary folder
+and only if every member is a plain file or folder of sane size and name, and malformed content gives a failing row,
+never a crash. Every figure of every result is recomputed from what the run recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from llmb import codediff, flops, manifest
+from llmb.config import official_reasons
+from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
+from llmb.model import ModelConfig
+from llmb.precision import DTYPE_FORMAT, PRECISIONS, RANK, lowest
+from llmb.results import SCHEMA as RESULT_SCHEMA
+from llmb.runner import loss_band
+from llmb.submission import (
+    CODE_DIFF,
+    CODE_STATUS,
+    CONFORMANCE_SCHEMA,
+    MANIFEST_FILE,
+    MIN_RUNS,
+    PLUGIN_SOURCE_SCHEMA,
+    RELEASE_MANIFEST,
+    SCHEMA,
+    SUBMISSION_JSON,
+    SUMMARY_MD,
+    SYSTEM_JSON,
+    conformance_key,
+    headlines,
+    render_summary,
+)
+from llmb.sysinfo import REDACTED, is_secret
+
+# Recorded figures are full-precision JSON floats, so a recomputation agrees to far better than this.
+REL_TOLERANCE = 1e-6
+# Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead.
+MIN_STEP_SHARE_OF_WINDOW = 0.5
+DTYPE_NAMES = {str(dtype).replace("torch.", ""): label for dtype, label in DTYPE_FORMAT.items()}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What an archive may hold before it is refused unread."""
+
+    member_bytes: int = 64 * 2**20
+    total_bytes: int = 512 * 2**20
+    members: int = 10_000
+
+
+@dataclass
+class Row:
+    check: str
+    passed: bool
+    detail: str
+
+
+class Refused(Exception):
+    """The bundle cannot be read safely; nothing further is checked."""
+
+
+@dataclass
+class Bundle:
+    root: Path
+    accept_debug: bool
+    rows: list[Row] = field(default_factory=list)
+    results: dict[str, dict] = field(default_factory=dict)  # path -> record, the readable ones
+    submission: dict | None = None
+
+    def add(self, check: str, problems: list[str], passed_detail: str) -> None:
+        shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+        self.rows.append(Row(check, not problems, shown if problems else passed_detail))
+
+    def json(self, name: str) -> dict:
+        """A JSON object from the bundle; raises ValueError with a short reason when it is not one."""
+        path = self.root / name
+        if path.is_symlink() or not path.is_file():
+            raise ValueError(f"{name} is missing")
+        try:
+            data = json.loads(path.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{name} is not valid JSON ({exc.__class__.__name__}: {exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{name} is not a JSON object")
+        return data
+
+
+def verify(path: Path, accept_debug: bool = False, limits: Limits = Limits()) -> list[Row]:
+    """Every check on a bundle folder or a .tar.gz of one; all rows must pass."""
+    path = Path(path)
+    if path.is_dir():
+        return verify_folder(path, accept_debug)
+    if not path.is_file():
+        return [Row("bundle", False, f"{path} is neither a bundle folder nor an archive")]
+    with tempfile.TemporaryDirectory(prefix="llmb-verify-") as tmp:
+        try:
+            root = find_root(safe_extract(path, Path(tmp), limits))
+        except Refused as exc:
+            return [Row("archive", False, f"refused: {exc}")]
+        rows = verify_folder(root, accept_debug)
+        return [Row("archive", True, "every member a plain file or folder within the limits"), *rows]
+
+
+def safe_extract(archive: Path, dest: Path, limits: Limits) -> Path:
+    """Unpack into dest only if every member is a regular file or folder with a plain relative name."""
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = []
+            total = 0
+            for member in tar:
+                name = PurePosixPath(member.name)
+                if len(members) >= limits.members:
+                    raise Refused(f"more than {limits.members} members")
+                if member.name.startswith(("/", "\\")) or name.is_absolute() or ":" in name.parts[0]:
+                    raise Refused(f"absolute path {member.name!r}")
+                if ".." in name.parts or "\\" in member.name:
+                    raise Refused(f"path escapes the folder {member.name!r}")
+                if member.issym() or member.islnk():
+                    raise Refused(f"link {member.name!r} -> {member.linkname!r}")
+                if not (member.isreg() or member.isdir()):
+                    raise Refused(f"special file {member.name!r} (device, fifo or other)")
+                if member.size > limits.member_bytes:
+                    raise Refused(f"member {member.name!r} is {member.size} bytes (limit {limits.member_bytes})")
+                total += member.size
+                if total > limits.total_bytes:
+                    raise Refused(f"members total more than {limits.total_bytes} bytes")
+                members.append(member)
+            # The data filter re-checks every member (and strips modes) as a second line of defence.
+            tar.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise Refused(f"not a readable tar archive ({exc.__class__.__name__}: {exc})") from None
+    return dest
+
+
+def find_root(extracted: Path) -> Path:
+    """The one folder in an unpacked archive that holds a MANIFEST.sha256 (at most three levels down)."""
+    found = [
+        Path(d)
+        for d, _, files in os.walk(extracted)
+        if MANIFEST_FILE in files and len(Path(d).relative_to(extracted).parts) <= 3
+    ]
+    if len(found) != 1:
+        raise Refused(f"expected one bundle folder holding {MANIFEST_FILE}, found {len(found)}")
+    return found[0]
+
+
+def verify_folder(root: Path, accept_debug: bool = False) -> list[Row]:
+    bundle = Bundle(Path(root), accept_debug)
+    for check in CHECKS:
+        try:
+            check(bundle)
+        except Exception as exc:  # malformed content in a place a check did not foresee: a failing row, no crash
+            bundle.rows.append(
+                Row(check.__name__.removeprefix("check_").replace("_", " "), False, f"malformed: {exc!r}")
+            )
+    return bundle.rows
+
+
+# The checks, in the order of the table.
+
+
+def check_manifest(b: Bundle) -> None:
+    problems, listed = [], {}
+    try:
+        text = (b.root / MANIFEST_FILE).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        b.add("manifest", [f"{MANIFEST_FILE} unreadable ({exc.__class__.__name__})"], "")
+        return
+    for number, line in enumerate(text.splitlines(), 1):
+        digest, _, name = line.partition("  ")
+        parts = PurePosixPath(name).parts
+        if len(digest) != 64 or not name or name.startswith("/") or ".." in parts:
+            problems.append(f"line {number} malformed")
+        else:
+            listed[name] = digest
+    present = {}
+    for directory, dirs, files in os.walk(b.root):
+        for entry in dirs + files:
+            full = Path(directory) / entry
+            if full.is_symlink():
+                problems.append(f"symlink {full.relative_to(b.root).as_posix()}")
+            elif entry in files and not full.is_file():
+                problems.append(f"special file {full.relative_to(b.root).as_posix()}")
+        dirs[:] = [d for d in dirs if not (Path(directory) / d).is_symlink()]
+        for entry in files:
+            full = Path(directory) / entry
+            if full.is_file() and not full.is_symlink():
+                present[full.relative_to(b.root).as_posix()] = full
+    present.pop(MANIFEST_FILE, None)
+    problems += [f"file not listed: {name}" for name in sorted(set(present) - set(listed))]
+    problems += [f"listed file missing: {name}" for name in sorted(set(listed) - set(present))]
+    problems += [
+        f"hash wrong: {name}"
+        for name in sorted(set(listed) & set(present))
+        if manifest.sha256_file(present[name]) != listed[name]
+    ]
+    b.add("manifest", problems, f"{len(listed)} files listed, every hash right, no extra files")
+
+
+def check_submission(b: Bundle) -> None:
+    problems = []
+    try:
+        sub = b.json(SUBMISSION_JSON)
+    except ValueError as exc:
+        b.add("submission.json", [str(exc)], "")
+        return
+    if sub.get("schema") != SCHEMA:
+        problems.append(f"schema is {sub.get('schema')!r}, expected {SCHEMA}")
+    for key, kind in (("submitter", str), ("system_name", str), ("plugins", list), ("debug", dict), ("results", list)):
+        if not isinstance(sub.get(key), kind):
+            problems.append(f"{key} missing or not a {kind.__name__}")
+    if not problems:
+        b.submission = sub
+    b.add("submission.json", problems, f"{sub.get('submitter')} / {sub.get('system_name')}")
+
+
+def check_system(b: Bundle) -> None:
+    try:
+        system = b.json(SYSTEM_JSON)
+    except ValueError as exc:
+        b.add("system.json", [str(exc)], "")
+        return
+    problems = []
+    sub = b.submission or {}
+    for key in ("submitter", "system_name"):
+        if system.get(key) != sub.get(key):
+            problems.append(f"{key} {system.get(key)!r} differs from submission.json's {sub.get(key)!r}")
+    environment = system.get("environment", {})
+    if not isinstance(environment, dict):
+        problems.append("environment is not an object")
+    else:
+        problems += [
+            f"secret-looking variable {k} has a value" for k, v in environment.items() if is_secret(k) and v != REDACTED
+        ]
+    b.add("system.json", problems, system.get("host_processor_model_name", "described"))
+
+
+def check_debug(b: Bundle) -> None:
+    debug = (b.submission or {}).get("debug") or {}
+    if not debug.get("is_debug"):
+        b.add("official bundle", [], "no debug results")
+    elif b.accept_debug:
+        b.add("official bundle", [], f"DEBUG bundle ({', '.join(debug.get('reasons', []))}) accepted by --accept-debug")
+    else:
+        b.add("official bundle", [f"DEBUG bundle ({', '.join(debug.get('reasons', []))}): not a valid submission"], "")
+
+
+def _result_paths(b: Bundle) -> list[str]:
+    folder = b.root / "results"
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return sorted(p.relative_to(b.root).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+RESULT_FIELDS = {
+    "run_id": str,
+    "official": bool,
+    "valid": bool,
+    "invalid_reasons": list,
+    "model_fingerprint": str,
+    "preset": str,
+    "config": dict,
+    "parameters": int,
+    "batch_size": int,
+    "sequence_length": int,
+    "steps": int,
+    "plugin": dict,
+    "device": dict,
+    "precision": dict,
+    "timing": dict,
+    "tokens_per_second": float,
+    "samples_per_second": float,
+    "model_flops_per_token": int,
+    "tflops": float,
+    "loss": dict,
+}
+
+
+def _schema_problems(record: dict) -> list[str]:
+    if record.get("schema") != RESULT_SCHEMA:
+        return [f"schema is {record.get('schema')!r}, expected {RESULT_SCHEMA}"]
+    problems = []
+    for key, kind in RESULT_FIELDS.items():
+        value = record.get(key)
+        ok = (
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            if kind is float
+            else isinstance(value, kind)
+        )
+        if kind is int and isinstance(value, bool):
+            ok = False
+        if not ok:
+            problems.append(f"{key} missing or not {kind.__name__}")
+    for key in ("window_seconds", "step_seconds", "repeat_window_seconds"):
+        if key not in (record.get("timing") or {}):
+            problems.append(f"timing.{key} missing")
+    for key in ("requested", "effective", "mode", "audit"):
+        if key not in (record.get("precision") or {}):
+            problems.append(f"precision.{key} missing")
+    try:
+        ModelConfig(**record["config"])
+    except (TypeError, KeyError) as exc:
+        problems.append(f"config unusable ({exc})")
+    return problems
+
+
+def check_results_schema(b: Bundle) -> None:
+    problems = []
+    paths = _result_paths(b)
+    for path in paths:
+        try:
+            record = b.json(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        found = _schema_problems(record)
+        if found:
+            problems.append(f"{path}: {found[0]}")
+        else:
+            b.results[path] = record
+    listed = set((b.submission or {}).get("results") or [])
+    if b.submission is not None and listed != set(paths):
+        problems.append("the results on disk are not the ones submission.json lists")
+    if not paths:
+        problems.append("no results")
+    b.add("result schema", problems, f"{len(paths)} results, schema {RESULT_SCHEMA}")
+
+
+def _close(recorded, expected) -> bool:
+    if expected is None or recorded is None:
+        return recorded is None and expected is None
+    return isinstance(recorded, (int, float)) and math.isclose(recorded, expected, rel_tol=REL_TOLERANCE, abs_tol=1e-12)
+
+
+def _per_result(b: Bundle, check: str, problems_of: Callable[[Bundle, str, dict], list[str]], passed: str) -> None:
+    problems = []
+    for path, record in b.results.items():
+        try:
+            problems += [f"{path}: {p}" for p in problems_of(b, path, record)]
+        except Exception as exc:  # a field of the wrong type deep inside a record
+            problems.append(f"{path}: malformed ({exc!r})")
+    b.add(check, problems, passed.format(n=len(b.results)))
+
+
+def throughput_problems(b: Bundle, path: str, r: dict) -> list[str]:
+    config = ModelConfig(**r["config"])
+    window = r["timing"]["window_seconds"]
+    if not (isinstance(window, (int, float)) and window > 0):
+        return [f"window {window!r} is not a positive time"]
+    tokens_per_second = r["batch_size"] * config.sequence_length * r["steps"] / window
+    parameters = flops.parameter_count(config)
+    per_token = flops.model_flops_per_token(config, parameters)
+    tflops = flops.achieved_tflops(tokens_per_second, per_token)
+    expected = {
+        "sequence_length": config.sequence_length,
+        "parameters": parameters,
+        "model_flops_per_token": per_token,
+        "tokens_per_second": tokens_per_second,
+        "samples_per_second": r["batch_size"] * r["steps"] / window,
+        "tflops": tflops,
+        "mfu": flops.mfu(tflops, r.get("peak_flops")),
+        "fom": flops.fom(config, r["batch_size"], window / r["steps"]),
+    }
+    return [
+        f"{key} recorded {r.get(key)!r}, recomputed {value!r}"
+        for key, value in expected.items()
+        if not _close(r.get(key), value)
+    ]
+
+
+def timing_problems(b: Bundle, path: str, r: dict) -> list[str]:
+    timing = r["timing"]
+    window, steps, repeats = timing["window_seconds"], timing["step_seconds"], timing["repeat_window_seconds"]
+    problems = []
+    if len(steps) != r["steps"] or not all(isinstance(s, (int, float)) and s > 0 for s in steps):
+        problems.append(f"{len(steps)} step times for {r['steps']} steps, or a time that is not positive")
+    elif sum(steps) > window * (1 + REL_TOLERANCE):
+        problems.append(f"step times add up to {sum(steps):.6f} s, more than the {window:.6f} s window they lie in")
+    elif sum(steps) < MIN_STEP_SHARE_OF_WINDOW * window:
+        problems.append(f"step times add up to {sum(steps):.6f} s, under half the {window:.6f} s window")
+    if not repeats or window != sorted(repeats)[(len(repeats) - 1) // 2]:
+        problems.append(f"window {window!r} is not the median of the repeat windows {repeats!r}")
+    return problems
+
+
+def shape_problems(b: Bundle, path: str, r: dict) -> list[str]:
+    reasons = official_reasons(ModelConfig(**r["config"]))
+    if bool(reasons) == r["official"]:
+        return [f"marked official={r['official']} but the shape says otherwise"]
+    if not reasons:
+        return []
+    marked = [d.get("result") for d in (b.submission or {}).get("debug", {}).get("results", [])]
+    if path not in marked:
+        return [f"debug shape not marked as debug in submission.json ({reasons[0]})"]
+    return [] if b.accept_debug else [f"not the official shape ({reasons[0]})"]
+
+
+def validity_problems(b: Bundle, path: str, r: dict) -> list[str]:
+    if r["invalid_reasons"]:
+        return [f"invalid: {r['invalid_reasons'][0]}"]
+    if r["valid"] != (r["official"] and not r["invalid_reasons"]):
+        return [f"valid={r['valid']} does not follow from official={r['official']} and no invalid reasons"]
+    return []
+
+
+def fingerprint_problems(b: Bundle, path: str, r: dict) -> list[str]:
+    if r["model_fingerprint"] != RELEASED_MODEL_FINGERPRINT:
+        return [
+            f"model fingerprint {r['model_fingerprint'][:12]}... is not the released "
+            f"{RELEASED_MODEL_FINGERPRINT[:12]}..."
+        ]
+    return []
+
+
+def precision_problems(b: Bundle, path: str, r: dict) -> list[str]:
+    prec, audit = r["precision"], r["precision"]["audit"]
+    folder = PurePosixPath(path).parts[1] if len(PurePosixPath(path).parts) == 3 else None
+    evidence = dict(audit["evidence"])
+    for key in ("parameter_dtypes", "gradient_dtypes", "optimizer_state_dtypes"):
+        for dtype in audit.get(key) or {}:
+            if dtype not in DTYPE_NAMES:
+                return [f"unknown dtype {dtype!r} in the audit's {key}"]
+            evidence[f"{key}:{dtype}"] = DTYPE_NAMES[dtype]
+    evidence["matmul_probe"] = audit["matmul_probe"]["verdict"]
+    if any(v not in RANK for v in evidence.values()):
+        return [f"unknown format in the audit evidence {sorted(set(evidence.values()) - set(RANK))}"]
+    found = lowest(list(evidence.values()))
+    problems = []
+    if found != audit["effective"]:
+        problems.append(f"the audit's evidence shows {found}, its verdict says {audit['effective']}")
+    if prec["effective"] != found:
+        problems.append(f"labelled {prec['effective']}, the audit's evidence shows {found}")
+    if found not in PRECISIONS:
+        problems.append(f"{found} is not a benchmark precision")
+    if folder != found:
+        problems.append(f"filed under results/{folder}/, the audit's evidence shows {found}")
+    return problems
+
+
+def loss_problems(b: Bundle, path: str, r: dict) -> list[str]:
+    loss = r["loss"]
+    values = [loss["initial"], loss["first"], loss["last"]]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        return [f"non-finite loss {values}"]
+    low, high = loss_band(ModelConfig(**r["config"]).vocab_size)
+    if not low <= loss["initial"] <= high:
+        return [f"first loss {loss['initial']:.4f} outside [{low:.2f}, {high:.2f}]"]
+    if loss["last"] == loss["initial"]:
+        return ["the loss did not move"]
+    return []
+
+
+def check_throughput(b: Bundle) -> None:
+    _per_result(b, "throughput recomputed", throughput_problems, "tokens/s, samples/s, TFLOP/s, MFU of {n} results")
+
+
+def check_timing(b: Bundle) -> None:
+    _per_result(b, "step times", timing_problems, "step times fit each window; windows are the repeats' medians")
+
+
+def check_official_shape(b: Bundle) -> None:
+    _per_result(
+        b, "official shape", shape_problems, "{n} results" + (" (debug shapes accepted)" if b.accept_debug else "")
+    )
+
+
+def check_validity(b: Bundle) -> None:
+    _per_result(b, "run validity", validity_problems, "no invalid reasons recorded")
+
+
+def check_fingerprint(b: Bundle) -> None:
+    _per_result(b, "model fingerprint", fingerprint_problems, f"{RELEASED_MODEL_FINGERPRINT[:16]}... (released)")
+
+
+def check_precision(b: Bundle) -> None:
+    _per_result(b, "effective precision", precision_problems, "label = audit's lowest format = folder")
+
+
+def check_losses(b: Bundle) -> None:
+    _per_result(b, "losses", loss_problems, "finite, first loss in the band around ln(vocab), moving")
+
+
+def check_runs(b: Bundle) -> None:
+    records = list(b.results.values())
+    problems = []
+    for label, row in headlines(records).items():
+        if len(row["runs"]) < MIN_RUNS:
+            problems.append(
+                f"{label}: {len(row['runs'])} runs at batch {row['batch_size']}, at least {MIN_RUNS} needed"
+            )
+    seen_ids, seen_times = {}, {}
+    for path, record in b.results.items():
+        times = json.dumps(record["timing"]["step_seconds"])
+        for seen, key, what in ((seen_ids, record["run_id"], "run id"), (seen_times, times, "step times")):
+            if key in seen:
+                problems.append(f"{path} repeats the {what} of {seen[key]}")
+            seen[key] = path
+    counts = {label: len(row["runs"]) for label, row in headlines(records).items()}
+    b.add("runs per precision", problems, ", ".join(f"{k}: {v} distinct" for k, v in counts.items()) or "none")
+
+
+def check_code(b: Bundle) -> None:
+    """The recorded release manifest, every file's status, and the diffs rebuilt to both sides' hashes."""
+    problems = []
+    try:
+        released, status = b.json(RELEASE_MANIFEST), b.json(CODE_STATUS)
+        diff_text = (b.root / CODE_DIFF).read_text()
+        diffs = codediff.parse_diffs(diff_text)
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        b.add("code diff", [str(exc)], "")
+        b.add("model and loop unchanged", ["no readable code record"], "")
+        return
+    problems += manifest.problems(released)
+    entries = {e["path"]: e for e in status.get("files", [])}
+    expected = codediff.file_status(released["files"], {p: e["sha256"] for p, e in entries.items() if e["sha256"]})
+    if [entries[e["path"]] for e in expected if e["path"] in entries] != expected or len(entries) != len(expected):
+        problems.append("code/llmb.json does not follow from the release manifest and the shipped hashes")
+    changed = {p for p, e in entries.items() if e["status"] != "unchanged"}
+    if set(diffs) != changed:
+        problems.append(f"diffs shown for {sorted(set(diffs))}, changed files are {sorted(changed)}")
+    for path in sorted(changed & set(diffs)):
+        old, new = diffs[path]
+        entry = entries[path]
+        for side, text, want in (("released", old, entry["released_sha256"]), ("shipped", new, entry["sha256"])):
+            got = None if text is None else manifest.sha256_bytes(text.encode("utf-8"))
+            if got != want:
+                problems.append(f"{path}: the diff's {side} side does not hash to {want}")
+    b.add("code diff", problems, f"{len(changed)} of {len(entries)} llmb files changed, each shown in full")
+    untouched = []
+    for path in (manifest.MODEL_PATH, manifest.LOOP_PATH):
+        entry = entries.get(path)
+        if entry is None or entry["status"] != "unchanged":
+            untouched.append(f"{path} is {entry['status'] if entry else 'missing'}")
+    b.add("model and loop unchanged", untouched, f"{manifest.MODEL_PATH}, {manifest.LOOP_PATH} as released")
+
+
+def check_plugin_source(b: Bundle) -> None:
+    problems, shown = [], []
+    for plugin in (b.submission or {}).get("plugins", []):
+        used = any(r["plugin"]["name"] == plugin.get("name") for r in b.results.values())
+        if plugin.get("distribution") == "llmb" or not used:
+            shown.append(f"{plugin.get('name')} (part of llmb)")
+            continue
+        folder = f"code/plugins/{plugin['distribution']}"
+        try:
+            record = b.json(f"{folder}.json")
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        files = record.get("files") or {}
+        if record.get("schema") != PLUGIN_SOURCE_SCHEMA or record.get("version") != plugin.get("version"):
+            problems.append(
+                f"{folder}.json is not the source record of {plugin['distribution']} {plugin.get('version')}"
+            )
+        missing = [f for f in files if not (b.root / folder / f).is_file()]
+        if missing or not any(str(f).endswith(".py") for f in files):
+            problems.append(f"{folder}: source incomplete ({missing[:2] or 'no Python files'})")
+        shown.append(f"{plugin['distribution']} {plugin.get('version')}: {len(files)} files")
+    names = {r["plugin"]["name"] for r in b.results.values()}
+    listed = {p.get("name") for p in (b.submission or {}).get("plugins", [])}
+    if names - listed:
+        problems.append(f"plugins {sorted(names - listed)} made results but are not in submission.json")
+    b.add("plugin source", problems, "; ".join(shown))
+
+
+def check_conformance(b: Bundle) -> None:
+    problems, records = [], []
+    folder = b.root / "conformance"
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = b.json(path.relative_to(b.root).as_posix())
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if record.get("schema") == CONFORMANCE_SCHEMA:
+            records.append(record)
+    keys = sorted({conformance_key(r) for r in b.results.values()})
+    for key in keys:
+        name, version, requested, mode, _ = key
+        matching = [c for c in records if _safe_key(c) == key]
+        if not matching:
+            problems.append(f"no conformance record for {name} {version} {requested} {mode} with its settings")
+            continue
+        c = matching[0]
+        failed = [x.get("name") for x in c.get("checks", []) if not x.get("passed")]
+        if not c.get("passed") or failed or not c.get("checks"):
+            problems.append(
+                f"{name} {requested} {mode}: conformance failed ({', '.join(map(str, failed)) or 'passed=false'})"
+            )
+        if c.get("model_fingerprint") != RELEASED_MODEL_FINGERPRINT:
+            problems.append(f"{name} {requested} {mode}: conformance ran on a changed model")
+    b.add("conformance", problems, f"{len(keys)} plugin/precision/mode combinations passed")
+
+
+def _safe_key(record: dict) -> tuple | None:
+    try:
+        return conformance_key(record)
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def check_summary(b: Bundle) -> None:
+    if b.submission is None:
+        b.add("summary.md", ["no readable submission.json to render it from"], "")
+        return
+    try:
+        text = (b.root / SUMMARY_MD).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        b.add("summary.md", [f"unreadable ({exc.__class__.__name__})"], "")
+        return
+    expected = render_summary(b.submission, list(b.results.values()))
+    if text == expected:
+        b.add("summary.md", [], "agrees with the results")
+        return
+    got, want = text.splitlines(), expected.splitlines()
+    index = next((i for i, (x, y) in enumerate(zip(got, want, strict=False)) if x != y), min(len(got), len(want)))
+    line = got[index] if index < len(got) else "(end of file)"
+    b.add(
+        "summary.md",
+        [f"line {index + 1} is {line!r}, the results give {want[index] if index < len(want) else '(end)'!r}"],
+        "",
+    )
+
+
+CHECKS = [
+    check_manifest,
+    check_submission,
+    check_system,
+    check_debug,
+    check_results_schema,
+    check_throughput,
+    check_timing,
+    check_official_shape,
+    check_validity,
+    check_fingerprint,
+    check_precision,
+    check_losses,
+    check_runs,
+    check_code,
+    check_plugin_source,
+    check_conformance,
+    check_summary,
+]
