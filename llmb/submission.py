@@ -79,7 +79,8 @@ def run_group(record: dict) -> tuple[str, str, int]:
 
 
 def headlines(records: list[dict]) -> dict[str, dict]:
-    """Per effective precision, the group (plugin, mode, batch) with the best median tokens/s over its valid runs."""
+    """Per effective precision, the group (plugin, mode, batch) with the best median tokens/s over its valid runs,
+    among the groups with at least MIN_RUNS runs where there are any."""
     groups: dict[tuple, list[dict]] = {}
     for record in records:
         if not record["invalid_reasons"]:
@@ -97,7 +98,9 @@ def headlines(records: list[dict]) -> dict[str, dict]:
             "mfu": statistics.median(mfus) if None not in mfus else None,
             "peak_memory_bytes": max((r["peak_memory_bytes"] or 0) for r in runs) or None,
         }
-        if label not in best or row["tokens_per_second"] > best[label]["tokens_per_second"]:
+        # A group with enough runs for a median beats a faster one without (a sweep's single search trials).
+        rank = (len(runs) >= MIN_RUNS, row["tokens_per_second"])
+        if label not in best or rank > (len(best[label]["runs"]) >= MIN_RUNS, best[label]["tokens_per_second"]):
             best[label] = row
     return best
 
