@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llmb import __version__, precision, runner
+from llmb import __version__, plugins, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
 from llmb.plugins import Plugin, plugin_names
@@ -218,6 +218,10 @@ def _print_record(record: dict, path: Path) -> None:
 def plugins_command(as_json: bool) -> None:
     """List installed plugins: name, distribution, devices, precisions, hooks, settings."""
     described = [Plugin(name).describe() for name in plugin_names()]
+    for name, error in plugins.load_errors.items():
+        err_console.print(
+            f"[yellow]warning:[/] plugin {name!r} failed to load: {error}", highlight=False, soft_wrap=True
+        )
     if as_json:
         click.echo(json.dumps(described, indent=2))
         return
@@ -335,3 +339,21 @@ def verify_command(path: Path, accept_debug: bool) -> None:
         console.print(f"[bold red]{failed} of {len(rows)} checks failed[/]")
         sys.exit(1)
     console.print(f"[green]all {len(rows)} checks passed[/]")
+
+
+@cli.command(name="new-plugin")
+@click.argument("name")
+@click.option(
+    "--dir",
+    "directory",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Where to write the package (default: ./llmb-NAME); must not exist or be empty.",
+)
+@handle_errors
+def new_plugin(name: str, directory: Path | None) -> None:
+    """Write an installable plugin package with every hook stubbed: a vendor's starting point."""
+    from llmb.scaffold import write_plugin
+
+    target = write_plugin(name, directory)
+    console.print(f"wrote plugin {name!r} to {target}; install it with: pip install -e {target}", highlight=False)

@@ -20,4 +20,5 @@ class PluginError(LlmbError):
 
     def __init__(self, plugin: str, hook: str, error: BaseException) -> None:
         self.plugin, self.hook, self.error = plugin, hook, error
-        super().__init__(f"plugin {plugin!r} failed in hook {hook}: {type(error).__name__}: {error}")
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""  # one line, never a traceback
+        super().__init__(f"plugin {plugin!r} failed in hook {hook}: {type(error).__name__}: {first_line}")

@@ -1,0 +1,273 @@
+"""llmb plugin for NVIDIA GPUs through torch.cuda: events, memory stats, a peak FLOP/s table, compile, checkpointing.
+
+Settings (-O key=value): compile, fused_adamw, activation_checkpointing. See README.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from llmb import PrecisionFact, Setting, hookimpl
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+CHECKPOINTING = ("none", "selective", "full")
+
+SETTINGS = [
+    Setting("compile", str, "none", "torch.compile the model with this mode", COMPILE_MODES),
+    Setting("fused_adamw", bool, False, "use AdamW's fused CUDA kernel (fused=True) instead of torch's default"),
+    Setting(
+        "activation_checkpointing",
+        str,
+        "none",
+        "recompute decoder layers in the backward pass: selective = every other layer, full = every layer",
+        CHECKPOINTING,
+    ),
+]
+
+
+# Peak dense FLOP/s per device, by the precision that really ran. Sparse (2:4) figures are twice these and never
+# used. FP32 is the non-tensor-core rate; TF32/FP16/BF16 the tensor-core rates.
+
+
+@dataclass(frozen=True)
+class PeakEntry:
+    """One GPU model: a regex on torch's device name, names that look alike but differ, and its dense peaks."""
+
+    label: str
+    pattern: str
+    exclude: str | None
+    peaks: dict[str, float]
+
+    def matches(self, name: str) -> bool:
+        if not re.search(self.pattern, name, re.IGNORECASE):
+            return False
+        return not (self.exclude and re.search(self.exclude, name, re.IGNORECASE))
+
+
+PEAKS: tuple[PeakEntry, ...] = (
+    # A100 (SXM4 and PCIe share these): NVIDIA A100 datasheet, FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS (dense)
+    # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    # Torch names: "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB".
+    PeakEntry("A100", r"\bA100\b", None, {"FP32": 19.5e12, "TF32": 156e12, "FP16": 312e12, "BF16": 312e12}),
+    # H100 SXM5: NVIDIA H100 datasheet lists FP32 67, TF32 989*, BF16/FP16 1,979* TFLOPS (* with sparsity, dense is
+    # half); the Hopper whitepaper gives the unrounded dense rates 66.9 / 494.7 / 989.4 TFLOPS.
+    # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+    # https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper
+    # Torch name: "NVIDIA H100 80GB HBM3" (the SXM part is the HBM3 one). H100 NVL has other figures: excluded.
+    PeakEntry(
+        "H100 SXM",
+        r"\bH100\b.*\b(SXM\d*|HBM3)\b",
+        r"\b(PCIe|NVL)\b",
+        {"FP32": 66.9e12, "TF32": 494.7e12, "FP16": 989.4e12, "BF16": 989.4e12},
+    ),
+    # H100 PCIe: same datasheet, FP32 51, TF32 756*, BF16/FP16 1,513* TFLOPS; whitepaper dense 51.2 / 378 / 756.
+    # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+    PeakEntry(
+        "H100 PCIe",
+        r"\bH100\b.*\bPCIe\b",
+        r"\bNVL\b",
+        {"FP32": 51.2e12, "TF32": 378e12, "FP16": 756e12, "BF16": 756e12},
+    ),
+    # H200 SXM: NVIDIA H200 datasheet, FP32 67, TF32 989*, BF16/FP16 1,979* TFLOPS (* with sparsity): the H100 SXM's
+    # GH100 silicon and clocks with more memory, so the whitepaper's unrounded H100 SXM rates apply.
+    # https://www.nvidia.com/en-us/data-center/h200/
+    # Torch name: "NVIDIA H200". H200 NVL (600 W) has other figures: excluded.
+    PeakEntry("H200", r"\bH200\b", r"\bNVL\b", {"FP32": 66.9e12, "TF32": 494.7e12, "FP16": 989.4e12, "BF16": 989.4e12}),
+    # B200 (HGX B200, 1,000 W): NVIDIA Blackwell datasheet, FP32 80, TF32 2.2 P*, BF16/FP16 4.5 P* FLOPS
+    # (* with sparsity), so dense TF32 1,100 and BF16/FP16 2,250 TFLOPS.
+    # https://resources.nvidia.com/en-us-blackwell-architecture/datasheet
+    # Torch name: "NVIDIA B200". GB200 runs at other clocks and does not match \bB200\b.
+    PeakEntry("B200", r"\bB200\b", None, {"FP32": 80e12, "TF32": 1100e12, "FP16": 2250e12, "BF16": 2250e12}),
+)
+
+
+def match_peak(name: str, precision: str, table: tuple[PeakEntry, ...] = PEAKS) -> float | None:
+    """The dense peak for a device name and precision; None when no entry or more than one matches (never guess)."""
+    found = [entry for entry in table if entry.matches(name)]
+    if len(found) != 1:
+        return None
+    return found[0].peaks.get(precision)
+
+
+class CheckpointedLayer(nn.Module):
+    """A decoder layer whose activations are recomputed in the backward pass instead of kept."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.layer, *args, use_reentrant=False, **kwargs)
+
+
+def checkpointed_layers(mode: str, count: int) -> list[int]:
+    """Which decoder layers to wrap: none, every other one starting at 0 (selective), or all (full)."""
+    if mode == "full":
+        return list(range(count))
+    if mode == "selective":
+        # torchtitan's layer-selective checkpointing with frequency 2: half the recompute, half the saving.
+        return list(range(0, count, 2))
+    return []
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
+    """Wrap the model's decoder layers in place; the parameters stay the same objects, so the optimizer holds."""
+    for index in checkpointed_layers(mode, len(model.layers)):
+        model.layers[index] = CheckpointedLayer(model.layers[index])
+    return model
+
+
+def compile_model(model: nn.Module, mode: str) -> nn.Module:
+    if mode == "none":
+        return model
+    return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+def driver_version() -> str | None:
+    """The NVIDIA kernel driver version from /proc (Linux); torch exposes only the CUDA driver API level."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", f.read())
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def nccl_version() -> str | None:
+    """NCCL's version (RCCL's on ROCm), or None for a torch built without it."""
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+# Identity and capability
+
+
+@hookimpl
+def device_types():
+    return ["cuda"]
+
+
+@hookimpl
+def supported_precisions():
+    return ["FP32", "TF32", "FP16", "BF16"]
+
+
+@hookimpl
+def hardware_available():
+    # A ROCm build of torch also answers torch.cuda.is_available(); those GPUs belong to the rocm plugin.
+    return torch.version.hip is None and torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+@hookimpl
+def plugin_settings():
+    return SETTINGS
+
+
+# Backend setup and model post-processing
+
+
+@hookimpl
+def setup_backend(device, precision, settings):
+    # The harness has set the TF32 switches for the precision; here only the current device is chosen.
+    if device.index is not None and torch.cuda.is_available():
+        torch.cuda.set_device(device)
+
+
+@hookimpl
+def process_model(model, optimizer, device, precision, settings):
+    model = apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
+    return compile_model(model, settings.get("compile", "none"))
+
+
+@hookimpl
+def optimizer_options(device, precision, settings):
+    return {"fused": True} if settings.get("fused_adamw") else {}
+
+
+# Device services
+
+
+@hookimpl
+def synchronize(device):
+    torch.cuda.synchronize(device)
+    return True
+
+
+@hookimpl
+def device_event(device):
+    return torch.cuda.Event(enable_timing=True)
+
+
+@hookimpl
+def reset_peak_memory(device):
+    torch.cuda.reset_peak_memory_stats(device)
+    return True
+
+
+@hookimpl
+def peak_memory_bytes(device):
+    return torch.cuda.max_memory_allocated(device)
+
+
+@hookimpl
+def device_name(device):
+    return torch.cuda.get_device_name(device_index(device))
+
+
+@hookimpl
+def device_count(device):
+    return torch.cuda.device_count()
+
+
+@hookimpl
+def peak_flops(device, precision):
+    return match_peak(torch.cuda.get_device_name(device_index(device)), precision)
+
+
+@hookimpl
+def precision_facts(device, precision, settings):
+    # None of these lowers FP32 math by itself (inductor's GEMMs follow the TF32 switches the audit already reads);
+    # they are recorded so a reader sees what else ran. Fused AdamW keeps FP32 math for FP32 parameters.
+    facts = [
+        PrecisionFact("llmb_cuda.compile", settings.get("compile", "none")),
+        PrecisionFact("llmb_cuda.fused_adamw", bool(settings.get("fused_adamw"))),
+        PrecisionFact("torch.backends.cuda.flash_sdp_enabled", torch.backends.cuda.flash_sdp_enabled()),
+        PrecisionFact("torch.backends.cuda.mem_efficient_sdp_enabled", torch.backends.cuda.mem_efficient_sdp_enabled()),
+        PrecisionFact("torch.backends.cuda.math_sdp_enabled", torch.backends.cuda.math_sdp_enabled()),
+    ]
+    if hasattr(torch.backends.cuda, "cudnn_sdp_enabled"):
+        facts.append(PrecisionFact("torch.backends.cuda.cudnn_sdp_enabled", torch.backends.cuda.cudnn_sdp_enabled()))
+    return facts
+
+
+@hookimpl
+def run_facts(device):
+    index = device_index(device)
+    props = torch.cuda.get_device_properties(index)
+    return {
+        "gpu": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "memory_bytes": props.total_memory,
+        "driver": driver_version(),
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": nccl_version(),
+    }
+
+
+@hookimpl
+def distributed_backend(device):
+    return "nccl"
