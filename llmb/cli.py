@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llmb import __version__, plugins, precision, runner
+from llmb import __version__, distributed, plugins, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
 from llmb.plugins import Plugin, plugin_names
@@ -73,6 +73,30 @@ def plugin_options(func):
     return func
 
 
+def launch_options(func):
+    """torchrun's launch options; with --nproc-per-node, llmb starts the processes through torch's launcher."""
+    options = [
+        click.option(
+            "--nproc-per-node", type=int, default=None, help="Processes (devices) per node, launched as torchrun would."
+        ),
+        click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes in the job."),
+        click.option("--node-rank", type=int, default=0, show_default=True, help="This node's rank."),
+        click.option("--master-addr", default=None, help="Node rank 0's address (several nodes)."),
+        click.option("--master-port", type=int, default=None, help="Node rank 0's port (default 29500)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port) -> distributed.LaunchSpec | None:
+    if nproc_per_node is None:
+        if nnodes != 1 or node_rank or master_addr or master_port:
+            raise click.UsageError("--nnodes, --node-rank, --master-addr and --master-port need --nproc-per-node")
+        return None
+    return distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+
+
 class RichProgress(runner.Progress):
     def __init__(self, progress: Progress, label: str) -> None:
         self.progress, self.label, self.task = progress, label, None
@@ -120,6 +144,20 @@ class RichProgress(runner.Progress):
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory for the result JSON files.",
 )
+@launch_options
+@click.option(
+    "--parallel",
+    type=click.Choice(distributed.PARALLEL),
+    default=None,
+    help="Several processes: DDP or FSDP2 (each decoder layer a unit); default ddp. Batch size is per device.",
+)
+@click.option(
+    "--dist-timeout",
+    type=float,
+    default=distributed.DEFAULT_TIMEOUT_SECONDS,
+    show_default=True,
+    help="Seconds a collective waits for a peer before the run fails.",
+)
 @handle_errors
 def run(
     plugin,
@@ -135,9 +173,17 @@ def run(
     seed,
     preset,
     out,
+    nproc_per_node,
+    nnodes,
+    node_rank,
+    master_addr,
+    master_port,
+    parallel,
+    dist_timeout,
     **shape,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
+    launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
     config = build_config(preset, **shape)
     base = runner.RunOptions(
         config=config,
@@ -152,6 +198,8 @@ def run(
         seed=seed,
         settings=parse_options(options),
         strict_precision=strict_precision,
+        parallel=parallel,
+        timeout_seconds=dist_timeout,
     )
     requested = precision_name.upper()
     if requested == "ALL":
@@ -163,17 +211,29 @@ def run(
     else:
         names = [requested]
     records = []
-    for name in names:
-        options_for = runner.RunOptions(**{**base.__dict__, "precision": name})
+    runs = [runner.RunOptions(**{**base.__dict__, "precision": name}) for name in names]
+    if launch is not None:
+        for options_for in runs:  # bad input fails here, before any process starts
+            runner.resolve(runner.RunOptions(**{**options_for.__dict__, "parallel": None}))
+        for record in distributed.launch_runs(launch, runs):
+            records.append(record)
+            _print_record(record, runner.write(record, out))
+    for options_for in runs if launch is None else []:
         record = _run_one(options_for)
+        if record is None:
+            continue  # another rank of a torchrun job: rank 0 writes the result
         path = runner.write(record, out)
         records.append(record)
         _print_record(record, path)
+    distributed.shutdown()
     if any(r["invalid_reasons"] for r in records) and strict_precision:
         sys.exit(1)
 
 
-def _run_one(options: runner.RunOptions) -> dict:
+def _run_one(options: runner.RunOptions) -> dict | None:
+    world = distributed.current_world()
+    if world is not None and world.rank != 0:
+        return runner.run(options)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
         return runner.run(options, RichProgress(progress, options.precision))
@@ -198,6 +258,13 @@ def _print_record(record: dict, path: Path) -> None:
         ("timing", f"{record['timing']['window_seconds']:.3f} s window, {record['timing']['method']}"),
         ("result", str(path)),
     ]
+    if record.get("world_size", 1) > 1:
+        rows[2:3] = [
+            ("devices", f"{record['world_size']} on {record['nodes']} node(s), {record['parallel']}"),
+            ("batch size", f"{record['batch_size']} per device, {record['global_batch_size']} global"),
+            ("tokens/s per device", f"{record['tokens_per_second_per_device']:,.1f}"),
+            ("per-rank window", ", ".join(f"{w:.3f} s" for w in record["per_rank"])),
+        ]
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -357,3 +424,83 @@ def new_plugin(name: str, directory: Path | None) -> None:
 
     target = write_plugin(name, directory)
     console.print(f"wrote plugin {name!r} to {target}; install it with: pip install -e {target}", highlight=False)
+
+
+@cli.command(name="commbench")
+@click.option("--plugin", default=None, help="Hardware plugin whose process-group backend is measured.")
+@click.option("--device", default=None, help="Device type (default: the plugin's).")
+@click.option("--nproc-per-node", type=int, default=None, help="Processes (default: the host's devices, at least 2).")
+@click.option("--sizes", default=None, help="Message sizes in bytes, e.g. 1K,1M,64M (default 1K to 64M by x16).")
+@click.option("--iters", default=20, show_default=True, type=int, help="Timed all-reduces per size.")
+@click.option("--warmup", default=5, show_default=True, type=int, help="Untimed all-reduces per size.")
+@click.option("--dtype", default="float32", show_default=True, help="Element type of the buffers.")
+@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
+@handle_errors
+def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:
+    """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
+    from llmb import commbench
+    from llmb.results import write_json_atomic
+
+    options = commbench.CommOptions(plugin=plugin, device=device, iters=iters, warmup=warmup, dtype=dtype)
+    if sizes:
+        options.sizes = commbench.parse_sizes(sizes)
+    if distributed.current_world() is not None:  # under torchrun: every rank measures, rank 0 reports
+        record = commbench.run(options)
+        distributed.shutdown()
+    else:
+        spec = distributed.LaunchSpec(nproc_per_node or commbench.default_nproc(options))
+        record = commbench.launch(spec, options)
+    if record is None:
+        return
+    console.print(commbench.table(record))
+    if out is not None:
+        write_json_atomic(out, record)
+        console.print(f"written to {out}", highlight=False)
+
+
+@cli.command(name="project")
+@click.option("--layers", type=int, required=True, help="L, transformer layers (1T model: 128).")
+@click.option("--hidden", type=int, required=True, help="d, hidden size (1T model: 25872).")
+@click.option(
+    "--ffn", type=int, required=True, help="Feed-forward size (1T model: 98304); recorded, not in the formula."
+)
+@click.option("--heads", type=int, default=None, help="Attention heads (checked to divide --hidden).")
+@click.option("--seq", type=int, required=True, help="s, sequence length.")
+@click.option("--global-batch", type=int, required=True, help="b, global batch size.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree.")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree.")
+@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel degree.")
+@click.option("--bytes-per-element", type=int, default=2, show_default=True, help="Activation element size.")
+@click.option(
+    "--from",
+    "result_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="An llmb run result: its achieved TFLOP/s per device is alpha.",
+)
+@click.option(
+    "--comm",
+    "comm_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="An llmb commbench JSON: its all-reduce bandwidth is beta.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handle_errors
+def project_command(
+    layers, hidden, ffn, heads, seq, global_batch, tp, pp, dp, bytes_per_element, result_path, comm_path, as_json
+) -> None:
+    """Project the step time and FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and beta."""
+    from llmb import project
+    from llmb.results import load_result
+
+    shape = project.Shape(layers, hidden, ffn, seq, global_batch, tp, pp, dp, heads, bytes_per_element)
+    try:
+        result, comm = load_result(result_path), load_result(comm_path)
+    except (OSError, ValueError) as exc:
+        raise LlmbError(f"cannot read JSON: {exc}") from None
+    projection = project.project(shape, result, comm)
+    if as_json:
+        click.echo(json.dumps(projection, indent=2))
+        return
+    console.print(project.table(projection))

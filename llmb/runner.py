@@ -7,12 +7,12 @@ import gc
 import math
 import platform
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from llmb import __version__, flops, precision
+from llmb import __version__, distributed, flops, precision
 from llmb.config import official_reasons
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
@@ -42,6 +42,9 @@ class RunOptions:
     seed: int = 0
     settings: dict[str, str] = field(default_factory=dict)
     strict_precision: bool = False
+    # Under torchrun (or `--nproc-per-node`): ddp or fsdp (default ddp); "none" for a single process.
+    parallel: str | None = None
+    timeout_seconds: float = distributed.DEFAULT_TIMEOUT_SECONDS
 
 
 class Progress:
@@ -86,7 +89,21 @@ def resolve(options: RunOptions) -> tuple[Plugin, torch.device, dict]:
     device = parse_device(options.device or (types[0] if types else "cpu"))
     if types and device.type not in types:
         raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
+    world = distributed.current_world()
+    if world is None and options.parallel not in (None, "none"):
+        raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
+    if world is not None:
+        if parallel_strategy(options) not in distributed.PARALLEL:
+            raise UsageError(f"--parallel must be one of {', '.join(distributed.PARALLEL)} under torch.distributed")
+        device = distributed.rank_device(device, world)
     return plugin, device, settings
+
+
+def parallel_strategy(options: RunOptions) -> str:
+    """ddp or fsdp in a torch.distributed job (ddp unless asked), none in a single process."""
+    if distributed.current_world() is None:
+        return "none"
+    return options.parallel if options.parallel not in (None, "none") else "ddp"
 
 
 def run(options: RunOptions, progress: Progress | None = None) -> dict:
@@ -102,6 +119,9 @@ def run(options: RunOptions, progress: Progress | None = None) -> dict:
             raise LlmbError(
                 f"out of memory at batch size {options.batch_size} on {device}: {str(exc).splitlines()[0]}"
             ) from exc
+        if distributed.current_world() is not None:
+            # One line names the rank's error in the launcher's report; the traceback stays in its error file.
+            raise LlmbError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
         raise
     finally:
         gc.collect()
@@ -121,6 +141,7 @@ class Session:
     trainer: Trainer
     parameters: int
     invalid: list[str]
+    world: distributed.World | None = None
 
 
 def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict) -> Session:
@@ -132,6 +153,9 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
     plugin.call("setup_backend", device=device, precision=options.precision, settings=settings)
     check_device_present(device)
     services = Device(plugin, device)
+    world = distributed.current_world()
+    if world is not None:
+        distributed.init_process_group(plugin, device, world, options.timeout_seconds)
 
     torch.manual_seed(options.seed)
     model = LlamaModel(config)  # built on the CPU from the seed, so every device starts from the same weights
@@ -152,13 +176,22 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
         settings=settings,
     )
     model = processed if processed is not None else model
-    invalid: list[str] = [f"optimizer: {p}" for p in optimizer_problems(optimizer, model)]
     processed_parameters = count_parameters(model)
+    if world is not None:
+        # The harness's parallel wrapper goes on after the plugin's post-processing: the plugin sees the whole model,
+        # as in a single-device run, and what communicates is torch's own DDP/FSDP, outside the plugin's reach.
+        # FSDP2 swaps the parameters for sharded ones, so AdamW is built again over them with the same options.
+        model = distributed.parallelize(model, parallel_strategy(options), device, world)
+        if parallel_strategy(options) == "fsdp":
+            optimizer = build_optimizer(model, optimizer_options)
+    invalid: list[str] = [f"optimizer: {p}" for p in optimizer_problems(optimizer, model)]
     if processed_parameters != parameters:
         invalid.append(f"post-processing changed the parameter count from {parameters} to {processed_parameters}")
-    batch = synthetic_batch(config, options.batch_size, options.seed, device)
-    trainer = Trainer(model, optimizer, batch, recipe, services)
-    return Session(plugin, device, settings, services, recipe, model, optimizer, trainer, parameters, invalid)
+    # Data parallelism: each rank its own batch (seed + rank); the global batch is all of them.
+    rank = world.rank if world is not None else 0
+    batch = synthetic_batch(config, options.batch_size, options.seed + rank, device)
+    trainer = Trainer(model, optimizer, batch, recipe, services, barrier=distributed.barrier if world else None)
+    return Session(plugin, device, settings, services, recipe, model, optimizer, trainer, parameters, invalid, world)
 
 
 def audit_session(session: Session) -> dict:
@@ -210,6 +243,20 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
     if precision.RANK[effective] > precision.RANK[options.precision] and options.strict_precision:
         invalid.append(f"--strict-precision: requested {options.precision}, ran {effective}")
 
+    job = None
+    if session.world is not None:
+        merged = _merge_ranks(session.world, audit, invalid, measurements)
+        if merged is None:
+            return None  # only rank 0 writes the run's record
+        audit, invalid, measurements, per_rank = merged
+        chosen = median_measurement(measurements)
+        job = {
+            "world_size": session.world.world_size,
+            "nodes": session.world.nodes,
+            "parallel": parallel_strategy(options),
+            "per_rank": [windows[next(i for i, m in enumerate(measurements) if m is chosen)] for windows in per_rank],
+        }
+
     return build_record(
         options=options,
         plugin=plugin,
@@ -224,7 +271,31 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         invalid=invalid,
         fingerprint=fingerprint,
         trainer=trainer,
+        job=job,
     )
+
+
+def _merge_ranks(world, audit: dict, invalid: list[str], measurements: list):
+    """On rank 0: every rank's audit, problems and windows in one. The label is the lowest format any rank ran;
+    another rank's problems join the record with its rank named; a repeat's window is the slowest rank's (all
+    waited at the barrier, so they differ by the barrier's skew); per rank, each rank's own window per repeat."""
+    mine = {
+        "effective": audit["effective"],
+        "invalid": invalid,
+        "windows": [m.window_seconds for m in measurements],
+        "own": [m.rank_window_seconds for m in measurements],
+    }
+    ranks = distributed.gather(mine, world)
+    if ranks is None:
+        return None
+    merged_invalid = list(invalid)
+    for rank, theirs in enumerate(ranks[1:], start=1):
+        merged_invalid += [f"rank {rank}: {reason}" for reason in theirs["invalid"] if reason not in invalid]
+    effective = precision.lowest([r["effective"] for r in ranks])
+    audit = {**audit, "effective": effective, "rank_effective": [r["effective"] for r in ranks]}
+    windows = [max(r["windows"][k] for r in ranks) for k in range(len(measurements))]
+    measurements = [replace(m, window_seconds=w) for m, w in zip(measurements, windows, strict=True)]
+    return audit, merged_invalid, measurements, [r["own"] for r in ranks]
 
 
 def loss_problems(config: ModelConfig, initial_loss: float, measurements: list) -> list[str]:
@@ -259,13 +330,17 @@ def build_record(
     invalid,
     fingerprint,
     trainer,
+    job=None,
 ) -> dict:
     config = options.config
     effective = audit["effective"]
-    tokens = options.batch_size * config.sequence_length * options.steps
+    # A single process is a job of one; in a multi-process job the batch size is per device.
+    job = job or {"world_size": 1, "nodes": 1, "parallel": "none", "per_rank": [chosen.window_seconds]}
+    global_batch = options.batch_size * job["world_size"]
+    tokens = global_batch * config.sequence_length * options.steps
     tokens_per_second = tokens / chosen.window_seconds
     flops_per_token = flops.model_flops_per_token(config, parameters)
-    tflops = flops.achieved_tflops(tokens_per_second, flops_per_token)
+    tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
     peak = services.peak_flops(effective) if effective in precision.PRECISIONS else None
     debug = official_reasons(config)
     return {
@@ -322,13 +397,19 @@ def build_record(
             "method": chosen.method,
             "repeat_window_seconds": [m.window_seconds for m in measurements],
         },
+        "world_size": job["world_size"],
+        "nodes": job["nodes"],
+        "parallel": job["parallel"],
+        "global_batch_size": global_batch,
+        "per_rank": job["per_rank"],
         "tokens_per_second": tokens_per_second,
-        "samples_per_second": options.batch_size * options.steps / chosen.window_seconds,
+        "tokens_per_second_per_device": tokens_per_second / job["world_size"],
+        "samples_per_second": global_batch * options.steps / chosen.window_seconds,
         "model_flops_per_token": flops_per_token,
         "tflops": tflops,
         "peak_flops": peak,
         "mfu": flops.mfu(tflops, peak),
-        "fom": flops.fom(config, options.batch_size, chosen.window_seconds / options.steps),
+        "fom": flops.fom(config, global_batch, chosen.window_seconds / options.steps),
         "peak_memory_bytes": peak_memory,
         "loss": {"initial": initial_loss, "first": chosen.loss_first, "last": chosen.loss_last},
     }

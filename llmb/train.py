@@ -77,6 +77,8 @@ class Measurement:
     method: str
     loss_first: float
     loss_last: float
+    # This rank's own window, before the closing barrier (in a multi-process run window_seconds waits for all ranks).
+    rank_window_seconds: float | None = None
 
 
 class Trainer:
@@ -89,8 +91,11 @@ class Trainer:
         batch: torch.Tensor,
         recipe: Recipe,
         device: Device,
+        barrier: Callable[[], None] | None = None,
     ) -> None:
         self.model, self.optimizer, self.batch, self.recipe, self.device = model, optimizer, batch, recipe, device
+        # In a multi-process run, every rank waits for all the others at both window edges.
+        self.barrier = barrier or (lambda: None)
         self.scaler = torch.amp.GradScaler(device.device.type) if recipe.grad_scaler else None
         self.harness_steps = 0
         self.optimizer_steps = 0
@@ -128,6 +133,7 @@ class Trainer:
         losses = []
         host_steps = []
         device.synchronize()
+        self.barrier()
         start = time.perf_counter()
         for index in range(steps):
             if events:
@@ -143,13 +149,15 @@ class Trainer:
             if on_step:
                 on_step()
         device.synchronize()
+        own_window = time.perf_counter() - start
+        self.barrier()
         window = time.perf_counter() - start
         if events:
             step_seconds = [begin.elapsed_time(end) / 1000.0 for begin, end in events]
             method = "device-events"
         else:
             step_seconds, method = host_steps, "host-synchronised"
-        return Measurement(window, step_seconds, method, float(losses[0]), float(losses[-1]))
+        return Measurement(window, step_seconds, method, float(losses[0]), float(losses[-1]), own_window)
 
 
 def median_measurement(measurements: list[Measurement]) -> Measurement:

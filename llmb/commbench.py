@@ -1,0 +1,176 @@
+"""All-reduce bandwidth over message sizes through the plugin's process-group backend (nccl-tests' figures).
+
+algbw = bytes / time per all-reduce; busbw = algbw x 2 (n - 1) / n, the nccl-tests formula that makes a ring
+all-reduce comparable with the link bandwidth whatever the rank count. Every timed loop is closed by the plugin's
+device synchronisation, and a loop's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from llmb import __version__, distributed
+from llmb.device import Device, check_device_present, parse_device
+from llmb.errors import LlmbError, UsageError
+from llmb.plugins import select_plugin
+
+SCHEMA = "llmb.commbench/1"
+# 1 KiB to 64 MiB by x16: latency-bound to bandwidth-bound (nccl-tests sweeps 8 B to 128 MiB by x2).
+DEFAULT_SIZES = tuple(2**k for k in range(10, 27, 4))
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20}
+_UNITS |= {"G": 2**30, "GB": 2**30, "GIB": 2**30}
+
+
+@dataclass
+class CommOptions:
+    plugin: str | None = None
+    device: str | None = None
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    iters: int = 20
+    warmup: int = 5
+    dtype: str = "float32"
+    timeout_seconds: float = distributed.DEFAULT_TIMEOUT_SECONDS
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """ "1K,1M,64M" -> bytes (binary units)."""
+    sizes = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", item)
+        if not match or match.group(2).upper() not in _UNITS:
+            raise UsageError(f"--sizes: cannot read {item.strip()!r} (use e.g. 1K,1M,64M)")
+        sizes.append(int(match.group(1)) * _UNITS[match.group(2).upper()])
+    if any(size < 1 for size in sizes):
+        raise UsageError("--sizes must be at least 1 byte each")
+    return tuple(sizes)
+
+
+def bus_bandwidth(algbw: float, ranks: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth: algbw x 2 (n - 1) / n."""
+    return algbw * 2 * (ranks - 1) / ranks
+
+
+def check(options: CommOptions) -> None:
+    if options.iters < 1 or options.warmup < 0:
+        raise UsageError("--iters must be at least 1 and --warmup at least 0")
+    if not hasattr(torch, options.dtype) or not isinstance(getattr(torch, options.dtype), torch.dtype):
+        raise UsageError(f"unknown dtype {options.dtype!r}")
+
+
+def run(options: CommOptions) -> dict | None:
+    """On every rank of a torch.distributed job: the all-reduce sweep. Rank 0 returns the record, others None."""
+    check(options)
+    world = distributed.current_world()
+    if world is None:
+        raise UsageError("llmb commbench needs several processes: --nproc-per-node N, or torchrun")
+    plugin = select_plugin(options.plugin)
+    types = plugin.device_types()
+    device = parse_device(options.device or (types[0] if types else "cpu"))
+    if types and device.type not in types:
+        raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
+    device = distributed.rank_device(device, world)
+    plugin.call("setup_backend", device=device, precision="FP32", settings=plugin.resolve_settings({}))
+    check_device_present(device)
+    services = Device(plugin, device)
+    backend = distributed.init_process_group(plugin, device, world, options.timeout_seconds)
+    dtype = getattr(torch, options.dtype)
+    element = torch.empty((), dtype=dtype).element_size()
+    n = world.world_size
+    rows = []
+    for size in options.sizes:
+        count = max(1, size // element)
+        buffer = torch.full((count,), float(world.rank + 1), dtype=dtype, device=device)
+        dist.all_reduce(buffer)  # one checked reduction: the backend really sums every rank's data
+        services.synchronize()
+        if not bool((buffer == n * (n + 1) / 2).all()):
+            raise LlmbError(f"all-reduce of {count * element} bytes returned a wrong sum on rank {world.rank}")
+        buffer.zero_()  # zeros stay finite however many times they are summed
+        for _ in range(options.warmup):
+            dist.all_reduce(buffer)
+        services.synchronize()
+        distributed.barrier()
+        start = time.perf_counter()
+        for _ in range(options.iters):
+            dist.all_reduce(buffer)
+        services.synchronize()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's loop
+        seconds = float(elapsed.item()) / options.iters
+        nbytes = count * element
+        algbw = nbytes / seconds
+        rows.append(
+            {
+                "bytes": nbytes,
+                "elements": count,
+                "seconds": seconds,
+                "algbw_bytes_per_second": algbw,
+                "busbw_bytes_per_second": bus_bandwidth(algbw, n),
+            }
+        )
+    if world.rank != 0:
+        return None
+    return {
+        "schema": SCHEMA,
+        "llmb_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "operation": "all_reduce",
+        "plugin": {"name": plugin.name, "version": plugin.version, "distribution": plugin.distribution},
+        "device": {"type": device.type, "name": services.name()},
+        "backend": backend,
+        "world_size": n,
+        "nodes": world.nodes,
+        "dtype": options.dtype,
+        "iters": options.iters,
+        "warmup": options.warmup,
+        "timing": "host clock around the loop, closed by the plugin's device synchronisation; the slowest rank's",
+        "results": rows,
+        "torch": torch.__version__,
+    }
+
+
+def run_job(options: CommOptions) -> dict | None:
+    """Each rank's entrypoint under llmb's launcher."""
+    try:
+        return run(options)
+    finally:
+        distributed.shutdown()
+
+
+def launch(spec: distributed.LaunchSpec, options: CommOptions) -> dict | None:
+    check(options)
+    return distributed.launch(spec, run_job, options).get(0)
+
+
+def default_nproc(options: CommOptions) -> int:
+    """The host's devices for the plugin's device type, at least two (one process per device; the CPU is shared)."""
+    plugin = select_plugin(options.plugin)
+    types = plugin.device_types()
+    device = parse_device(options.device or (types[0] if types else "cpu"))
+    return max(2, int(plugin.call("device_count", device=device) or 1))
+
+
+def table(record: dict):
+    """The sweep as nccl-tests prints it: size, time, algbw, busbw (GB/s = 1e9 bytes/s)."""
+    from rich.table import Table
+
+    title = (
+        f"all-reduce, {record['backend']} on {record['world_size']} x {record['device']['name']} ({record['dtype']})"
+    )
+    out = Table(title=title)
+    for column in ("size (B)", "elements", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+        out.add_column(column, justify="right")
+    for row in record["results"]:
+        out.add_row(
+            f"{row['bytes']:,}",
+            f"{row['elements']:,}",
+            f"{row['seconds'] * 1e6:,.1f}",
+            f"{row['algbw_bytes_per_second'] / 1e9:.3f}",
+            f"{row['busbw_bytes_per_second'] / 1e9:.3f}",
+        )
+    return out

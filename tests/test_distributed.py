@@ -1,0 +1,167 @@
+"""Multi-process runs on the CPU with gloo: two real processes through torch's launcher (no mocks)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmb import commbench, distributed, runner
+from llmb.config import PRESETS
+from llmb.train import synthetic_batch
+
+TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
+# A 2-process job here: two interpreters importing torch plus a few tiny steps; minutes mean a hang.
+JOB_TIMEOUT = 240
+
+
+def llmb_command(args, env=None, launcher=()):
+    return subprocess.run(
+        [sys.executable, *launcher, "-m", "llmb", *args],
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    "parallel, launcher",
+    [
+        ("fsdp", ()),  # llmb's own --nproc-per-node
+        ("ddp", ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")),  # torchrun -m llmb run
+    ],
+)
+def test_two_process_run_writes_one_correct_result(parallel, launcher, tmp_path):
+    args = ["run", *TINY, "--parallel", parallel, "--out", str(tmp_path)]
+    if not launcher:
+        args += ["--nproc-per-node", "2"]
+    done = llmb_command(args, launcher=launcher)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1, "rank 0 alone writes the result"
+    record = json.loads(files[0].read_text())
+    assert (record["world_size"], record["nodes"], record["parallel"]) == (2, 1, parallel)
+    assert record["batch_size"] == 1 and record["global_batch_size"] == 2
+    assert record["invalid_reasons"] == []
+    assert record["precision"]["audit"]["rank_effective"] == ["FP32", "FP32"]
+    window = record["timing"]["window_seconds"]
+    tokens = record["global_batch_size"] * record["sequence_length"] * record["steps"]
+    assert record["tokens_per_second"] == pytest.approx(tokens / window)
+    assert record["tokens_per_second_per_device"] == pytest.approx(record["tokens_per_second"] / 2)
+    flops_per_device = record["tokens_per_second_per_device"] * record["model_flops_per_token"]
+    assert record["tflops"] == pytest.approx(flops_per_device / 1e12)
+    # Each rank's own window ends before the closing barrier, so none exceeds the job's window.
+    assert len(record["per_rank"]) == 2 and all(0 < w <= window for w in record["per_rank"])
+    assert "Traceback" not in done.stderr
+
+
+def test_gradients_after_one_step_equal_one_process_on_the_global_batch():
+    """Two ranks, each its own seeded batch of 2 (seed + rank), against one process on both batches concatenated:
+    DDP's averaged gradients and FSDP's gathered shards must equal the single process's, which proves the job trains
+    the same model on the global batch. FP32 on both sides; they differ only in the order of the float sums (the
+    per-rank means averaged vs one mean, reduce-scatter vs none), measured here at 7e-7 of each tensor's largest
+    value: 1e-5 leaves a margin, while a wrong slice or a missing average is off by order one."""
+    base = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", batch_size=2, seed=3)
+    runs = [replace(base, parallel=p) for p in distributed.PARALLEL]
+    per_strategy = distributed.launch(distributed.LaunchSpec(2), distributed.gradients_after_one_step, runs)[0]
+
+    single = replace(base, batch_size=4)
+    session = runner.prepare(single, *runner.resolve(single))
+    session.trainer.batch = torch.cat([synthetic_batch(base.config, 2, base.seed + rank, "cpu") for rank in (0, 1)])
+    session.trainer.step()
+    reference = distributed.full_gradients(session.model)
+
+    assert len(per_strategy) == len(distributed.PARALLEL)
+    for parallel, grads in zip(distributed.PARALLEL, per_strategy, strict=True):
+        assert sorted(grads) == sorted(reference), parallel
+        for name, expected in reference.items():
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(grads[name], expected, rtol=0, atol=1e-5 * scale, msg=f"{parallel} {name}")
+
+
+FAILING_PLUGIN = """
+import os
+from llmb import hookimpl
+
+@hookimpl
+def device_types():
+    return ["cpu"]
+
+@hookimpl
+def process_model(model, optimizer, device, precision, settings):
+    # Fails on rank 1 only, after the process group exists: rank 0 is then waiting for it in a collective.
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("boom on rank 1")
+    return model
+"""
+
+
+def test_a_failing_rank_fails_the_run_naming_it_without_a_hang(tmp_path):
+    """A plugin installed for this test only (an entry point in a dist-info on PYTHONPATH, as pip would lay out),
+    so both the launcher and every rank load it."""
+    site = tmp_path / "site"
+    (site / "llmb_failing-0.1.dist-info").mkdir(parents=True)
+    (site / "llmb_failing-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: llmb-failing\nVersion: 0.1\n"
+    )
+    (site / "llmb_failing-0.1.dist-info" / "entry_points.txt").write_text("[llmb]\nfailing = llmb_failing\n")
+    (site / "llmb_failing.py").write_text(textwrap.dedent(FAILING_PLUGIN))
+    env = {**__import__("os").environ, "PYTHONPATH": str(site)}
+    out = tmp_path / "out"
+    args = ["run", *TINY, "--plugin", "failing", "--nproc-per-node", "2", "--dist-timeout", "60", "--out", str(out)]
+    done = llmb_command(args, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "rank 1 failed" in last and "boom on rank 1" in last, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not list(Path(out).glob("*.json")) if out.exists() else True
+
+
+def test_commbench_gloo_two_processes(tmp_path):
+    options = commbench.CommOptions(device="cpu", sizes=(1024, 65536), iters=3, warmup=1)
+    record = commbench.launch(distributed.LaunchSpec(2), options)
+    assert record["backend"] == "gloo" and record["world_size"] == 2
+    assert [row["bytes"] for row in record["results"]] == [1024, 65536]
+    for row in record["results"]:
+        assert row["seconds"] > 0
+        assert row["algbw_bytes_per_second"] == pytest.approx(row["bytes"] / row["seconds"])
+        assert row["busbw_bytes_per_second"] == pytest.approx(row["algbw_bytes_per_second"] * 2 * (2 - 1) / 2)
+
+
+def test_bus_bandwidth_is_the_nccl_tests_formula():
+    assert commbench.bus_bandwidth(100.0, 8) == pytest.approx(175.0)
+    assert commbench.bus_bandwidth(100.0, 2) == pytest.approx(100.0)
+
+
+def test_sizes_parse_binary_units():
+    assert commbench.parse_sizes("8,1K,2M") == (8, 1024, 2 * 2**20)
+    with pytest.raises(Exception, match="cannot read"):
+        commbench.parse_sizes("1X")
+
+
+def test_parallel_without_several_processes_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from llmb.cli import cli
+
+    result = CliRunner().invoke(cli, ["run", *TINY, "--parallel", "fsdp", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "needs several processes" in result.output
+
+
+class _Failure:
+    def __init__(self, message, timestamp, exitcode=1):
+        self.message, self.timestamp, self.exitcode = message, timestamp, exitcode
+
+
+def test_failure_message_prefers_a_ranks_own_error_over_a_peers_consequence():
+    failures = {
+        0: _Failure({"message": "RuntimeError: Connection closed by peer", "extraInfo": {}}, 100),
+        1: _Failure("PluginError: plugin 'x' failed in hook process_model: RuntimeError: boom", 100),
+    }
+    message = distributed.failure_message(failures)
+    assert message == "rank 1 failed: plugin 'x' failed in hook process_model: RuntimeError: boom (also failed: rank 0)"

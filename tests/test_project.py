@@ -1,0 +1,71 @@
+"""llmb project: the ALCF time-to-solution formula on small numbers worked out by hand."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from llmb import project
+from llmb.cli import cli
+
+RESULT = {"tflops": 1e-6}  # 1e6 FLOP/s per device
+COMM = {
+    "operation": "all_reduce",
+    "world_size": 2,
+    "results": [
+        {"bytes": 32, "algbw_bytes_per_second": 1e3},
+        {"bytes": 1024, "algbw_bytes_per_second": 1e4},
+    ],
+}
+SHAPE = project.Shape(layers=2, hidden=4, ffn=16, seq=8, global_batch=4, tp=2, pp=2, dp=2, bytes_per_element=2)
+
+
+def test_projection_reproduces_the_hand_arithmetic():
+    p = project.project(SHAPE, RESULT, COMM)
+    # b = 4 / DP 2 = 2; compute = b L (36 s d^2 + 6 s^2 d) = 2*2*(36*8*16 + 6*64*4) = 4 * (4608 + 1536) = 24576
+    assert p["batch_per_replica"] == 2
+    assert p["compute_flops"] == 24576
+    # alpha-term = 24576 / (PP 2 x TP 2) / 1e6 FLOP/s = 0.006144 s
+    assert p["alpha_term_seconds"] == pytest.approx(0.006144)
+    # one [s, d] activation: 8*4*2 B = 64 B, nearest measured size (log scale) 32 B at 1e3 B/s
+    assert p["message_bytes"] == 64 and p["bandwidth_message_bytes"] == 32
+    # beta-term = 4 b L s d x 2 B / PP = 4*2*2*8*4*2/2 = 512 B over 1e3 B/s = 0.512 s
+    assert p["comm_bytes"] == 512
+    assert p["beta_term_seconds"] == pytest.approx(0.512)
+    assert p["step_seconds"] == pytest.approx(0.518144)
+    # FOM = (6 s d^2 + s^2 d) B L / T = (768 + 256) * 4 * 2 / 0.518144
+    assert p["fom"] == pytest.approx(8192 / 0.518144)
+    assert p["devices"] == 8
+
+
+def test_a_message_beyond_the_largest_measured_takes_the_largest():
+    big = project.Shape(layers=1, hidden=64, ffn=256, seq=64, global_batch=1)
+    p = project.project(big, RESULT, COMM)
+    assert p["message_bytes"] == 64 * 64 * 2 and p["bandwidth_message_bytes"] == 1024
+
+
+def test_cli_prints_the_terms_and_json(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps(RESULT))
+    (tmp_path / "c.json").write_text(json.dumps(COMM))
+    common = ["project", "--layers", "2", "--hidden", "4", "--ffn", "16", "--seq", "8", "--global-batch", "4"]
+    common += [
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--from",
+        str(tmp_path / "r.json"),
+        "--comm",
+        str(tmp_path / "c.json"),
+    ]
+    shown = CliRunner().invoke(cli, common)
+    assert shown.exit_code == 0, shown.output
+    assert "alpha-term" in shown.output and "beta-term" in shown.output and "0.518144 s" in shown.output
+    as_json = CliRunner().invoke(cli, [*common, "--json"])
+    assert json.loads(as_json.output)["step_seconds"] == pytest.approx(0.518144)
+    bad = CliRunner().invoke(
+        cli, [*common[:-4], "--dp", "3", "--from", str(tmp_path / "r.json"), "--comm", str(tmp_path / "c.json")]
+    )
+    assert bad.exit_code == 2 and "does not divide" in bad.output
