@@ -504,3 +504,108 @@ def project_command(
         click.echo(json.dumps(projection, indent=2))
         return
     console.print(project.table(projection))
+
+
+@cli.command()
+@plugin_options
+@click.option(
+    "--precision",
+    "precision_name",
+    default="all",
+    show_default=True,
+    help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
+)
+@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(precision.MODES))
+@click.option(
+    "--batch-sizes",
+    default="auto",
+    show_default=True,
+    help="auto (double until out of memory or a plateau, then bisect) or a list like 1,2,4,8.",
+)
+@click.option("--max-batch-size", default=1024, show_default=True, type=int, help="Upper bound for auto.")
+@click.option("--repeats", default=3, show_default=True, type=int, help="Re-runs of the best batch; median = headline.")
+@click.option("--steps", default=50, show_default=True, type=int, help="Measured steps per trial.")
+@click.option("--warmup-steps", default=5, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
+@shape_options
+@click.option("--trial-timeout", default=600.0, show_default=True, type=float, help="Seconds before a trial is killed.")
+@click.option(
+    "--out",
+    default="sweep",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the log, the summary and the result JSON files.",
+)
+@click.option("--resume", is_flag=True, help="Continue the sweep in --out from its log; finished points are kept.")
+@handle_errors
+def sweep(
+    plugin,
+    device,
+    options,
+    precision_name,
+    mode,
+    batch_sizes,
+    max_batch_size,
+    repeats,
+    steps,
+    warmup_steps,
+    seed,
+    preset,
+    trial_timeout,
+    out,
+    resume,
+    **shape,
+) -> None:
+    """Find the best batch size per precision: each trial its own `llmb run` process, resumable."""
+    from llmb import sweep as sweeps
+
+    run_options = runner.RunOptions(
+        config=build_config(preset, **shape),
+        preset=preset,
+        plugin=plugin,
+        device=device,
+        mode=mode,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        settings=parse_options(options),
+    )
+    sweep_options = sweeps.SweepOptions(
+        run=run_options,
+        out=out,
+        precision=precision_name,
+        batch_sizes=sweeps.parse_batch_sizes(batch_sizes),
+        repeats=repeats,
+        max_batch_size=max_batch_size,
+        trial_timeout=trial_timeout,
+        resume=resume,
+    )
+    with sweeps.LiveDisplay(err_console) as display:
+        summary = sweeps.sweep(sweep_options, display)
+    sweeps.print_summary(summary, console)
+    console.print(f"sweep written to {out} (llmb report {out})", highlight=False)
+
+
+@cli.command(name="report")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    default=None,
+    type=click.Choice(["md", "html", "csv", "json"]),
+    help="Output format (default: tables on the console, or the --out file's suffix).",
+)
+@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")
+@click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False, path_type=Path), help="PNG dir.")
+@click.option("--baseline", default=None, help="Method the speed-up is measured against (default: default settings).")
+@handle_errors
+def report_command(paths, fmt, out, plot_dir, baseline) -> None:
+    """Tables and plots from result files, sweep directories and submission bundles."""
+    from llmb.report import report
+
+    text = report(list(paths), fmt=fmt, out=out, plot_dir=plot_dir, baseline=baseline, console=console)
+    if text is not None and out is None:
+        click.echo(text, nl=False)
+    elif out is not None:
+        err_console.print(f"report written to {out}", highlight=False)

@@ -19,12 +19,16 @@ def result_filename(record: dict) -> str:
 
 def write_json_atomic(path: Path, data: dict) -> Path:
     """Write JSON so a reader never sees half a file: a temp file in the same directory, then a rename."""
+    return write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    """Write a file so a reader never sees half of it: a temp file in the same directory, then a rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import resource
@@ -35,6 +36,13 @@ def plugin_settings():
     return [
         Setting("compile", str, "none", "torch.compile the model with this mode", COMPILE_MODES),
         Setting("threads", int, 0, "intra-op threads for torch (0: torch's default)"),
+        Setting(
+            "oom_above_batch_size",
+            int,
+            0,
+            "test aid: raise torch.OutOfMemoryError for a batch larger than this, since the CPU has no device "
+            "memory limit to hit (0: off)",
+        ),
     ]
 
 
@@ -46,10 +54,20 @@ def setup_backend(device, precision, settings):
 
 @hookimpl
 def process_model(model, optimizer, device, precision, settings):
+    limit = settings.get("oom_above_batch_size", 0)
+    if limit:
+        model.register_forward_pre_hook(functools.partial(_simulated_memory_limit, limit))
     mode = settings.get("compile", "none")
     if mode == "none":
         return model
     return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+def _simulated_memory_limit(limit, module, args):
+    # Simulated: what a device raises when a batch does not fit, so sweeps can exercise their OOM path on the CPU.
+    batch = args[0].shape[0]
+    if batch > limit:
+        raise torch.OutOfMemoryError(f"simulated: batch {batch} is above oom_above_batch_size={limit}")
 
 
 @hookimpl

@@ -86,12 +86,16 @@ PEAKS: tuple[PeakEntry, ...] = (
 )
 
 
-def match_peak(name: str, precision: str, table: tuple[PeakEntry, ...] = PEAKS) -> float | None:
-    """The dense peak for a device name and precision; None when no entry or more than one matches (never guess)."""
+def match_entry(name: str, table: tuple[PeakEntry, ...] = PEAKS) -> PeakEntry | None:
+    """The table entry for a device name; None when no entry or more than one matches (never guess)."""
     found = [entry for entry in table if entry.matches(name)]
-    if len(found) != 1:
-        return None
-    return found[0].peaks.get(precision)
+    return found[0] if len(found) == 1 else None
+
+
+def match_peak(name: str, precision: str, table: tuple[PeakEntry, ...] = PEAKS) -> float | None:
+    """The dense peak FLOP/s for a device name and precision, or None."""
+    entry = match_entry(name, table)
+    return entry.peaks.get(precision) if entry else None
 
 
 class CheckpointedLayer(nn.Module):

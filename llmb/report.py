@@ -1,0 +1,728 @@
+"""Reports from result files, sweeps and submission bundles: tables (console, markdown, HTML, CSV, JSON) and plots.
+
+Every figure comes from a result record or a sweep log as written; the report measures nothing. The headline of a
+group (method, device, precision, mode, devices) is the median run at its best batch size: where a sweep re-ran its
+best batch, that batch and its re-runs decide (the search trial that picked it is not counted again); otherwise the
+batch whose median run is fastest.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import datetime as dt
+import html
+import io
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from llmb import __version__, flops, precision
+from llmb.errors import LlmbError, UsageError
+from llmb.plugins import Plugin
+from llmb.results import SCHEMA, write_bytes_atomic
+from llmb.sweep import LOG_NAME, SUMMARY_SCHEMA, headline_index, read_log
+
+FORMATS = ("md", "html", "csv", "json")
+SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".csv": "csv", ".json": "json"}
+REPORT_SCHEMA = "llmb.report/1"
+
+
+@dataclass
+class Point:
+    """One run (or one failed sweep trial) as the report sees it."""
+
+    method: str
+    device: str
+    precision: str
+    mode: str
+    batch_size: int
+    status: str = "ok"
+    phase: str | None = None  # "search" or "repeat" for sweep trials, None for plain runs
+    world_size: int = 1
+    nodes: int = 1
+    parallel: str | None = None
+    tokens_per_second: float | None = None
+    tokens_per_second_per_device: float | None = None
+    tflops_per_device: float | None = None
+    mfu: float | None = None
+    peak_memory_bytes: int | None = None
+    step_seconds: float | None = None
+    validity: str = ""
+    detail: str = ""
+    run_id: str | None = None
+    source: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def group(self) -> tuple:
+        return (self.method, self.device, self.precision, self.mode, self.world_size, self.parallel)
+
+
+# Loading
+
+
+@dataclass
+class Inputs:
+    points: list[Point] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def load(paths: list[Path]) -> Inputs:
+    """Result JSON files, directories of them, sweep directories and submission bundles (searched recursively)."""
+    if not paths:
+        raise UsageError("give at least one result file or directory")
+    records: dict[str, tuple[dict, Path]] = {}
+    logs = []
+    inputs = Inputs()
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise UsageError(f"{path} does not exist")
+        inputs.sources.append(str(path))
+        explicit = path.is_file()
+        for file in [path] if explicit else _files(path):
+            if file.suffix == ".jsonl":
+                try:
+                    logs.append(read_log(file))
+                except LlmbError as exc:
+                    inputs.skipped.append(str(exc))
+                continue
+            try:
+                data = json.loads(file.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                if explicit:
+                    raise LlmbError(f"{file}: not readable JSON ({exc})") from None
+                inputs.skipped.append(f"{file}: not readable JSON")
+                continue
+            schema = data.get("schema") if isinstance(data, dict) else None
+            if schema == SCHEMA:
+                records.setdefault(data["run_id"], (data, file))
+            elif explicit and schema != SUMMARY_SCHEMA:
+                raise UsageError(f"{file} is not an llmb result (schema {schema!r})")
+    phases = {t.run_id: t.phase for _, trials in logs for t in trials if t.run_id}
+    for record, file in records.values():
+        inputs.points.append(point_from_record(record, phases.get(record["run_id"]), str(file)))
+    for header, trials in logs:
+        inputs.points.extend(failed_points(header, trials, records))
+    if not inputs.points:
+        raise LlmbError(f"no llmb results found in {', '.join(map(str, paths))}")
+    return inputs
+
+
+def _files(directory: Path) -> list[Path]:
+    found = [*directory.rglob("*.json"), *directory.rglob(LOG_NAME)]
+    # Hidden paths hold a sweep's scratch (a trial in flight) and temporary files of atomic writes.
+    return sorted(f for f in found if not any(part.startswith(".") for part in f.relative_to(directory).parts))
+
+
+_defaults: dict[str, dict | None] = {}
+
+
+def method_label(plugin: str, settings: dict) -> str:
+    """The plugin plus the settings that differ from its defaults (all settings when it is not installed here)."""
+    if plugin not in _defaults:
+        try:
+            _defaults[plugin] = {s.name: s.default for s in Plugin(plugin).settings()}
+        except LlmbError:
+            _defaults[plugin] = None
+    defaults = _defaults[plugin]
+    changed = {k: v for k, v in settings.items() if defaults is None or defaults.get(k, object()) != v}
+    return " ".join([plugin, *(f"{k}={v}" for k, v in sorted(changed.items()))])
+
+
+def point_from_record(record: dict, phase: str | None, source: str) -> Point:
+    world_size = int(record.get("world_size") or 1)
+    per_device = record.get("tokens_per_second_per_device") or record["tokens_per_second"] / world_size
+    if record["valid"]:
+        validity = "valid"
+    else:
+        validity = "invalid" if record["invalid_reasons"] else "debug"
+    return Point(
+        method=method_label(record["plugin"]["name"], record["plugin"].get("settings") or {}),
+        device=record["device"]["name"],
+        precision=record["precision"]["effective"],
+        mode=record["precision"]["mode"],
+        batch_size=record["batch_size"],
+        phase=phase,
+        world_size=world_size,
+        nodes=int(record.get("nodes") or 1),
+        parallel=None if record.get("parallel") in (None, "none") else record["parallel"],
+        tokens_per_second=record["tokens_per_second"],
+        tokens_per_second_per_device=per_device,
+        tflops_per_device=flops.achieved_tflops(per_device, record["model_flops_per_token"]),
+        mfu=record.get("mfu"),
+        peak_memory_bytes=record.get("peak_memory_bytes"),
+        step_seconds=record["timing"]["window_seconds"] / record["steps"],
+        validity=validity,
+        detail="; ".join(record["invalid_reasons"]),
+        run_id=record["run_id"],
+        source=source,
+    )
+
+
+def failed_points(header: dict, trials: list, records: dict) -> list[Point]:
+    """Points for a sweep's failed trials, named like its successful runs so they land in the same group."""
+    method = method_label(header["plugin"], header.get("settings") or {})
+    names = [records[t.run_id][0]["device"]["name"] for t in trials if t.run_id in records]
+    device = names[0] if names else header["device"]
+    return [
+        Point(method, device, t.precision, header["mode"], t.batch_size, t.status, t.phase, detail=t.detail)
+        for t in trials
+        if not t.ok
+    ]
+
+
+# Aggregation
+
+
+def by_group(points: list[Point]) -> dict[tuple, list[Point]]:
+    groups: dict[tuple, list[Point]] = {}
+    for p in points:
+        groups.setdefault(p.group, []).append(p)
+    order = {name: i for i, name in enumerate(precision.PRECISIONS)}
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 9), kv[0][3:5])))
+
+
+def median_run(runs: list[Point]) -> Point:
+    return runs[headline_index([r.tokens_per_second for r in runs])]
+
+
+def batch_medians(points: list[Point]) -> dict[int, Point]:
+    """Per batch size, the median run over the runs that count: a sweep's re-runs where the batch has any."""
+    ok: dict[int, list[Point]] = {}
+    for p in points:
+        if p.ok:
+            ok.setdefault(p.batch_size, []).append(p)
+    return {b: median_run([p for p in runs if p.phase == "repeat"] or runs) for b, runs in sorted(ok.items())}
+
+
+def headline(points: list[Point]) -> tuple[Point | None, int]:
+    """(the headline run, how many runs its median is over) for one group."""
+    ok = [p for p in points if p.ok]
+    repeated = {p.batch_size for p in ok if p.phase == "repeat"}
+    medians = {b: p for b, p in batch_medians(ok).items() if b in repeated or not repeated}
+    if not medians:
+        return None, 0
+    best = max(medians.values(), key=lambda p: p.tokens_per_second)
+    runs = [p for p in ok if p.batch_size == best.batch_size]
+    return best, len([p for p in runs if p.phase == "repeat"] or runs)
+
+
+# Tables
+
+
+def _num(fmt: str) -> Callable:
+    return lambda v: "" if v is None else format(v, fmt)
+
+
+def _memory(v) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.0f} MiB"
+
+
+def _seconds(v) -> str:
+    return "" if v is None else (f"{v:.3f} s" if v >= 1 else f"{v * 1000:.1f} ms")
+
+
+def _ratio(v) -> str:
+    return "" if v is None else f"{v:.2f}x"
+
+
+def _percent(v) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+@dataclass
+class Column:
+    key: str
+    header: str
+    fmt: Callable = str
+    numeric: bool = False
+    missing: str = ""  # shown for None
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    columns: list[Column]
+    rows: list[dict]
+    note: str = ""
+
+    def cells(self) -> list[list[str]]:
+        return [[c.missing if row.get(c.key) is None else c.fmt(row[c.key]) for c in self.columns] for row in self.rows]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "title": self.title, "note": self.note, "rows": self.rows}
+
+
+TOKENS = Column("tokens_per_second", "Tokens/s", _num(",.1f"), True)
+TFLOPS = Column("tflops_per_device", "TFLOP/s", _num(".3g"), True)
+MFU = Column("mfu", "MFU", _percent, True, "n/a")
+MEMORY = Column("peak_memory_bytes", "Peak memory", _memory, True)
+
+
+def best_table(points: list[Point]) -> Table:
+    multi = any(p.world_size > 1 for p in points)
+    rows = []
+    for (method, device, prec, mode, world_size, parallel), group in by_group(points).items():
+        best, runs = headline(group)
+        failed = sorted({p.status for p in group if not p.ok})
+        row = {"method": method, "device": device, "precision": prec, "mode": mode}
+        if multi:
+            row.update(devices=world_size, parallel=parallel or "")
+        if best is None:
+            row.update(status="no run finished" + (f" ({', '.join(failed)})" if failed else ""))
+        else:
+            row.update(
+                best_batch_size=best.batch_size,
+                tokens_per_second=best.tokens_per_second,
+                tflops_per_device=best.tflops_per_device,
+                mfu=best.mfu,
+                peak_memory_bytes=best.peak_memory_bytes,
+                runs=runs,
+                status=best.validity + (f"; larger batches: {', '.join(failed)}" if failed else ""),
+            )
+        rows.append(row)
+    columns = [
+        Column("method", "Method"),
+        Column("device", "Device"),
+        Column("precision", "Precision"),
+        Column("mode", "Mode"),
+    ]
+    if multi:
+        columns += [Column("devices", "Devices", str, True), Column("parallel", "Strategy")]
+    columns += [Column("best_batch_size", "Best batch", str, True), TOKENS, TFLOPS, MFU, MEMORY]
+    columns += [Column("runs", "Runs", str, True), Column("status", "Result")]
+    note = (
+        "Tokens/s is the median run at the best batch size (over a sweep's re-runs where it made them); "
+        "TFLOP/s and MFU per device, MFU n/a where the device's peak is not known."
+    )
+    return Table("best", "Best batch size per precision", columns, rows, note)
+
+
+def comparison_tables(points: list[Point], baseline: str | None = None) -> list[Table]:
+    """lit-gpt style: per device and precision, each method's best time, memory and speed-up over the baseline."""
+    sets: dict[tuple, list[Point]] = {}
+    for (_method, device, prec, mode, world_size, _), group in by_group(points).items():
+        best, _runs = headline(group)
+        if best is not None and world_size == 1:
+            sets.setdefault((device, prec, mode), []).append(best)
+    tables = []
+    for (device, prec, mode), bests in sets.items():
+        if len(bests) < 2:
+            continue
+        methods = {b.method: b for b in bests}
+        base = methods.get(baseline) if baseline else next((b for b in bests if " " not in b.method), None)
+        rows = []
+        for b in sorted(bests, key=lambda b: -b.tokens_per_second):
+            rows.append(
+                {
+                    "method": b.method,
+                    "batch_size": b.batch_size,
+                    "step_seconds": b.step_seconds,
+                    "tokens_per_second": b.tokens_per_second,
+                    "peak_memory_bytes": b.peak_memory_bytes,
+                    "speedup": b.tokens_per_second / base.tokens_per_second if base else None,
+                }
+            )
+        columns = [
+            Column("method", "Method"),
+            Column("batch_size", "Batch", str, True),
+            Column("step_seconds", "Time/step ↓", _seconds, True),
+            Column("tokens_per_second", "Tokens/s ↑", TOKENS.fmt, True),
+            Column("peak_memory_bytes", "Memory ↓", _memory, True),
+            Column("speedup", "Speed-up ↑", _ratio, True),
+        ]
+        if base:
+            note = f"Speed-up in tokens/s over {base.method} (each method at its best batch size)."
+        else:
+            note = f"No baseline: no run of {baseline!r}" if baseline else "No baseline: no run with default settings"
+        title = f"Methods on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "")
+        tables.append(Table("methods", title, columns, rows, note))
+    return tables
+
+
+def scaling_tables(points: list[Point]) -> list[Table]:
+    """nanotron style: devices -> tokens/s, per device, efficiency against one device, when there is more than one."""
+    if not any(p.world_size > 1 for p in points):
+        return []
+    sets: dict[tuple, dict[tuple, Point]] = {}
+    for (method, device, prec, mode, world_size, parallel), group in by_group(points).items():
+        best, _runs = headline(group)
+        if best is not None:
+            sets.setdefault((method, device, prec, mode), {})[(world_size, parallel or "")] = best
+    tables = []
+    for (method, device, prec, mode), runs in sets.items():
+        if not any(ws > 1 for ws, _ in runs):
+            continue
+        singles = [p for (ws, _), p in runs.items() if ws == 1]
+        smallest = min(runs.values(), key=lambda p: p.world_size)
+        base = singles[0] if singles else smallest
+        rows = []
+        for (ws, parallel), p in sorted(runs.items()):
+            ideal = base.tokens_per_second_per_device
+            rows.append(
+                {
+                    "devices": ws,
+                    "nodes": p.nodes,
+                    "parallel": parallel or "single",
+                    "batch_size": p.batch_size,
+                    "global_batch_size": p.batch_size * ws,
+                    "tflops_per_device": p.tflops_per_device,
+                    "tokens_per_second_per_device": p.tokens_per_second_per_device,
+                    "tokens_per_second": p.tokens_per_second,
+                    "efficiency": p.tokens_per_second_per_device / ideal if ideal else None,
+                }
+            )
+        columns = [
+            Column("devices", "Devices", str, True),
+            Column("nodes", "Nodes", str, True),
+            Column("parallel", "Strategy"),
+            Column("batch_size", "Batch/device", str, True),
+            Column("global_batch_size", "Global batch", str, True),
+            TFLOPS,
+            Column("tokens_per_second_per_device", "Tokens/s per device", TOKENS.fmt, True),
+            TOKENS,
+            Column("efficiency", "Efficiency", _percent, True),
+        ]
+        against = "1 device" if singles else f"{base.world_size} devices (no 1-device run in the inputs)"
+        note = f"Efficiency: tokens/s per device against {against}; each row at its best batch size per device."
+        tables.append(
+            Table(
+                "scaling",
+                f"Scaling: {method} on {device}, {prec}" + (f" ({mode})" if mode != "pure" else ""),
+                columns,
+                rows,
+                note,
+            )
+        )
+    return tables
+
+
+def failure_table(points: list[Point]) -> Table | None:
+    failed = [p for p in points if not p.ok]
+    if not failed:
+        return None
+    rows = [
+        {
+            "method": p.method,
+            "precision": p.precision,
+            "batch_size": p.batch_size,
+            "status": p.status,
+            "detail": p.detail,
+        }
+        for p in sorted(failed, key=lambda p: (p.method, p.precision, p.batch_size))
+    ]
+    columns = [
+        Column("method", "Method"),
+        Column("precision", "Precision"),
+        Column("batch_size", "Batch", str, True),
+        Column("status", "Failure"),
+        Column("detail", "Detail"),
+    ]
+    return Table("failures", "Failed trials", columns, rows, "From sweep logs: oom, crash, timeout or invalid.")
+
+
+def build_tables(points: list[Point], baseline: str | None = None) -> list[Table]:
+    tables = [best_table(points), *comparison_tables(points, baseline), *scaling_tables(points)]
+    failures = failure_table(points)
+    return tables + ([failures] if failures else [])
+
+
+POINT_FIELDS = [f for f in Point.__dataclass_fields__ if f != "source"] + ["source"]
+
+
+# Plots (matplotlib's Agg canvas through Figure, so no pyplot state and no display is needed)
+
+
+def _figure():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise LlmbError("plots need matplotlib: pip install 'llmb[report]'") from None
+    fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
+    return fig, fig.subplots()
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _label(group: tuple) -> str:
+    method, _device, prec, mode = group[:4]
+    return f"{prec}{' ' + mode if mode != 'pure' else ''} · {method}"
+
+
+def _batch_axis(ax, batches: set[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(batches))
+    ax.set_xticklabels([str(b) for b in sorted(batches)])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size per device")
+    ax.grid(True, alpha=0.3)
+
+
+def _versus_batch(points: list[Point], value: Callable, ylabel: str, title: str) -> bytes | None:
+    groups = {g: ps for g, ps in by_group(points).items() if g[4] == 1}
+    if not any(value(p) is not None for ps in groups.values() for p in ps if p.ok):
+        return None
+    fig, ax = _figure()
+    batches: set[int] = set()
+    drawn: dict[int, int] = {}  # failures drawn per batch size
+    drawn_label = False
+    for index, (group, ps) in enumerate(groups.items()):
+        color = f"C{index % 10}"
+        runs = [p for p in ps if p.ok and value(p) is not None]
+        medians = batch_medians(runs)
+        batches.update(p.batch_size for p in ps)
+        if runs:
+            ax.scatter([p.batch_size for p in runs], [value(p) for p in runs], color=color, alpha=0.35, s=14)
+            ax.plot(list(medians), [value(p) for p in medians.values()], "o-", color=color, label=_label(group))
+        failures = [p for p in ps if not p.ok]
+        if failures:
+            # Failed trials have no measurement: marked on the x axis at their batch size, nudged apart where
+            # several precisions failed at the same size.
+            xs = []
+            for p in failures:
+                xs.append(p.batch_size * 2 ** (0.04 * drawn.get(p.batch_size, 0)))
+                drawn[p.batch_size] = drawn.get(p.batch_size, 0) + 1
+            ax.scatter(
+                xs,
+                [0] * len(failures),
+                marker="x",
+                s=70,
+                color=color,
+                linewidths=2,
+                clip_on=False,
+                zorder=5,
+                label=None if drawn_label else "failed (× at its batch size)",
+            )
+            drawn_label = True
+            for x, p in zip(xs, failures, strict=True):
+                ax.annotate(
+                    p.status, (x, 0), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7, color=color
+                )
+    _batch_axis(ax, batches)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def methods_plot(points: list[Point]) -> bytes | None:
+    bests: dict[str, dict[str, Point]] = {}
+    for group, ps in by_group(points).items():
+        best, _ = headline(ps)
+        if best is not None and group[4] == 1:
+            bests.setdefault(_label(group).split(" · ")[0], {})[group[0]] = best
+    if not bests:
+        return None
+    methods = sorted({m for per in bests.values() for m in per})
+    fig, ax = _figure()
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        offset = (i - (len(methods) - 1) / 2) * width
+        shown = [(j, per[method]) for j, per in enumerate(bests.values()) if method in per]
+        bars = ax.bar(
+            [j + offset for j, _ in shown],
+            [b.tokens_per_second for _, b in shown],
+            width * 0.95,
+            label=method,
+            color=f"C{i % 10}",
+        )
+        ax.bar_label(bars, labels=[f"{b.tokens_per_second:,.0f}\nb{b.batch_size}" for _, b in shown], fontsize=7)
+    ax.set_xticks(range(len(bests)))
+    ax.set_xticklabels(list(bests))
+    ax.set_ylabel("tokens/s (median at the best batch)")
+    ax.set_title("Best throughput per method and precision")
+    ax.margins(y=0.15)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def scaling_plot(tables: list[Table]) -> bytes | None:
+    scaling = [t for t in tables if t.name == "scaling"]
+    if not scaling:
+        return None
+    fig, ax = _figure()
+    for i, table in enumerate(scaling):
+        rows = sorted(table.rows, key=lambda r: r["devices"])
+        ax.plot(
+            [r["devices"] for r in rows],
+            [r["tokens_per_second"] for r in rows],
+            "o-",
+            color=f"C{i}",
+            label=table.title.removeprefix("Scaling: "),
+        )
+        ideal = rows[0]["tokens_per_second_per_device"]
+        ax.plot([r["devices"] for r in rows], [ideal * r["devices"] for r in rows], ":", color=f"C{i}", alpha=0.6)
+    ax.set_xlabel("devices")
+    ax.set_ylabel("tokens/s (dotted: linear from the smallest run)")
+    ax.set_title("Scaling")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def make_plots(points: list[Point], tables: list[Table]) -> dict[str, bytes]:
+    """PNG bytes by file name; a plot with nothing to show is left out."""
+    plots = {
+        "throughput_vs_batch.png": _versus_batch(
+            points, lambda p: p.tokens_per_second, "tokens/s", "Throughput vs batch size"
+        ),
+        "memory_vs_batch.png": _versus_batch(
+            points,
+            lambda p: p.peak_memory_bytes / 2**20 if p.peak_memory_bytes else None,
+            "peak memory (MiB)",
+            "Peak memory vs batch size",
+        ),
+        "methods.png": methods_plot(points),
+        "scaling.png": scaling_plot(tables),
+    }
+    return {name: png for name, png in plots.items() if png}
+
+
+# Renderers
+
+
+def to_markdown(tables: list[Table], plots: dict[str, str]) -> str:
+    lines = ["# llmb report", ""]
+    for table in tables:
+        lines += [f"## {table.title}", ""]
+        lines.append("| " + " | ".join(c.header for c in table.columns) + " |")
+        lines.append("|" + "|".join("--:" if c.numeric else "---" for c in table.columns) + "|")
+        for cells in table.cells():
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        lines += ["", f"_{table.note}_" if table.note else "", ""]
+    for name, path in plots.items():
+        lines += [f"![{name}]({path})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+HTML_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+p.note { color: #666; font-size: 0.85em; } img { max-width: 100%; display: block; margin: 1em 0; }
+"""
+
+
+def to_html(tables: list[Table], plots: dict[str, bytes], inputs: Inputs) -> str:
+    e = html.escape
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>llmb report</title>',
+        f"<style>{HTML_STYLE}</style></head><body>",
+        "<h1>llmb report</h1>",
+        f"<p class='note'>llmb {e(__version__)}, {e(created)}; inputs: {e(', '.join(inputs.sources))}</p>",
+    ]
+    for table in tables:
+        parts.append(f"<h2>{e(table.title)}</h2><table><thead><tr>")
+        parts += [f"<th>{e(c.header)}</th>" for c in table.columns]
+        parts.append("</tr></thead><tbody>")
+        for cells in table.cells():
+            row = "".join(
+                f"<td class='num'>{e(v)}</td>" if c.numeric else f"<td>{e(v)}</td>"
+                for c, v in zip(table.columns, cells, strict=True)
+            )
+            parts.append(f"<tr>{row}</tr>")
+        parts.append("</tbody></table>")
+        if table.note:
+            parts.append(f"<p class='note'>{e(table.note)}</p>")
+    if plots:
+        parts.append("<h2>Plots</h2>")
+    for name, png in plots.items():
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f"<img alt='{e(name)}' src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def to_csv(points: list[Point]) -> str:
+    """One row per run or failed trial: everything the tables are made of."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=POINT_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for p in points:
+        writer.writerow(asdict(p))
+    return buffer.getvalue()
+
+
+def to_json(tables: list[Table], inputs: Inputs) -> str:
+    return json.dumps(
+        {
+            "schema": REPORT_SCHEMA,
+            "llmb_version": __version__,
+            "inputs": inputs.sources,
+            "tables": [t.to_json() for t in tables],
+            "points": [asdict(p) for p in inputs.points],
+            "skipped": inputs.skipped,
+        },
+        indent=2,
+    )
+
+
+def print_tables(tables: list[Table], console: Console) -> None:
+    for table in tables:
+        rich_table = RichTable(title=table.title, title_justify="left", caption=table.note, caption_justify="left")
+        for c in table.columns:
+            rich_table.add_column(c.header, justify="right" if c.numeric else "left")
+        for cells in table.cells():
+            rich_table.add_row(*cells)
+        console.print(rich_table)
+
+
+def report(
+    paths: list[Path],
+    fmt: str | None = None,
+    out: Path | None = None,
+    plot_dir: Path | None = None,
+    baseline: str | None = None,
+    console: Console | None = None,
+) -> str | None:
+    """Load the inputs, render the report; return the text (None when printed to the console as rich tables)."""
+    if fmt is None and out is not None:
+        fmt = SUFFIX_FORMATS.get(out.suffix.lower())
+        if fmt is None:
+            raise UsageError(f"cannot tell the format from {out.name!r}: give --format ({', '.join(FORMATS)})")
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
+    inputs = load(paths)
+    tables = build_tables(inputs.points, baseline)
+    if baseline and not any(t.name == "methods" for t in tables):
+        raise UsageError(f"--baseline {baseline!r}: no comparison table (it needs two methods on the same device)")
+    png = make_plots(inputs.points, tables) if (plot_dir is not None or fmt == "html") else {}
+    links: dict[str, str] = {}
+    if plot_dir is not None:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in png.items():
+            write_bytes_atomic(plot_dir / name, data)
+            links[name] = str(plot_dir / name)
+    if fmt is None:
+        print_tables(tables, console or Console())
+        return None
+    text = {
+        "md": lambda: to_markdown(tables, links),
+        "html": lambda: to_html(tables, png, inputs),
+        "csv": lambda: to_csv(inputs.points),
+        "json": lambda: to_json(tables, inputs),
+    }[fmt]()
+    if out is not None:
+        write_bytes_atomic(out, text.encode())
+    return text

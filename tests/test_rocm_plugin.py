@@ -1,0 +1,108 @@
+"""llmb-rocm: peak matching, settings and the environment it sets; the GPU paths where a ROCm device exists."""
+
+import json
+import os
+
+import llmb_cuda
+import llmb_rocm
+import pytest
+import torch
+from click.testing import CliRunner
+
+from llmb.cli import cli
+from llmb.errors import UsageError
+from llmb.plugins import Plugin
+
+HAS_ROCM = torch.version.hip is not None and torch.cuda.is_available()
+needs_rocm = pytest.mark.skipif(not HAS_ROCM, reason="no ROCm device on this machine")
+ENV = ("PYTORCH_TUNABLEOP_ENABLED", "TORCH_BLAS_PREFER_HIPBLASLT")
+
+
+@pytest.mark.parametrize(
+    "name, label",
+    [
+        ("AMD Instinct MI300X", "MI300X"),
+        ("AMD Instinct MI300X OAM", "MI300X"),
+        ("AMD Instinct MI250X", "MI250X"),
+        ("AMD Instinct MI250X / MI250", None),  # MI250 is slower: ambiguous names get no peak
+        ("AMD Instinct MI250", None),
+        ("AMD Instinct MI300A", None),
+        ("AMD Instinct MI325X", None),
+        ("AMD Radeon RX 7900 XTX", None),
+        ("NVIDIA H100 80GB HBM3", None),
+    ],
+)
+def test_device_names_match_one_table_entry_or_none(name, label):
+    entry = llmb_cuda.match_entry(name, llmb_rocm.PEAKS)
+    assert (entry.label if entry else None) == label
+
+
+def test_peaks_are_dense_and_per_torch_device():
+    # MI300X datasheet: BF16 2,614.9 TFLOPS with sparsity; MI250X: BF16 383 TFLOPS per package of two GCDs, and
+    # each GCD is one torch device.
+    assert llmb_cuda.match_peak("AMD Instinct MI300X", "BF16", llmb_rocm.PEAKS) == pytest.approx(2614.9e12 / 2, 1e-3)
+    assert llmb_cuda.match_peak("AMD Instinct MI250X", "BF16", llmb_rocm.PEAKS) == pytest.approx(383e12 / 2, 1e-3)
+    assert llmb_cuda.match_peak("AMD Instinct MI250X", "TF32", llmb_rocm.PEAKS) is None  # MI250X has no TF32 rate
+    for entry in llmb_rocm.PEAKS:
+        assert entry.peaks["FP32"] < entry.peaks["BF16"] == entry.peaks["FP16"]
+
+
+def test_settings_extend_the_cuda_plugin():
+    plugin = Plugin("rocm")
+    assert plugin.distribution == "llmb-rocm"
+    assert plugin.resolve_settings({}) == {
+        "compile": "none",
+        "fused_adamw": False,
+        "activation_checkpointing": "none",
+        "tunableop": False,
+        "hipblaslt": True,
+    }
+    assert plugin.resolve_settings({"tunableop": "on", "hipblaslt": "off"})["tunableop"] is True
+    with pytest.raises(UsageError, match="expected true or false"):
+        plugin.resolve_settings({"tunableop": "sometimes"})
+
+
+def test_setup_backend_sets_rocm_environment(monkeypatch):
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)  # restored to unset after the test
+    plugin = Plugin("rocm")
+    settings = plugin.resolve_settings({"tunableop": "true", "hipblaslt": "false"})
+    plugin.call("setup_backend", device=torch.device("cpu"), precision="BF16", settings=settings)
+    assert {name: os.environ[name] for name in ENV} == {
+        "PYTORCH_TUNABLEOP_ENABLED": "1",
+        "TORCH_BLAS_PREFER_HIPBLASLT": "0",
+    }
+    listed = plugin.call("precision_facts", device=torch.device("cuda"), precision="BF16", settings=settings)
+    values = {f.name: f.value for facts in listed for f in facts}
+    assert values["PYTORCH_TUNABLEOP_ENABLED"] == "1" and values["TORCH_BLAS_PREFER_HIPBLASLT"] == "0"
+    assert "llmb_cuda.compile" in values and "HIPBLASLT_ALLOW_TF32" in values
+
+
+def test_device_services_are_the_cuda_plugins():
+    plugin = Plugin("rocm")
+    assert plugin.device_types() == ["cuda"]
+    assert plugin.available() is HAS_ROCM
+    for hook in ("synchronize", "device_event", "reset_peak_memory", "peak_memory_bytes", "process_model"):
+        assert getattr(llmb_rocm, hook) is getattr(llmb_cuda, hook)
+        assert hook in plugin.hooks()
+    assert plugin.call("distributed_backend", device=torch.device("cuda")) == "nccl"
+
+
+def test_cuda_plugin_steps_aside_on_a_rocm_build(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a ROCm GPU, simulated: none exists here
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert Plugin("cuda").available() is False
+    assert Plugin("rocm").available() is True
+
+
+@needs_rocm
+def test_tiny_run_on_the_gpu(tmp_path):
+    args = ["run", "--plugin", "rocm", "--preset", "tiny", "--steps", "5", "--warmup-steps", "2", "--precision", "BF16"]
+    result = CliRunner().invoke(cli, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["invalid_reasons"] == []
+    assert record["timing"]["method"] == "device-events"
+    assert record["facts"]["hip_runtime"] == torch.version.hip
