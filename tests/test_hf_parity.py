@@ -7,26 +7,12 @@ from llmb.config import build_config
 from llmb.model import LlamaModel
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
+from llmb.hf import llama_config  # noqa: E402 - needs transformers
 
 
 def test_logits_and_loss_match_hf_llama_in_fp32():
     config = build_config("tiny", num_hidden_layers=3)
-    hf_config = transformers.LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_attention_heads,
-        max_position_embeddings=config.sequence_length,
-        rms_norm_eps=config.rms_norm_eps,
-        rope_theta=config.rope_theta,
-        hidden_act="silu",
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-    hf_config._attn_implementation = "sdpa"
+    hf_config = llama_config(config)
     torch.manual_seed(0)
     ours = LlamaModel(config).eval()
     hf = transformers.LlamaForCausalLM(hf_config).eval()

@@ -1,0 +1,208 @@
+"""One measured run of one benchmark arm, in its own process: `python benchmarks/arms.py '<json spec>'`.
+
+Each run gets a fresh process so that its peak memory (max RSS on the CPU, the allocator's peak on a GPU) is its
+own, and so that one arm's threads, compiled graphs and allocator state cannot help or hurt the next one.
+
+Arms:
+- llmb: the harness itself, `llmb.runner.run` with the plugin's settings.
+- hf: HF transformers' LlamaForCausalLM (same shape, SDPA attention, untied head) + torch.optim.AdamW, by hand.
+- bare: llmb's model and the benchmark's AdamW in a bare loop with one device sync at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+MARKER = "LLMB_BENCH_RESULT "
+
+
+def rss_bytes() -> int:
+    """This process's max RSS so far (the same figure the cpu plugin reports as peak memory)."""
+    from llmb.default_plugins.cpu import peak_memory_bytes
+
+    return peak_memory_bytes(torch.device("cpu"))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return rss_bytes()
+
+
+def plain_loop(model, optimizer, batch, recipe, device, warmup_steps: int, steps: int, loss_of) -> dict:
+    """What a user writes by hand: zero_grad, forward, backward, step; synchronised once before and once after.
+
+    On the CPU eager kernels have finished when they return, so host timestamps between steps are per-step times
+    at no cost; on an accelerator only the window is timed (no sync inside it).
+    """
+    scaler = torch.amp.GradScaler(device.type) if recipe.grad_scaler else None
+    autocast = (
+        (lambda: torch.autocast(device.type, dtype=recipe.autocast_dtype))
+        if recipe.autocast_dtype
+        else contextlib.nullcontext
+    )
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss = loss_of(model, batch)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss.detach()
+
+    for _ in range(warmup_steps):
+        step()
+    losses, stamps = [], []
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        losses.append(step())
+        stamps.append(time.perf_counter())
+    synchronize(device)
+    window = time.perf_counter() - start
+    step_seconds = [b - a for a, b in zip([start, *stamps], stamps, strict=False)] if device.type == "cpu" else []
+    return {
+        "window_seconds": window,
+        "step_seconds": step_seconds,
+        "loss_first": float(losses[0]),
+        "loss_last": float(losses[-1]),
+    }
+
+
+def run_llmb(spec: dict) -> dict:
+    from llmb import runner
+    from llmb.config import build_config
+
+    options = runner.RunOptions(
+        config=build_config(spec["preset"]),
+        preset=spec["preset"],
+        plugin=spec.get("plugin"),
+        device=spec.get("device"),
+        precision=spec["precision"],
+        mode=spec.get("mode", "pure"),
+        batch_size=spec["batch_size"],
+        steps=spec["steps"],
+        warmup_steps=spec["warmup_steps"],
+        seed=spec.get("seed", 0),
+        settings=dict(spec.get("settings") or {}),
+    )
+    record = runner.run(options)
+    return {
+        "window_seconds": record["timing"]["window_seconds"],
+        "step_seconds": record["timing"]["step_seconds"],
+        "timing_method": record["timing"]["method"],
+        "peak_memory_bytes": record["peak_memory_bytes"],
+        "loss_first": record["loss"]["first"],
+        "loss_last": record["loss"]["last"],
+        "optimizer": record["optimizer"]["defaults"],
+        "plugin": record["plugin"],
+        "effective_precision": record["precision"]["effective"],
+        "device_name": record["device"]["name"],
+        "invalid_reasons": record["invalid_reasons"],
+    }
+
+
+def by_hand(spec: dict, build, loss_of) -> dict:
+    """Build a model from the seed, the benchmark's AdamW, the harness's batch and matmul switches, then
+    plain_loop: what a user who copies llmb's setup but not its harness would run."""
+    from llmb import precision
+    from llmb.config import build_config
+    from llmb.train import ADAMW_HYPERPARAMETERS, parameter_groups, synthetic_batch
+
+    config = build_config(spec["preset"])
+    device = torch.device(spec.get("device") or "cpu")
+    recipe = precision.recipe(spec["precision"], spec.get("mode", "pure"))
+    precision.apply_backend_recipe(spec["precision"])  # the same matmul switches as the harness sets
+    batch = synthetic_batch(config, spec["batch_size"], spec.get("seed", 0), device)
+    torch.manual_seed(spec.get("seed", 0))
+    model = build(config).to(device=device, dtype=recipe.param_dtype).train()
+    options = dict(spec.get("optimizer_options") or {})
+    optimizer = torch.optim.AdamW(parameter_groups(model), **ADAMW_HYPERPARAMETERS, **options)
+    reset_peak(device)
+    result = plain_loop(model, optimizer, batch, recipe, device, spec["warmup_steps"], spec["steps"], loss_of)
+    result["peak_memory_bytes"] = peak_memory(device)
+    result["optimizer"] = {k: optimizer.defaults.get(k) for k in ("foreach", "fused")}
+    return result
+
+
+def run_hf(spec: dict) -> dict:
+    import transformers
+
+    from llmb.hf import llama_config
+
+    result = by_hand(
+        spec,
+        lambda config: transformers.LlamaForCausalLM(llama_config(config)),
+        lambda model, batch: model(input_ids=batch, labels=batch).loss,
+    )
+    result["transformers"] = transformers.__version__
+    return result
+
+
+def run_bare(spec: dict) -> dict:
+    from llmb.model import LlamaModel
+
+    return by_hand(spec, LlamaModel, lambda model, batch: model(batch, labels=batch)[0])
+
+
+ARMS = {"llmb": run_llmb, "hf": run_hf, "bare": run_bare}
+
+
+def main(spec: dict) -> dict:
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    started = time.perf_counter()
+    # Import what the arm needs before the baseline, so "training memory" (peak - baseline) counts the model,
+    # its gradients, the optimizer state and the activations, not the size of a library's code.
+    from llmb import runner  # noqa: F401
+
+    if spec["arm"] == "hf":
+        import transformers
+
+        transformers.LlamaForCausalLM  # noqa: B018 - resolves the lazy import now
+    device = torch.device(spec.get("device") or "cpu")
+    baseline = rss_bytes() if device.type == "cpu" else 0  # an accelerator's peak counts only its own allocations
+    result = ARMS[spec["arm"]](spec)
+    tokens = spec["batch_size"] * _sequence_length(spec) * spec["steps"]
+    steps = result["step_seconds"]
+    result.update(
+        tokens_per_second=tokens / result["window_seconds"],
+        median_step_seconds=statistics.median(steps) if steps else None,
+        median_step_tokens_per_second=(tokens / spec["steps"]) / statistics.median(steps) if steps else None,
+        baseline_memory_bytes=baseline,
+        training_memory_bytes=result["peak_memory_bytes"] - baseline if result["peak_memory_bytes"] else None,
+        torch_threads=torch.get_num_threads(),
+        wall_seconds=time.perf_counter() - started,
+    )
+    return result
+
+
+def _sequence_length(spec: dict) -> int:
+    from llmb.config import build_config
+
+    return build_config(spec["preset"]).sequence_length
+
+
+if __name__ == "__main__":
+    print(MARKER + json.dumps(main(json.loads(sys.argv[1]))), flush=True)

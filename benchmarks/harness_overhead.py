@@ -1,0 +1,102 @@
+"""What the harness costs: `llmb run` (llmb.runner.run) against a bare loop of the same model and optimizer.
+
+The bare loop is llmb's model and the benchmark's AdamW (with the implementation options the plugin picks), stepped
+with no hooks, no per-step sync and no bookkeeping, synchronised once before and once after the timed steps. Each run
+in a fresh process, rounds alternate (llmb, bare, llmb, bare, ...). Goal: overhead <= 1% at the small preset.
+
+    python benchmarks/harness_overhead.py --preset small --rounds 5
+"""
+
+from __future__ import annotations
+
+import click
+from common import (
+    alternate,
+    base_spec,
+    command_line,
+    console,
+    fmt_bytes,
+    load,
+    machine,
+    paired_ratio,
+    plugin_optimizer_options,
+    ratio,
+    run_options,
+    summarise,
+    write_raw,
+)
+from rich.table import Table
+
+GOAL = 0.01
+
+
+@click.command()
+@run_options(steps=5, warmup_steps=2, rounds=5)
+def main(**options) -> None:
+    """llmb run vs a bare loop; prints medians and the overhead."""
+    base = base_spec(**options)
+    arms = {
+        "llmb run": {**base, "arm": "llmb", "settings": {}},
+        "bare loop": {**base, "arm": "bare", "optimizer_options": plugin_optimizer_options(base)},
+    }
+    info = machine()
+    console.print(
+        f"{info['cpu']} ({info['cpu_count']} cores), torch {info['torch']}, load {info['load_at_start']}",
+        highlight=False,
+    )
+    measurements = alternate(arms, options["rounds"])
+    summary = summarise(measurements)
+    # Overhead: how much faster the bare loop is than the harness (positive: the harness costs time).
+    overhead = {
+        "ratio_of_medians": _overhead(ratio(summary, "bare loop", "llmb run")),
+        "median_of_same_round_ratios": _overhead(paired_ratio(measurements, "bare loop", "llmb run")),
+        "median_step_ratio_of_medians": _overhead(
+            ratio(summary, "bare loop", "llmb run", "median_step_tokens_per_second")
+        ),
+    }
+
+    table = Table(
+        title=f"llmb run vs bare loop: {options['preset']}, {options['precision']}, batch {options['batch_size']}, "
+        f"{options['device']}, medians of {options['rounds']} rounds"
+    )
+    for column in ("arm", "tokens/s", "tokens/s (median step)", "step", "peak memory"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for label, s in summary.items():
+        if not s["runs"]:
+            table.add_row(label, "failed: " + s["errors"][0], "", "", "")
+            continue
+        table.add_row(
+            label,
+            f"{s['tokens_per_second']:,.1f}",
+            f"{s['median_step_tokens_per_second']:,.1f}" if s["median_step_tokens_per_second"] else "n/a",
+            f"{s['step_seconds']:.3f} s",
+            fmt_bytes(s["peak_memory_bytes"]),
+        )
+    console.print(table)
+    for name, value in overhead.items():
+        verdict = "n/a" if value is None else ("within" if value <= GOAL else "over") + f" the {GOAL:.0%} goal"
+        shown = "n/a" if value is None else f"{value:+.2%}"
+        console.print(f"harness overhead ({name.replace('_', ' ')}): {shown} ({verdict})", highlight=False)
+    write_raw(
+        "harness_overhead",
+        {
+            "benchmark": "harness_overhead",
+            "command": command_line(),
+            "machine": info,
+            "load_at_end": load(),
+            "options": options,
+            "arms": arms,
+            "measurements": measurements,
+            "summary": summary,
+            "overhead": overhead,
+            "goal": GOAL,
+        },
+    )
+
+
+def _overhead(bare_over_llmb: float | None) -> float | None:
+    return None if bare_over_llmb is None else bare_over_llmb - 1.0
+
+
+if __name__ == "__main__":
+    main()

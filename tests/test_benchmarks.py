@@ -1,0 +1,101 @@
+"""The benchmark scripts' moving parts (benchmarks/) and the cpu plugin's AdamW default they measured."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmb import runner
+from llmb.config import build_config
+from llmb.errors import UsageError
+from llmb.plugins import Plugin
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """The benchmarks folder importable as the scripts see it (they import `common` and `arms` by name)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import arms
+    import common
+    import compile_modes
+
+    return arms, common, compile_modes
+
+
+def _prepared_optimizer(settings: dict) -> torch.optim.Optimizer:
+    options = runner.RunOptions(config=build_config("tiny"), preset="tiny", plugin="cpu", settings=settings)
+    session = runner.prepare(options, *runner.resolve(options))
+    return session.optimizer
+
+
+def test_cpu_plugin_fuses_adamw_by_default_and_the_setting_turns_it_off():
+    assert _prepared_optimizer({}).defaults["fused"] is True
+    assert not _prepared_optimizer({"fused_adamw": "false"}).defaults["fused"]
+
+
+SPEC = {"preset": "tiny", "batch_size": 2, "precision": "FP32", "mode": "pure", "device": "cpu", "plugin": "cpu"}
+
+
+@pytest.mark.parametrize(
+    "arm, extra",
+    [("llmb", {"settings": {}}), ("bare", {"optimizer_options": {"fused": True}}), ("hf", {"optimizer_options": {}})],
+)
+def test_each_arm_measures_tokens_memory_and_a_moving_loss(bench, arm, extra):
+    if arm == "hf":
+        pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
+    arms, _, _ = bench
+    result = arms.main({**SPEC, **extra, "arm": arm, "steps": 2, "warmup_steps": 1})
+    assert result["tokens_per_second"] == pytest.approx(2 * 32 * 2 / result["window_seconds"])
+    assert len(result["step_seconds"]) == 2 and sum(result["step_seconds"]) <= result["window_seconds"] * 1.001
+    assert result["peak_memory_bytes"] >= result["baseline_memory_bytes"] > 0
+    assert result["loss_first"] != result["loss_last"]
+    if arm != "llmb":
+        assert bool(result["optimizer"]["fused"]) == bool(extra["optimizer_options"])
+
+
+def test_a_failing_arm_is_recorded_not_raised(bench):
+    _, common, _ = bench
+    out = common.run_arm({**SPEC, "preset": "no-such-preset", "arm": "bare", "steps": 1, "warmup_steps": 1})
+    assert out["error"].startswith("exit 1") and "no-such-preset" in out["error"]
+    assert len(out["load_before"]) == len(out["load_after"]) == 3
+
+
+def _m(label, rnd, tps, steps=2):
+    return {
+        "label": label,
+        "round": rnd,
+        "spec": {"steps": steps},
+        "tokens_per_second": tps,
+        "window_seconds": 64 / tps,
+        "median_step_tokens_per_second": tps,
+        "peak_memory_bytes": 100,
+        "training_memory_bytes": 10,
+        "load_before": [1.0, 1.0, 1.0],
+        "load_after": [2.0, 1.0, 1.0],
+    }
+
+
+def test_medians_and_same_round_ratios(bench):
+    _, common, _ = bench
+    measurements = [_m("a", 0, 10), _m("b", 0, 5), _m("a", 1, 30), _m("b", 1, 20), _m("a", 2, 20), _m("b", 2, 40)]
+    measurements.append({"label": "b", "round": 3, "error": "exit 1: boom", "load_before": [0] * 3})
+    summary = common.summarise(measurements)
+    assert summary["a"]["tokens_per_second"] == 20 and summary["b"]["tokens_per_second"] == 20
+    assert summary["b"]["runs"] == 3 and summary["b"]["errors"] == ["exit 1: boom"]
+    assert summary["a"]["load_1min_range"] == [1.0, 2.0]
+    assert common.ratio(summary, "a", "b") == 1.0
+    assert common.paired_ratio(measurements, "a", "b") == 1.5  # median of 2.0, 1.5, 0.5
+
+
+def test_compile_modes_lists_what_the_plugin_does_not_offer(bench):
+    _, _, compile_modes = bench
+    cpu = Plugin("cpu")
+    fused = compile_modes.method_settings(cpu, compile_modes.METHODS["fused AdamW"])
+    assert fused == {"compile": "none", "fused_adamw": "true"}
+    assert compile_modes.method_settings(cpu, {})["fused_adamw"] == "false"  # eager is the unfused reference
+    with pytest.raises(UsageError, match="no activation_checkpointing setting"):
+        compile_modes.method_settings(cpu, compile_modes.METHODS["checkpointing full"])
+    with pytest.raises(UsageError, match="reduce-overhead"):
+        compile_modes.method_settings(cpu, compile_modes.METHODS["compile reduce-overhead"])
