@@ -1,0 +1,136 @@
+"""The xla plugin: its tables everywhere, and real runs on torch_xla's CPU PJRT device where torch_xla is installed.
+
+`tox -e xla` installs torch==2.9.0 + torch-xla==2.9.0 and the plugin and sets PJRT_DEVICE=CPU; in the plain test env
+torch_xla is absent and the real runs skip.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import llmb_xla
+import pytest
+
+HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+requires_torch_xla = pytest.mark.skipif(
+    not HAS_TORCH_XLA, reason="torch_xla is not installed here (its own env: tox -e xla)"
+)
+TINY = ["--plugin", "xla", "--device", "xla", "--preset", "tiny", "--steps", "3", "--warmup-steps", "3"]
+
+
+def cpu_pjrt_env() -> dict:
+    return {**os.environ, "PJRT_DEVICE": "CPU"}
+
+
+def llmb(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmb", *args], capture_output=True, text=True, env=cpu_pjrt_env(), timeout=900
+    )
+
+
+@pytest.mark.parametrize(
+    "hardware, kind, precision, expected",
+    [
+        ("TPU", "TPU v4", "BF16", 275e12),
+        ("TPU", "TPU v5 lite", "BF16", 197e12),
+        ("TPU", "TPU v5p", "BF16", 459e12),
+        ("TPU", "TPU v5p", "FP32", None),  # no published FP32 peak: no MFU rather than a guess
+        ("TPU", "TPU v4 lite", "BF16", None),  # an unlisted chip is never matched to a listed one
+        ("CPU", "cpu", "BF16", None),
+    ],
+)
+def test_peak_flops_come_from_the_tpu_table_only(monkeypatch, hardware, kind, precision, expected):
+    # No TPU on this machine: the two device queries are replaced; the table lookup is what is tested.
+    monkeypatch.setattr(llmb_xla, "_hardware", lambda device: hardware)
+    monkeypatch.setattr(llmb_xla, "_kind", lambda device: kind)
+    assert llmb_xla.peak_flops(device=None, precision=precision) == expected
+
+
+def test_auto_matmul_precision_asks_for_full_fp32_only_for_fp32():
+    assert llmb_xla._matmul_precision("FP32", {"matmul_precision": "auto"}) == "highest"
+    assert llmb_xla._matmul_precision("BF16", {"matmul_precision": "auto"}) == "default"
+    assert llmb_xla._matmul_precision("FP32", {"matmul_precision": "default"}) == "default"
+    # On TPU, XLA's default downcasts FP32 matmuls to BF16: the fact must say so, so the audit labels the run BF16.
+    assert llmb_xla.MATMUL_FORMAT["TPU"]["default"] == "BF16"
+
+
+def test_cpu_pjrt_device_is_not_xla_hardware(monkeypatch):
+    # This machine has no TPU or GPU; torch_xla's CPU device (if torch_xla is here at all) must not auto-select.
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    assert llmb_xla.hardware_available() is False
+
+
+@requires_torch_xla
+def test_tiny_runs_fp32_and_bf16_on_the_cpu_pjrt_device(tmp_path):
+    import torch_xla
+
+    proc = llmb("run", *TINY, "--precision", "all", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {r["precision"]["requested"]: r for r in (json.loads(p.read_text()) for p in tmp_path.glob("*.json"))}
+    assert sorted(records) == ["BF16", "FP32"]
+    for name, record in records.items():
+        assert record["invalid_reasons"] == [], record["invalid_reasons"]
+        assert all(math.isfinite(v) for v in record["loss"].values())
+        assert record["loss"]["last"] < record["loss"]["initial"]  # it trained
+        assert record["plugin"]["name"] == "xla" and record["plugin"]["distribution"] == "llmb-xla"
+        assert record["device"]["type"] == "xla" and record["device"]["name"].startswith("XLA CPU")
+        assert record["timing"]["method"] == "host-synchronised"
+        assert len(record["timing"]["step_seconds"]) == 3
+        facts = record["facts"]
+        assert facts["torch_xla"] == torch_xla.__version__ and facts["pjrt_device"] == "CPU"
+        # A few graphs per run (first step, step with AdamW state, probe), not one per step.
+        assert 1 <= facts["xla_compilations"] < record["warmup_steps"] + record["steps"]
+        audit = record["precision"]["audit"]
+        assert record["precision"]["effective"] == name
+        assert audit["matmul_probe"]["verdict"] == "FP32"  # XLA:CPU computes FP32 matmuls in FP32
+        backend = {f["name"]: f["value"] for f in audit["backend"]}
+        assert backend["torch_xla.mat_mul_precision"] == llmb_xla.AUTO_MATMUL_PRECISION[name]
+    assert list(records["BF16"]["precision"]["audit"]["parameter_dtypes"]) == ["bfloat16"]
+    # The BF16 model starts from the FP32 model's weights (rounded): the losses of a fresh model agree closely.
+    assert records["BF16"]["loss"]["initial"] == pytest.approx(records["FP32"]["loss"]["initial"], rel=1e-2)
+
+
+@requires_torch_xla
+def test_runner_runs_xla_in_process(monkeypatch):
+    """llmb.runner.run end to end in this process (what the conformance checker does), with a plugin setting."""
+    from llmb.config import PRESETS
+    from llmb.runner import RunOptions, run
+
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    options = RunOptions(
+        config=PRESETS["tiny"],
+        preset="tiny",
+        plugin="xla",
+        device="xla",
+        precision="FP32",
+        steps=2,
+        warmup_steps=3,
+        settings={"matmul_precision": "default"},
+    )
+    record = run(options)
+    assert record["invalid_reasons"] == []
+    assert record["plugin"]["settings"] == {"pjrt_device": "", "matmul_precision": "default"}
+    backend = {f["name"]: f for f in record["precision"]["audit"]["backend"]}
+    # XLA:CPU ignores the matmul precision, so "default" implies nothing here (on TPU it would imply BF16).
+    assert (backend["torch_xla.mat_mul_precision"]["value"], backend["torch_xla.mat_mul_precision"]["implies"]) == (
+        "default",
+        None,
+    )
+    assert record["precision"]["effective"] == "FP32"
+
+
+@requires_torch_xla
+def test_a_cpu_backward_before_xla_is_one_clear_error():
+    script = (
+        "import torch; x = torch.ones(2, requires_grad=True); x.sum().backward()\n"
+        "from llmb.cli import cli; cli(['run', " + ", ".join(repr(a) for a in TINY) + "])"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=cpu_pjrt_env())
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "before torch_xla initialised its device" in proc.stderr
+    assert "Traceback" not in proc.stderr
