@@ -559,19 +559,28 @@ def scaling_plot(tables: list[Table]) -> bytes | None:
     if not scaling:
         return None
     fig, ax = _figure()
-    for i, table in enumerate(scaling):
-        rows = sorted(table.rows, key=lambda r: r["devices"])
-        ax.plot(
-            [r["devices"] for r in rows],
-            [r["tokens_per_second"] for r in rows],
-            "o-",
-            color=f"C{i}",
-            label=table.title.removeprefix("Scaling: "),
-        )
-        ideal = rows[0]["tokens_per_second_per_device"]
-        ax.plot([r["devices"] for r in rows], [ideal * r["devices"] for r in rows], ":", color=f"C{i}", alpha=0.6)
+    devices: set[int] = set()
+    line = 0
+    for table in scaling:
+        single = [r for r in table.rows if r["parallel"] == "single"]
+        base = (single or sorted(table.rows, key=lambda r: r["devices"]))[0]
+        for strategy in sorted({r["parallel"] for r in table.rows} - {"single"}):
+            rows = sorted(single + [r for r in table.rows if r["parallel"] == strategy], key=lambda r: r["devices"])
+            xs = [r["devices"] for r in rows]
+            devices.update(xs)
+            color = f"C{line % 10}"
+            label = f"{table.title.removeprefix('Scaling: ')} · {strategy}"
+            ax.plot(xs, [r["tokens_per_second"] for r in rows], "o-", color=color, label=label)
+            ideal = [base["tokens_per_second_per_device"] * x for x in xs]
+            ax.plot(xs, ideal, ":", color=color, alpha=0.6)
+            line += 1
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(devices))
+    ax.set_xticklabels([str(d) for d in sorted(devices)])
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("devices")
-    ax.set_ylabel("tokens/s (dotted: linear from the smallest run)")
+    ax.set_ylabel(f"tokens/s (dotted: linear from {base['devices']} device{'s' if base['devices'] > 1 else ''})")
     ax.set_title("Scaling")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

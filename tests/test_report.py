@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from llmb import runner
 from llmb.cli import cli
 from llmb.config import build_config
-from llmb.report import load, report, scaling_tables
+from llmb.report import load, make_plots, report, scaling_tables
 from llmb.results import write_result
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -129,6 +129,9 @@ def test_scaling_table_from_multi_device_records(tiny_sweep):
     assert rows[1]["efficiency"] == 1.0 and rows[2]["efficiency"] == pytest.approx(0.9)
     assert rows[4]["tokens_per_second"] == 320.0 and rows[4]["parallel"] == "ddp"
     assert "against 1 device" in table.note
+    plots = make_plots(points, [table])
+    assert list(plots) == ["throughput_vs_batch.png", "memory_vs_batch.png", "methods.png", "scaling.png"]
+    assert png_size(plots["scaling.png"])[0] > 400
 
 
 @pytest.mark.parametrize(
