@@ -120,6 +120,8 @@ def safe_extract(archive: Path, dest: Path, limits: Limits) -> Path:
                 name = PurePosixPath(member.name)
                 if len(members) >= limits.members:
                     raise Refused(f"more than {limits.members} members")
+                if not name.parts:
+                    raise Refused(f"member with an empty name {member.name!r}")
                 if member.name.startswith(("/", "\\")) or name.is_absolute() or ":" in name.parts[0]:
                     raise Refused(f"absolute path {member.name!r}")
                 if ".." in name.parts or "\\" in member.name:
@@ -136,7 +138,9 @@ def safe_extract(archive: Path, dest: Path, limits: Limits) -> Path:
                 members.append(member)
             # The data filter re-checks every member (and strips modes) as a second line of defence.
             tar.extractall(dest, members=members, filter="data")
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except Refused:
+        raise
+    except Exception as exc:  # tarfile, gzip and zlib raise many kinds on a damaged or hostile archive
         raise Refused(f"not a readable tar archive ({exc.__class__.__name__}: {exc})") from None
     return dest
 

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import tarfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -448,3 +449,16 @@ def test_not_an_archive_is_a_failing_row(tmp_path):
     bogus.write_bytes(b"not gzip at all")
     rows = verify.verify(bogus)
     assert len(rows) == 1 and not rows[0].passed and "not a readable tar archive" in rows[0].detail
+
+
+def test_plugin_source_is_copied_with_hashes(tmp_path):
+    # pluggy stands in for a plugin distribution installed from a wheel (the way most plugins will be).
+    version = metadata.version("pluggy")
+    record = submission.copy_plugin_source("pluggy", version, tmp_path / "pluggy")
+    assert record["origin"] == "installed distribution" and record["version"] == version
+    assert "pluggy/__init__.py" in record["files"]
+    assert not [name for name in record["files"] if name.endswith(".pyc") or "__pycache__" in name]
+    for name, digest in record["files"].items():
+        assert manifest.sha256_file(tmp_path / "pluggy" / name) == digest
+    with pytest.raises(LlmbError, match="is not installed"):
+        submission.copy_plugin_source("no-such-llmb-plugin", "1.0", tmp_path / "x")

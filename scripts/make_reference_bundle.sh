@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Remake the reference CPU bundle, submissions/llmb/cpu-reference: the cpu plugin, FP32, FP16 and BF16, 3 runs each.
+# The small preset, not the official shape (FP32 AdamW there needs ~23 GB and tens of seconds a step on a 2-core
+# CPU), so it is a debug bundle (--allow-debug-shapes) that verifies with --accept-debug.
+# The llmb tree must match llmb/release_manifest.json (else: python -m llmb.manifest --write, if that is the release).
+# PRESET, STEPS, WARMUP, OUT and NAME override the defaults (e.g. a quick dry run: PRESET=tiny OUT=/tmp/subs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# RESULTS=DIR packages the runs and conformance records already in DIR instead of making them.
+PRESET=${PRESET:-small} STEPS=${STEPS:-3} WARMUP=${WARMUP:-1} OUT=${OUT:-submissions} NAME=${NAME:-cpu-reference}
+python -m llmb.manifest
+results=${RESULTS:-}
+if [ -z "$results" ]; then
+    results=$(mktemp -d)
+    trap 'rm -rf "$results"' EXIT
+    for precision in FP32 FP16 BF16; do
+        for run in 1 2 3; do
+            llmb run --plugin cpu --device cpu --preset "$PRESET" --precision "$precision" --steps "$STEPS" \
+                --warmup-steps "$WARMUP" --out "$results"
+        done
+        llmb check-plugin --plugin cpu --device cpu --precision "$precision" --out "$results/conformance-$precision.json"
+    done
+fi
+llmb package-submission --submitter llmb --system "$NAME" --results "$results" --out "$OUT" \
+    --allow-debug-shapes --force \
+    --note "Reference bundle: the $PRESET preset on the host CPU, $STEPS measured steps per run. Not the official shape: at the official shape FP32 AdamW needs about 23 GB and a step takes tens of seconds on this 2-core CPU."
+llmb verify "$OUT/llmb/$NAME" --accept-debug
