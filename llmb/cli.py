@@ -355,6 +355,8 @@ def package_submission(
     force,
 ) -> None:
     """Write a submission bundle: results, system, code diff, plugin source, conformance, summary, manifest."""
+    from rich.markup import escape
+
     from llmb import submission, verify
 
     options = submission.PackageOptions(
@@ -374,8 +376,8 @@ def package_submission(
     with err_console.status("packaging (runs check-plugin where no conformance record is given)"):
         root, skipped = submission.package(options)
     for line in skipped:
-        err_console.print(f"[yellow]left out[/] {line}", highlight=False)
-    console.print((root / submission.SUMMARY_MD).read_text(), highlight=False)
+        err_console.print(f"[yellow]left out[/] {escape(line)}", highlight=False)
+    console.print((root / submission.SUMMARY_MD).read_text(), highlight=False, markup=False)
     rows = verify.verify(root, accept_debug=True)
     failed = [row for row in rows if not row.passed]
     console.print(f"bundle written to {root}" + (f" and {root}.tar.gz" if archive else ""), highlight=False)
