@@ -103,10 +103,11 @@ class CheckpointedLayer(nn.Module):
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
-        self.layer = layer
+        # torch's checkpoint_wrapper's attribute name: `llmb check-plugin` drops this segment from parameter names.
+        self._checkpoint_wrapped_module = layer
 
     def forward(self, *args, **kwargs):
-        return checkpoint(self.layer, *args, use_reentrant=False, **kwargs)
+        return checkpoint(self._checkpoint_wrapped_module, *args, use_reentrant=False, **kwargs)
 
 
 def checkpointed_layers(mode: str, count: int) -> list[int]:
