@@ -368,13 +368,21 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     given_system = read_json_file(options.system_file) if options.system_file else {}
 
     results, given_conformance = load_inputs(Path(options.results))
-    records, skipped = select_results(results, options)
-    wrong = [r["run_id"] for r in records if r["model_fingerprint"] != RELEASED_MODEL_FINGERPRINT]
-    if wrong:
-        raise LlmbError(f"results made with a changed model definition cannot be submitted: {', '.join(wrong)}")
-    status, diff = codediff.code_diff(released, package_dir, list(options.release_sources))
-    plugins = plugin_entries(records)
+    try:
+        records, skipped = select_results(results, options)
+        wrong = [r["run_id"] for r in records if r["model_fingerprint"] != RELEASED_MODEL_FINGERPRINT]
+        if wrong:
+            raise LlmbError(f"results made with a changed model definition cannot be submitted: {', '.join(wrong)}")
+        status, diff = codediff.code_diff(released, package_dir, list(options.release_sources))
+        plugins = plugin_entries(records)
+        for record in records + given_conformance:
+            conformance_key(record)  # raises on a record that lacks what the match needs
+    except (KeyError, TypeError) as exc:
+        raise LlmbError(f"a result or conformance record under {options.results} is incomplete ({exc!r})") from None
     conformance = gather_conformance(records, given_conformance, options.run_conformance)
+    failed = [f"{c['plugin']['name']} {c['precision']['requested']}" for c in conformance if not c.get("passed")]
+    if failed and not options.include_debug:
+        raise LlmbError(f"conformance failed for {', '.join(failed)}: the plugin does not preserve the model")
 
     final = Path(options.out) / org / name
     if final.exists() and not options.force:

@@ -462,3 +462,28 @@ def test_plugin_source_is_copied_with_hashes(tmp_path):
         assert manifest.sha256_file(tmp_path / "pluggy" / name) == digest
     with pytest.raises(LlmbError, match="is not installed"):
         submission.copy_plugin_source("no-such-llmb-plugin", "1.0", tmp_path / "x")
+
+
+def test_a_plugin_distribution_needs_its_source_in_the_bundle(made, tmp_path):
+    # The bundle's one plugin claimed by a third-party distribution (pluggy stands in for it): no source, a failing
+    # row; with the source record added by the packager's own function, the row passes.
+    root = copy_bundle(made, tmp_path)
+    edit_json(
+        root / "submission.json",
+        lambda s: s["plugins"][0].update(distribution="pluggy", source="code/plugins/pluggy"),
+    )
+    resign(root)
+    assert "code/plugins/pluggy.json is missing" in failing(verify.verify(root, accept_debug=True))["plugin source"]
+    version = json.loads((root / "submission.json").read_text())["plugins"][0]["version"]
+    record = submission.copy_plugin_source("pluggy", version, root / "code" / "plugins" / "pluggy")
+    (root / "code" / "plugins" / "pluggy.json").write_text(json.dumps(record))
+    resign(root)
+    assert "plugin source" not in failing(verify.verify(root, accept_debug=True))
+
+
+def test_package_submission_command_gives_one_line_on_bad_input(tmp_path):
+    result = CliRunner().invoke(
+        cli, ["package-submission", "--submitter", "../evil", "--system", "x", "--results", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "must be letters" in result.output and "Traceback" not in result.output
