@@ -357,6 +357,8 @@ class LiveDisplay(Display):
     def __exit__(self, *exc) -> None:
         self.current = ""
         self.live.__exit__(*exc)
+        if not self.console.is_terminal:  # off a terminal, Live leaves its last line open
+            self.console.line()
 
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:
         what = "search" if phase == "search" else f"repeat {number}"
