@@ -12,6 +12,7 @@ for auto-selection. torch_xla is imported only inside hooks: ``llmb plugins`` st
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from importlib.metadata import PackageNotFoundError, version
 
@@ -127,8 +128,16 @@ def setup_backend(device, precision, settings):
     global _compiled_before_run
     _compiled_before_run = _compilations()
     wanted = _matmul_precision(precision, settings)
-    if torch_xla.backends.get_mat_mul_precision() != wanted:  # torch_xla warns on every set; set only on change
-        torch_xla.backends.set_mat_mul_precision(wanted)
+    if torch_xla.backends.get_mat_mul_precision() != wanted:
+        # torch_xla logs "setting it multiple times is not recommended" on every set, even the first; it is set here
+        # once per run, before the model exists, so that warning only misleads.
+        backends_logger = logging.getLogger(torch_xla.backends.__name__)
+        level = backends_logger.level
+        backends_logger.setLevel(logging.ERROR)
+        try:
+            torch_xla.backends.set_mat_mul_precision(wanted)
+        finally:
+            backends_logger.setLevel(level)
 
 
 def _compilations() -> tuple[int, float]:
