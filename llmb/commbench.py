@@ -69,6 +69,11 @@ def run(options: CommOptions) -> dict | None:
     world = distributed.current_world()
     if world is None:
         raise UsageError("llmb commbench needs several processes: --nproc-per-node N, or torchrun")
+    with distributed.errors_name_the_rank():
+        return _sweep(options, world)
+
+
+def _sweep(options: CommOptions, world: distributed.World) -> dict | None:
     plugin = select_plugin(options.plugin)
     types = plugin.device_types()
     device = parse_device(options.device or (types[0] if types else "cpu"))
@@ -170,7 +175,7 @@ def table(record: dict):
             f"{row['bytes']:,}",
             f"{row['elements']:,}",
             f"{row['seconds'] * 1e6:,.1f}",
-            f"{row['algbw_bytes_per_second'] / 1e9:.3f}",
-            f"{row['busbw_bytes_per_second'] / 1e9:.3f}",
+            f"{row['algbw_bytes_per_second'] / 1e9:.4g}",
+            f"{row['busbw_bytes_per_second'] / 1e9:.4g}",
         )
     return out

@@ -8,6 +8,7 @@ every rank measured and audited.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -29,7 +30,8 @@ PARALLEL = ("ddp", "fsdp")
 # short enough that a rank lost without its process dying (a hung device, a lost node) fails the run, not hangs it.
 DEFAULT_TIMEOUT_SECONDS = 600
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
-_LLMB_ERROR = re.compile(r"^(LlmbError|UsageError|PluginError): ")
+_LLMB_ERROR = re.compile(r"^(LlmbError|UsageError|PluginError): (rank \d+: )?")
+_FOREIGN = re.compile(r"^[\w.]+(Error|Exception): ")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,23 @@ def rank_device(device: torch.device, world: World) -> torch.device:
     if device.type == "cpu":
         return device
     return torch.device(device.type, world.local_rank)
+
+
+@contextlib.contextmanager
+def errors_name_the_rank():
+    """In a job, any error leaves as one llmb error line that starts with the rank (a usage error stays one); the
+    traceback stays in the rank's error file. Outside a job, errors pass unchanged."""
+    world = current_world()
+    try:
+        yield
+    except Exception as exc:
+        if world is None:
+            raise
+        if isinstance(exc, LlmbError):
+            kind, text = (UsageError if isinstance(exc, UsageError) else LlmbError), str(exc)
+        else:
+            kind, text = LlmbError, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        raise kind(f"rank {world.rank}: {text}") from exc
 
 
 # The launch
@@ -132,7 +151,7 @@ def launch(spec: LaunchSpec, entrypoint: Callable, *args: Any) -> dict[int, Any]
         config, _, _ = config_from_args(parse_args([*torchrun_arguments(spec), "-m", "llmb"]))
         return elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as exc:
-        raise LlmbError(failure_message(exc.failures)) from None
+        raise failure_error(exc.failures) from None
     except SignalException as exc:
         raise LlmbError(f"stopped by {exc.sigval.name}: every rank was stopped") from None
     finally:
@@ -151,18 +170,24 @@ def _signal_handlers() -> dict:
     return {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names if hasattr(signal, n))}
 
 
-def failure_message(failures: dict) -> str:
-    """One line for a failed job: the root-cause rank and its error. A rank's own llmb error comes before a peer's
-    consequence of it (a collective that lost its partner fails at once too), then the earliest, then the lowest."""
+def failure_error(failures: dict) -> LlmbError:
+    """One line for a failed job: the root-cause rank and its error (a usage error stays one). A rank's own llmb
+    error comes before a peer's consequence of it (a collective that lost its partner fails at once too), then the
+    earliest, then the lowest rank."""
 
     def text(failure) -> str:
         # torch keeps an error file's {"message": ..., "extraInfo": {traceback}} as a dict, a signal's as a string
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
         return (message or "").strip()
 
+    def own(failure) -> bool:
+        # llmb's own errors (plugin, device, memory...) read as sentences; an exception from elsewhere, such as a
+        # collective whose peer died, keeps its class name in front (see errors_name_the_rank).
+        return bool(_LLMB_ERROR.match(text(failure))) and not _FOREIGN.match(_LLMB_ERROR.sub("", text(failure)))
+
     def key(item):
         rank, failure = item
-        return (not _LLMB_ERROR.match(text(failure)), failure.timestamp, rank)
+        return (not own(failure), failure.timestamp, rank)
 
     rank, failure = sorted(failures.items(), key=key)[0]
     message = _LLMB_ERROR.sub("", text(failure)).splitlines()[0] if text(failure) else ""
@@ -170,7 +195,8 @@ def failure_message(failures: dict) -> str:
         message = f"exited with code {failure.exitcode}"
     others = sorted(r for r in failures if r != rank)
     also = f" (also failed: rank {', '.join(map(str, others))})" if others else ""
-    return f"rank {rank} failed: {message}{also}"
+    error = UsageError if text(failure).startswith("UsageError: ") else LlmbError
+    return error(f"rank {rank} failed: {message}{also}")
 
 
 # The process group and the parallel wrapper
@@ -236,6 +262,16 @@ def parallelize(model: torch.nn.Module, parallel: str, device: torch.device, wor
         fully_shard(roots[0] if roots else model, mesh=mesh)
         return model
     raise UsageError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
+
+
+def grad_scaler(parallel: str, device: torch.device):
+    """FSDP's loss scaler for FP16: each rank holds a shard of the gradients, so whether they overflowed is agreed
+    across ranks (or one rank would skip a step the others take). DDP's gradients are whole, None keeps torch.amp's."""
+    if parallel != "fsdp":
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device.type)
 
 
 def full_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -106,25 +106,23 @@ def parallel_strategy(options: RunOptions) -> str:
     return options.parallel if options.parallel not in (None, "none") else "ddp"
 
 
-def run(options: RunOptions, progress: Progress | None = None) -> dict:
-    """Run the benchmark once for one precision and return its result record."""
+def run(options: RunOptions, progress: Progress | None = None) -> dict | None:
+    """Run the benchmark once for one precision and return its result record (None on ranks other than 0)."""
     progress = progress or Progress()
-    plugin, device, settings = resolve(options)
-    try:
-        return _run(options, plugin, device, settings, progress)
-    except LlmbError:
-        raise
-    except Exception as exc:
-        if is_out_of_memory(exc):
-            raise LlmbError(
-                f"out of memory at batch size {options.batch_size} on {device}: {str(exc).splitlines()[0]}"
-            ) from exc
-        if distributed.current_world() is not None:
-            # One line names the rank's error in the launcher's report; the traceback stays in its error file.
-            raise LlmbError(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
-        raise
-    finally:
-        gc.collect()
+    with distributed.errors_name_the_rank():
+        plugin, device, settings = resolve(options)
+        try:
+            return _run(options, plugin, device, settings, progress)
+        except LlmbError:
+            raise
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise LlmbError(
+                    f"out of memory at batch size {options.batch_size} on {device}: {str(exc).splitlines()[0]}"
+                ) from exc
+            raise
+        finally:
+            gc.collect()
 
 
 @dataclass
@@ -191,6 +189,8 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
     rank = world.rank if world is not None else 0
     batch = synthetic_batch(config, options.batch_size, options.seed + rank, device)
     trainer = Trainer(model, optimizer, batch, recipe, services, barrier=distributed.barrier if world else None)
+    if world is not None and trainer.scaler is not None:
+        trainer.scaler = distributed.grad_scaler(parallel_strategy(options), device) or trainer.scaler
     return Session(plugin, device, settings, services, recipe, model, optimizer, trainer, parameters, invalid, world)
 
 

@@ -12,6 +12,7 @@ import torch
 
 from llmb import commbench, distributed, runner
 from llmb.config import PRESETS
+from llmb.errors import LlmbError, UsageError
 from llmb.train import synthetic_batch
 
 TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
@@ -158,10 +159,15 @@ class _Failure:
         self.message, self.timestamp, self.exitcode = message, timestamp, exitcode
 
 
-def test_failure_message_prefers_a_ranks_own_error_over_a_peers_consequence():
+def test_failure_prefers_a_ranks_own_error_over_a_peers_consequence():
     failures = {
-        0: _Failure({"message": "RuntimeError: Connection closed by peer", "extraInfo": {}}, 100),
-        1: _Failure("PluginError: plugin 'x' failed in hook process_model: RuntimeError: boom", 100),
+        0: _Failure({"message": "LlmbError: rank 0: RuntimeError: Connection closed by peer", "extraInfo": {}}, 100),
+        1: _Failure("LlmbError: rank 1: plugin 'x' failed in hook process_model: RuntimeError: boom", 100),
     }
-    message = distributed.failure_message(failures)
-    assert message == "rank 1 failed: plugin 'x' failed in hook process_model: RuntimeError: boom (also failed: rank 0)"
+    error = distributed.failure_error(failures)
+    assert type(error) is LlmbError
+    assert (
+        str(error) == "rank 1 failed: plugin 'x' failed in hook process_model: RuntimeError: boom (also failed: rank 0)"
+    )
+    usage = distributed.failure_error({1: _Failure("UsageError: rank 1: device 'cuda:1' is not available", 5)})
+    assert isinstance(usage, UsageError) and str(usage) == "rank 1 failed: device 'cuda:1' is not available"
