@@ -78,7 +78,7 @@ class Bundle:
 
     def add(self, check: str, problems: list[str], passed_detail: str) -> None:
         shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
-        self.rows.append(Row(check, not problems, shown if problems else passed_detail))
+        self.rows.append(Row(check, not problems, shown if problems else str(passed_detail)))
 
     def json(self, name: str) -> dict:
         """A JSON object from the bundle; raises ValueError with a short reason when it is not one."""
@@ -346,12 +346,18 @@ def _close(recorded, expected) -> bool:
 
 
 def _per_result(b: Bundle, check: str, problems_of: Callable[[Bundle, str, dict], list[str]], passed: str) -> None:
-    problems = []
+    paths_of: dict[str, list[str]] = {}  # problem -> the results that have it, so a shared one is said once
     for path, record in b.results.items():
         try:
-            problems += [f"{path}: {p}" for p in problems_of(b, path, record)]
+            found = problems_of(b, path, record)
         except Exception as exc:  # a field of the wrong type deep inside a record
-            problems.append(f"{path}: malformed ({exc!r})")
+            found = [f"malformed ({exc!r})"]
+        for problem in found:
+            paths_of.setdefault(problem, []).append(path)
+    problems = [
+        f"{paths[0]}: {problem}" if len(paths) == 1 else f"{len(paths)} results: {problem}"
+        for problem, paths in paths_of.items()
+    ]
     b.add(check, problems, passed.format(n=len(b.results)))
 
 

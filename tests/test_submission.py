@@ -381,6 +381,7 @@ def test_a_changed_training_loop_fails_verify(made, tmp_path):
     assert "llmb/train.py is changed" in found["model and loop unchanged"]
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
 def test_released_text_comes_from_git_history_or_the_change_is_refused(made, tmp_path):
     package = tmp_path / "repo" / "llmb"
     shutil.copytree(made["package"], package)
@@ -487,3 +488,22 @@ def test_package_submission_command_gives_one_line_on_bad_input(tmp_path):
     )
     assert result.exit_code == 2
     assert "must be letters" in result.output and "Traceback" not in result.output
+
+
+def test_include_debug_keeps_an_invalid_run_marked_and_verify_still_fails_it(made, tmp_path):
+    results = with_conformance(made, tmp_path)
+    invalid = next(p for p in sorted(results.glob("*.json")) if "-FP32-" in p.name)
+    edit_json(invalid, lambda r: r.update(valid=False, invalid_reasons=["loss did not move over the run"]))
+    options = PackageOptions(
+        "Acme", "box", results, out=tmp_path / "out", allow_debug_shapes=True, package_dir=made["package"]
+    )
+    with pytest.raises(UsageError, match="FP32: 2"):
+        submission.package(options)
+    options.include_debug = True
+    root, skipped = submission.package(options)
+    assert skipped == []
+    sub = json.loads((root / "submission.json").read_text())
+    assert sub["debug"]["include_debug"] and "loss did not move over the run" in sub["debug"]["reasons"]
+    found = failing(verify.verify(root, accept_debug=True))
+    assert set(found) == {"run validity", "runs per precision"}, found
+    assert "invalid: loss did not move over the run" in found["run validity"]
