@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from llmb import __version__, distributed, plugins, precision, runner
+from llmb import __version__, conformance, distributed, plugins, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
 from llmb.plugins import Plugin, plugin_names
@@ -611,3 +611,40 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
         click.echo(text, nl=False)
     elif out is not None:
         err_console.print(f"report written to {out}", highlight=False)
+
+
+@cli.command(name="check-plugin")
+@plugin_options
+@click.option("--precision", "precision_name", default="FP32", show_default=True, help="FP32, TF32, FP16 or BF16.")
+@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(precision.MODES))
+@click.option("--preset", default="tiny", show_default=True, type=click.Choice(conformance.CONFORMANCE_PRESETS))
+@click.option(
+    "--steps",
+    default=conformance.DEFAULT_STEPS,
+    show_default=True,
+    type=int,
+    help="Optimizer steps whose results are compared.",
+)
+@click.option("--batch-size", default=conformance.DEFAULT_BATCH_SIZE, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", default="conformance.json", show_default=True, type=click.Path(dir_okay=False, path_type=Path))
+@handle_errors
+def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
+    """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
+    with err_console.status("running the candidate and the reference"):
+        record = conformance.check_plugin(
+            plugin,
+            device,
+            precision_name.upper(),
+            mode,
+            settings=parse_options(options),
+            preset=preset,
+            steps=steps,
+            batch_size=batch_size,
+            seed=seed,
+        )
+    path = conformance.write(record, out)
+    conformance.print_table(record, console)
+    console.print(f"conformance record written to {path}", highlight=False)
+    if not record["passed"]:
+        sys.exit(1)

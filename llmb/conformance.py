@@ -1,0 +1,466 @@
+"""Plugin conformance: does a plugin's backend setup and post-processing preserve the model's function?
+
+The candidate is prepared exactly as `llmb run` prepares it (`runner.prepare`: precision recipe, the plugin's
+backend setup, the model built from the seed, AdamW, the plugin's post-processing) and trained for K steps by the
+harness's own loop (`Trainer.step`). The reference is the same model from the same seed on the same batch, prepared
+through the built-in cpu plugin with no settings, in FP32, with no post-processing. The two are compared:
+
+- parameter-names: the parameter count, names and shapes are unchanged (after normalising wrapper names, below);
+- fingerprint: the installed model definition is the released one;
+- optimizer: exactly torch.optim.AdamW with the fixed hyperparameters over every parameter, none frozen, its
+  `step` not replaced on the instance (checked after post-processing and again after the K steps);
+- optimizer-steps: AdamW's own step post-hook counted as many steps as the harness's loop made;
+- precision: the audited effective precision is not below the requested one;
+- forward-loss, forward-logits: one forward pass at the initial weights (relative error, relative norm error);
+- gradients: every parameter's gradient after the first step's backward, by name (worst relative norm error);
+- loss-curve: the loss of each of the K harness steps (worst relative error);
+- trained-parameters: the parameters after K steps, by name (worst relative norm error). Where the parameters are
+  kept in FP32 (FP32, TF32 and amp) the *update* p_K - p_0 is compared, since the update (about K x lr = K x 1e-5
+  per element) is far smaller than the weights and would vanish in their error. Pure FP16/BF16 weights cannot hold
+  a 1e-5 update (BF16's spacing at 0.02 is 1.2e-4), so there the weights themselves are compared.
+
+Names are normalised by dropping the segments that known wrappers add, wherever they appear: torch.compile's
+``_orig_mod``, activation checkpointing's ``_checkpoint_wrapped_module``, FSDP's ``_fsdp_wrapped_module``, CPU
+offload's ``_offload_wrapped_module`` and DDP/DataParallel's ``module`` (the fixed model has no segment of these
+names, so nothing real is dropped).
+
+Tolerances are per effective precision and mode: ten times the worst error measured, rounded up to 1, 2 or 5
+(2 contended CPU cores, torch 2.13.0+cpu; tiny preset seeds 0 and 1, small preset seed 0, batch 2, K = 5;
+`python scripts/conformance_errors.py` re-measures). FP32 is measured against a float64 copy of the reference (a
+second FP32 implementation, a GPU's or a compiled graph's, differs from the FP32 reference by about that much); the
+16-bit rows are the CPU's own FP16/BF16 kernels through the harness's recipes against the FP32 reference.
+
+    worst measured relative error -> tolerance
+    effective, mode | forward-loss     | forward-logits | gradients      | loss-curve       | trained-parameters
+    FP32            | 9.3e-8 -> 1e-6 ^ | 7.2e-7 -> 1e-5 | 1.6e-6 -> 2e-5 | 9.3e-8 -> 1e-6   | 1.8e-3 -> 2e-2
+    TF32            | (FP16 amp's)     |                |                |                  |
+    FP16 amp        | 1.8e-6 -> 2e-5   | 1.1e-3 -> 2e-2 | 2.1e-3 -> 5e-2 | 1.9e-6 -> 2e-5   | 8.1e-3 -> 1e-1
+    FP16 pure       | 3.8e-6 -> 5e-5   | 1.2e-3 -> 2e-2 | 4.3e-2 -> 5e-1 | 3.0e-1 -> 2e-1 * | 2.4    -> 5e-2 *
+    BF16 amp        | 2.4e-5 -> 5e-4   | 8.0e-3 -> 1e-1 | 1.8e-2 -> 2e-1 | 2.9e-5 -> 5e-4   | 4.6e-2 -> 5e-1
+    BF16 pure       | 1.7e-5 -> 2e-4   | 9.5e-3 -> 1e-1 | 2.2e-2 -> 5e-1 | 1.9e-2 -> 2e-1   | 2.9e-3 -> 5e-2
+
+^ One FP32 ulp of the loss: both sides reduce FP32 logits (the model casts them). No CPU runs TF32: its matmul
+inputs keep FP16's 10-bit mantissa while activations stay FP32, so it takes the FP16 amp row. A check of the FP32
+row: XLA:CPU (the xla plugin on the CPU PJRT device) against the FP32 reference, tiny, K = 3, measured loss 9.2e-8,
+logits 2.2e-7, gradients 6.3e-7, loss curve 9.2e-8, updates 7.4e-5.
+
+* Pure FP16 does not preserve training: AdamW's second moment g^2, kept in FP16, underflows for |g| < 2.4e-4, the
+step becomes lr * g / eps, up to ~100 x lr, and the weights run away (loss 10.39 -> 9.86 in three steps where the
+reference goes to 10.383). Its loss-curve and trained-parameters tolerances are therefore not taken from that
+divergence but from the BF16 pure row (weights that cannot follow 1e-5 updates, correctly stepped), so the check
+reports it. The loss-curve and trained-parameters errors grow with K; the table holds for K up to the default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import gc
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from llmb import __version__, precision
+from llmb.config import PRESETS
+from llmb.errors import LlmbError, UsageError
+from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
+from llmb.model import count_parameters
+from llmb.plugins import Plugin
+from llmb.results import write_json_atomic
+from llmb.runner import RunOptions, Session, audit_session, is_out_of_memory, prepare, resolve
+from llmb.train import optimizer_problems
+
+SCHEMA = "llmb.conformance/1"
+DEFAULT_STEPS = 5
+DEFAULT_BATCH_SIZE = 2
+CONFORMANCE_PRESETS = ("tiny", "small")
+REFERENCE_PLUGIN = "cpu"
+WRAPPER_SEGMENTS = frozenset(
+    {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_offload_wrapped_module", "module"}
+)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Largest accepted relative errors against the FP32 reference for one effective precision and mode."""
+
+    loss: float
+    logits: float
+    gradients: float
+    loss_curve: float
+    trained: float
+
+
+# (effective precision, mode) -> tolerance; see the module docstring for the measurements behind each figure.
+TOLERANCES: dict[tuple[str, str], Tolerance] = {
+    ("FP32", "pure"): Tolerance(loss=1e-6, logits=1e-5, gradients=2e-5, loss_curve=1e-6, trained=2e-2),
+    ("TF32", "pure"): Tolerance(loss=2e-5, logits=2e-2, gradients=5e-2, loss_curve=2e-5, trained=1e-1),
+    ("FP16", "amp"): Tolerance(loss=2e-5, logits=2e-2, gradients=5e-2, loss_curve=2e-5, trained=1e-1),
+    ("FP16", "pure"): Tolerance(loss=5e-5, logits=2e-2, gradients=5e-1, loss_curve=2e-1, trained=5e-2),
+    ("BF16", "amp"): Tolerance(loss=5e-4, logits=1e-1, gradients=2e-1, loss_curve=5e-4, trained=5e-1),
+    ("BF16", "pure"): Tolerance(loss=2e-4, logits=1e-1, gradients=5e-1, loss_curve=2e-1, trained=5e-2),
+}
+
+
+def tolerance_for(effective: str, mode: str) -> Tolerance:
+    """The tolerance row for what really ran; a format below BF16 (FP8) is held to BF16's, and fails `precision`."""
+    if effective in ("FP32", "TF32"):
+        mode = "pure"
+    return TOLERANCES.get((effective, mode), TOLERANCES[("BF16", mode)])
+
+
+def normalise_name(name: str) -> str:
+    """A parameter name without the segments that wrappers insert (torch.compile, checkpointing, DDP, FSDP)."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
+
+
+@dataclass
+class Trace:
+    """What one prepared model did: a forward pass, K harness steps, and its optimizer's record."""
+
+    count: int
+    names: list[str]
+    shapes: dict[str, tuple[int, ...]]
+    loss: float
+    logits: torch.Tensor
+    losses: list[float]
+    gradients: dict[str, torch.Tensor | None]
+    initial: dict[str, torch.Tensor]
+    trained: dict[str, torch.Tensor]
+    master_fp32: bool
+    audit: dict
+    optimizer_problems: list[str]
+    optimizer_steps: int
+    harness_steps: int
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy (for a lazy device such as XLA this also runs the pending graph)."""
+    return tensor.detach().to("cpu", copy=True)
+
+
+def _named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(normalise_name(name), p) for name, p in model.named_parameters()]
+
+
+def trace(session: Session, steps: int) -> Trace:
+    """Run the forward pass and K steps of the harness's loop on a prepared session, copying what is compared."""
+    model, trainer = session.model, session.trainer
+    named = _named_parameters(model)
+    initial = {name: _host(p) for name, p in named}
+    with trainer._autocast():  # the run's own autocast, so the forward is the one the loop runs
+        loss, logits = model(trainer.batch, labels=trainer.batch)
+    loss, logits = float(loss.detach()), _host(logits)
+    losses = [float(trainer.step())]
+    # After the first step the gradients are still there (zero_grad comes at the start of the next step), and a
+    # GradScaler has unscaled them in place before AdamW ran.
+    gradients = {name: (_host(p.grad) if p.grad is not None else None) for name, p in named}
+    audit = audit_session(session)
+    losses += [float(trainer.step()) for _ in range(steps - 1)]
+    session.services.synchronize()
+    problems = [p.removeprefix("optimizer: ") for p in session.invalid if p.startswith("optimizer: ")]
+    problems += optimizer_problems(session.optimizer, model)  # again after the steps: a forward may change it
+    if "step" in vars(session.optimizer):
+        problems.append("optimizer.step was replaced on the optimizer instance")
+    return Trace(
+        count=count_parameters(model),
+        names=[name for name, _ in named],
+        shapes={name: tuple(p.shape) for name, p in named},
+        loss=loss,
+        logits=logits,
+        losses=losses,
+        gradients=gradients,
+        initial=initial,
+        trained={name: _host(p) for name, p in named},
+        master_fp32=all(p.dtype in (torch.float32, torch.float64) for _, p in named),  # what ran, not the recipe
+        audit=audit,
+        optimizer_problems=list(dict.fromkeys(problems)),
+        optimizer_steps=trainer.optimizer_steps,
+        harness_steps=trainer.harness_steps,
+    )
+
+
+def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
+    """||candidate - reference|| / ||reference|| in float64 (0 when both are zero, inf when only the reference is)."""
+    c, r = candidate.double(), reference.double()
+    if c.shape != r.shape:
+        return math.inf
+    difference, scale = (c - r).norm().item(), r.norm().item()
+    if scale == 0:
+        return 0.0 if difference == 0 else math.inf
+    return difference / scale
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    measured: float | int | str | None = None
+    tolerance: float | int | str | None = None
+
+    def to_dict(self) -> dict:
+        measured = self.measured
+        if isinstance(measured, float) and not math.isfinite(measured):
+            measured = str(measured)  # JSON has no inf or nan
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "detail": self.detail,
+            "measured": measured,
+            "tolerance": self.tolerance,
+        }
+
+
+def _within(name: str, error: float, tolerance: float, what: str) -> Check:
+    passed = math.isfinite(error) and error <= tolerance
+    return Check(name, passed, f"{what}: relative error {error:.3g} (tolerance {tolerance:g})", error, tolerance)
+
+
+def _worst(name: str, candidate: dict, reference: dict, tolerance: float, what: str, base: dict | None = None) -> Check:
+    """The worst per-parameter relative error; ``base`` turns both sides into updates from their initial values."""
+    missing = [n for n in reference if candidate.get(n) is None]
+    if missing:
+        return Check(name, False, f"{what}: none for {len(missing)} parameters (first: {missing[0]})", None, tolerance)
+    errors = {}
+    for n, ref in reference.items():
+        cand = candidate[n]
+        if base is not None:
+            cand, ref = cand.double() - base[0][n].double(), ref.double() - base[1][n].double()
+        errors[n] = relative_error(cand, ref)
+    worst = max(errors, key=errors.get)
+    check = _within(name, errors[worst], tolerance, what)
+    check.detail += f", worst parameter {worst}"
+    return check
+
+
+def compare(candidate: Trace, reference: Trace, requested: str, mode: str) -> list[Check]:
+    """Every conformance check of a candidate trace against the reference trace."""
+    effective = candidate.audit["effective"]
+    tol = tolerance_for(effective, mode)
+    checks = [_names_check(candidate, reference)]
+
+    fingerprint = model_fingerprint()
+    holds = fingerprint == RELEASED_MODEL_FINGERPRINT
+    checks.append(
+        Check("fingerprint", holds, "model definition is the released one" if holds else "model definition changed")
+    )
+    problems = candidate.optimizer_problems
+    checks.append(
+        Check(
+            "optimizer",
+            not problems,
+            "; ".join(problems) or "torch.optim.AdamW with the fixed hyperparameters over every parameter",
+            len(problems),
+            0,
+        )
+    )
+    steps_ok = candidate.optimizer_steps == candidate.harness_steps == len(reference.losses)
+    checks.append(
+        Check(
+            "optimizer-steps",
+            steps_ok,
+            f"AdamW.step() ran {candidate.optimizer_steps} times for {candidate.harness_steps} harness steps",
+            candidate.optimizer_steps,
+            candidate.harness_steps,
+        )
+    )
+    below = effective not in precision.PRECISIONS or precision.RANK[effective] > precision.RANK[requested]
+    evidence = ", ".join(f"{k}={v}" for k, v in candidate.audit["evidence"].items() if v == effective)
+    checks.append(
+        Check(
+            "precision",
+            not below,
+            f"requested {requested}, audited {effective}" + (f" ({evidence})" if below and evidence else ""),
+            effective,
+            requested,
+        )
+    )
+
+    loss_error = abs(candidate.loss - reference.loss) / abs(reference.loss)
+    checks.append(_within("forward-loss", loss_error, tol.loss, f"loss {candidate.loss:.6f} vs {reference.loss:.6f}"))
+    checks.append(_within("forward-logits", relative_error(candidate.logits, reference.logits), tol.logits, "logits"))
+    checks.append(_worst("gradients", candidate.gradients, reference.gradients, tol.gradients, "gradients"))
+    curve = [abs(c - r) / abs(r) for c, r in zip(candidate.losses, reference.losses, strict=True)]
+    curve_error = max(curve) if all(math.isfinite(c) for c in candidate.losses) else math.inf
+    checks.append(
+        _within(
+            "loss-curve",
+            curve_error,
+            tol.loss_curve,
+            f"{len(curve)} steps, loss {candidate.losses[0]:.6f} -> {candidate.losses[-1]:.6f} "
+            f"(reference {reference.losses[0]:.6f} -> {reference.losses[-1]:.6f})",
+        )
+    )
+    if candidate.master_fp32:
+        what, base = "updates p_K - p_0 of the FP32 weights", (candidate.initial, reference.initial)
+    else:
+        what, base = "weights after the steps (16-bit weights cannot hold the 1e-5 updates)", None
+    checks.append(_worst("trained-parameters", candidate.trained, reference.trained, tol.trained, what, base))
+    return checks
+
+
+def _names_check(candidate: Trace, reference: Trace) -> Check:
+    problems = []
+    if candidate.count != reference.count:
+        problems.append(f"parameter count {candidate.count:,}, reference {reference.count:,}")
+    duplicated = sorted({n for n in candidate.names if candidate.names.count(n) > 1})
+    if duplicated:
+        problems.append(f"names repeated after normalisation: {', '.join(duplicated[:3])}")
+    missing = [n for n in reference.names if n not in candidate.shapes]
+    extra = [n for n in candidate.names if n not in reference.shapes]
+    if missing:
+        problems.append(f"{len(missing)} missing (first: {missing[0]})")
+    if extra:
+        problems.append(f"{len(extra)} unexpected (first: {extra[0]})")
+    reshaped = [n for n in reference.names if n in candidate.shapes and candidate.shapes[n] != reference.shapes[n]]
+    if reshaped:
+        problems.append(f"{len(reshaped)} reshaped (first: {reshaped[0]})")
+    detail = "; ".join(problems) or f"{candidate.count:,} parameters in {len(candidate.names)} tensors, names unchanged"
+    return Check("parameter-names", not problems, detail, candidate.count, reference.count)
+
+
+@contextlib.contextmanager
+def _restored_global_state() -> Iterator[None]:
+    """Put back the global torch state a plugin's setup may change, so the reference after it starts clean.
+
+    The reference's own preparation resets the matmul switches (`precision.apply_backend_recipe`); this covers
+    the rest that changes what the reference computes or how fast.
+    """
+    dtype, threads, matmul = torch.get_default_dtype(), torch.get_num_threads(), torch.get_float32_matmul_precision()
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(matmul)
+
+
+def reference_options(options: RunOptions) -> RunOptions:
+    """The reference's request: the same shape, batch, seed and steps, FP32 on the CPU through the cpu plugin."""
+    return replace(options, plugin=REFERENCE_PLUGIN, device="cpu", precision="FP32", mode="pure", settings={})
+
+
+def reference_session(options: RunOptions) -> Session:
+    reference = Plugin(REFERENCE_PLUGIN)
+    return prepare(reference_options(options), reference, torch.device("cpu"), reference.resolve_settings({}))
+
+
+_reference_traces: dict[tuple, Trace] = {}
+
+
+def reference_trace(options: RunOptions) -> Trace:
+    """The reference's trace, computed once per shape, batch, steps and seed in a process (the CPU's FP32 result
+    is deterministic, so checking several plugins or precisions in one process reuses it)."""
+    key = (options.config, options.batch_size, options.steps, options.seed)
+    if key not in _reference_traces:
+        _reference_traces.clear()  # keep one: a small-preset trace holds about 0.5 GB
+        _reference_traces[key] = trace(reference_session(options), options.steps)
+    return _reference_traces[key]
+
+
+def check_plugin(
+    plugin: str | None,
+    device: str | None,
+    precision: str,
+    mode: str = "pure",
+    settings: dict[str, str] | None = None,
+    preset: str = "tiny",
+    steps: int = DEFAULT_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 0,
+) -> dict:
+    """Run the candidate and the reference, compare them, and return the conformance record."""
+    if preset not in CONFORMANCE_PRESETS:
+        raise UsageError(f"conformance runs on a small shape: preset {preset!r} is not one of tiny, small")
+    options = RunOptions(
+        config=PRESETS[preset],
+        preset=preset,
+        plugin=plugin,
+        device=device,
+        precision=precision,
+        mode=mode,
+        batch_size=batch_size,
+        steps=steps,
+        warmup_steps=1,
+        seed=seed,
+        settings=dict(settings or {}),
+    )
+    chosen, torch_device, resolved = resolve(options)
+    try:
+        # The candidate first: a lazy device (XLA) must be set up before any CPU backward pass runs.
+        with _restored_global_state():
+            session = prepare(options, chosen, torch_device, resolved)
+            mode = session.recipe.mode
+            device_info = {"type": torch_device.type, "spec": str(torch_device), "name": session.services.name()}
+            candidate = trace(session, steps)
+            del session
+            gc.collect()  # the trainer and its optimizer hold each other (the step hook): free the model now
+        reference = reference_trace(options)
+    except LlmbError:
+        raise
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise LlmbError(f"out of memory at batch size {batch_size} on {torch_device}") from exc
+        raise
+    checks = compare(candidate, reference, options.precision, mode)
+    return {
+        "schema": SCHEMA,
+        "llmb_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "passed": all(c.passed for c in checks),
+        "plugin": {
+            "name": chosen.name,
+            "version": chosen.version,
+            "distribution": chosen.distribution,
+            "settings": resolved,
+        },
+        "device": device_info,
+        "precision": {"requested": options.precision, "effective": candidate.audit["effective"], "mode": mode},
+        "preset": preset,
+        "config": options.config.to_dict(),
+        "seed": seed,
+        "steps": steps,
+        "batch_size": batch_size,
+        "model_fingerprint": model_fingerprint(),
+        "checks": [c.to_dict() for c in checks],
+    }
+
+
+def failed_checks(record: dict) -> list[str]:
+    return [c["name"] for c in record["checks"] if not c["passed"]]
+
+
+def write(record: dict, path: Path) -> Path:
+    return write_json_atomic(Path(path), record)
+
+
+def _figure(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def print_table(record: dict, console) -> None:
+    """One row per check, then the verdict (the CLI's view of the record)."""
+    from rich.table import Table
+
+    prec = record["precision"]
+    title = (
+        f"llmb check-plugin {record['plugin']['name']} on {record['device']['spec']}: requested {prec['requested']} "
+        f"{prec['mode']}, audited {prec['effective']}, {record['preset']} preset, {record['steps']} steps"
+    )
+    table = Table(title=title)
+    for column in ("check", "result", "measured", "tolerance", "detail"):
+        table.add_column(column)
+    for check in record["checks"]:
+        verdict = "[green]PASS[/]" if check["passed"] else "[bold red]FAIL[/]"
+        table.add_row(check["name"], verdict, _figure(check["measured"]), _figure(check["tolerance"]), check["detail"])
+    console.print(table)
+    if record["passed"]:
+        console.print("[bold green]CONFORMS: every check passed[/]")
+    else:
+        console.print(f"[bold red]DOES NOT CONFORM: failed {', '.join(failed_checks(record))}[/]")
