@@ -21,7 +21,13 @@ if [ -z "$results" ]; then
         llmb check-plugin --plugin cpu --device cpu --precision "$precision" --out "$results/conformance-$precision.json"
     done
 fi
+NOTE=${NOTE:-"Reference bundle: the $PRESET preset on the host CPU, $STEPS measured steps per run. Not the official shape: at the official shape FP32 AdamW needs about 23 GB and a step takes tens of seconds on this 2-core CPU."}
+system_file=$(mktemp)
+cat > "$system_file" <<JSON
+{"status": "reference (not a product)", "accelerator_interconnect": "N/A", "cooling": "N/A",
+ "hw_notes": "${HW_NOTES:-the machine the reference bundle was made on}"}
+JSON
 llmb package-submission --submitter llmb --system "$NAME" --results "$results" --out "$OUT" \
-    --allow-debug-shapes --force \
-    --note "Reference bundle: the $PRESET preset on the host CPU, $STEPS measured steps per run. Not the official shape: at the official shape FP32 AdamW needs about 23 GB and a step takes tens of seconds on this 2-core CPU."
+    --allow-debug-shapes --force --system-file "$system_file" --note "$NOTE"
+rm -f "$system_file"
 llmb verify "$OUT/llmb/$NAME" --accept-debug
