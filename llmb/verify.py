@@ -544,6 +544,10 @@ def check_code(b: Bundle) -> None:
             got = None if text is None else manifest.sha256_bytes(text.encode("utf-8"))
             if got != want:
                 problems.append(f"{path}: the diff's {side} side does not hash to {want}")
+    sub = b.submission or {}
+    division = "open" if changed else "closed"
+    if sub and (sub.get("division") != division or set(sub.get("llmb_changes", [])) != changed):
+        problems.append("submission.json's division and llmb_changes do not follow from the changed files")
     b.add("code diff", problems, f"{len(changed)} of {len(entries)} llmb files changed, each shown in full")
     untouched = []
     for path in (manifest.MODEL_PATH, manifest.LOOP_PATH):

@@ -372,6 +372,10 @@ def test_changed_files_are_shown_as_diffs_that_verify(made, tmp_path):
     diff = (root / submission.CODE_DIFF).read_text()
     assert "+# a vendor's change" in diff and "--- /dev/null\n+++ b/llmb/vendor_extra.py" in diff
     assert failing(verify.verify(root, accept_debug=True)) == {}
+    # Claiming the closed division with changed code is caught.
+    edit_json(root / "submission.json", lambda s: s.update(division="closed", llmb_changes=[]))
+    resign(root)
+    assert "division" in failing(verify.verify(root, accept_debug=True))["code diff"]
 
 
 def test_a_changed_training_loop_fails_verify(made, tmp_path):
