@@ -6,7 +6,8 @@
 # PRESET, STEPS, WARMUP, OUT and NAME override the defaults (e.g. a quick dry run: PRESET=tiny OUT=/tmp/subs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# RESULTS=DIR packages the runs and conformance records already in DIR instead of making them.
+# RESULTS=DIR packages the runs and conformance records already in DIR instead of making them; the bundle itself
+# will do (RESULTS=submissions/llmb/cpu-reference repackages its own runs, e.g. against a new release manifest).
 PRESET=${PRESET:-small} STEPS=${STEPS:-3} WARMUP=${WARMUP:-1} OUT=${OUT:-submissions} NAME=${NAME:-cpu-reference}
 python -m llmb.manifest
 results=${RESULTS:-}
