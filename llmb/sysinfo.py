@@ -112,9 +112,13 @@ def collect(records: list[dict], plugins: list[dict]) -> dict:
     devices = {(r["device"]["type"], r["device"]["name"], r["device"]["count"]) for r in records}
     device_type, device_name, count = sorted(devices)[0] if devices else ("cpu", "", 1)
     accelerated = device_type != "cpu"
+    # A multi-process job records its world size and nodes; a single process its device count.
+    nodes = max((r.get("nodes", 1) for r in records), default=1)
+    world = max((r.get("world_size", 1) for r in records), default=1)
+    count = max(count, world // nodes)
     dependencies = sorted({"torch", "pluggy", "llmb", *(p["distribution"] for p in plugins)})
     return {
-        "number_of_nodes": 1,
+        "number_of_nodes": nodes,
         "host_processors_per_node": int(cpu.get("sockets", 1)),
         "host_processor_model_name": cpu.get("model name") or platform.processor() or "unknown",
         "host_processor_core_count": cores,

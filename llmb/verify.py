@@ -366,20 +366,28 @@ def throughput_problems(b: Bundle, path: str, r: dict) -> list[str]:
     window = r["timing"]["window_seconds"]
     if not (isinstance(window, (int, float)) and window > 0):
         return [f"window {window!r} is not a positive time"]
-    tokens_per_second = r["batch_size"] * config.sequence_length * r["steps"] / window
+    # A multi-process job (llmb run --nproc-per-node) records a per-device batch; its throughput is the job's.
+    world = r.get("world_size", 1)
+    if not (isinstance(world, int) and world >= 1):
+        return [f"world_size {world!r} is not a positive integer"]
+    global_batch = r["batch_size"] * world
+    tokens_per_second = global_batch * config.sequence_length * r["steps"] / window
     parameters = flops.parameter_count(config)
     per_token = flops.model_flops_per_token(config, parameters)
-    tflops = flops.achieved_tflops(tokens_per_second, per_token)
+    tflops = flops.achieved_tflops(tokens_per_second / world, per_token)
     expected = {
         "sequence_length": config.sequence_length,
         "parameters": parameters,
         "model_flops_per_token": per_token,
         "tokens_per_second": tokens_per_second,
-        "samples_per_second": r["batch_size"] * r["steps"] / window,
+        "samples_per_second": global_batch * r["steps"] / window,
         "tflops": tflops,
         "mfu": flops.mfu(tflops, r.get("peak_flops")),
-        "fom": flops.fom(config, r["batch_size"], window / r["steps"]),
+        "fom": flops.fom(config, global_batch, window / r["steps"]),
     }
+    if "world_size" in r:  # recorded by releases that know multi-process jobs
+        expected["global_batch_size"] = global_batch
+        expected["tokens_per_second_per_device"] = tokens_per_second / world
     return [
         f"{key} recorded {r.get(key)!r}, recomputed {value!r}"
         for key, value in expected.items()
@@ -397,7 +405,9 @@ def timing_problems(b: Bundle, path: str, r: dict) -> list[str]:
         problems.append(f"step times add up to {sum(steps):.6f} s, more than the {window:.6f} s window they lie in")
     elif sum(steps) < MIN_STEP_SHARE_OF_WINDOW * window:
         problems.append(f"step times add up to {sum(steps):.6f} s, under half the {window:.6f} s window")
-    if not repeats or window != sorted(repeats)[(len(repeats) - 1) // 2]:
+    if len(repeats) != r.get("repeats", 1):
+        problems.append(f"{len(repeats)} repeat windows for {r.get('repeats')} repeats")
+    elif window != sorted(repeats)[(len(repeats) - 1) // 2]:
         problems.append(f"window {window!r} is not the median of the repeat windows {repeats!r}")
     return problems
 
@@ -441,6 +451,8 @@ def precision_problems(b: Bundle, path: str, r: dict) -> list[str]:
                 return [f"unknown dtype {dtype!r} in the audit's {key}"]
             evidence[f"{key}:{dtype}"] = DTYPE_NAMES[dtype]
     evidence["matmul_probe"] = audit["matmul_probe"]["verdict"]
+    for rank, label in enumerate(audit.get("rank_effective") or []):  # a multi-process job: every rank's verdict
+        evidence[f"rank {rank}"] = label
     if any(v not in RANK for v in evidence.values()):
         return [f"unknown format in the audit evidence {sorted(set(evidence.values()) - set(RANK))}"]
     found = lowest(list(evidence.values()))
