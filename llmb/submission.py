@@ -323,7 +323,7 @@ def copy_plugin_source(name: str, version: str, dest: Path) -> dict:
 
 def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_bytes(text.encode("utf-8"))  # bytes: no newline translation, so a diff's \r survives
 
 
 def bundle_files(root: Path) -> list[str]:

@@ -80,14 +80,25 @@ class Bundle:
         shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
         self.rows.append(Row(check, not problems, shown if problems else str(passed_detail)))
 
-    def json(self, name: str) -> dict:
-        """A JSON object from the bundle; raises ValueError with a short reason when it is not one."""
-        path = self.root / name
-        if path.is_symlink() or not path.is_file():
+    def text(self, name: str) -> str:
+        """A text file of the bundle itself (never through a link); ValueError with a short reason otherwise."""
+        path = self.root
+        for part in PurePosixPath(name).parts:
+            path = path / part
+            if path.is_symlink():
+                raise ValueError(f"{name} is a link")
+        if not path.is_file():
             raise ValueError(f"{name} is missing")
         try:
-            data = json.loads(path.read_bytes())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return path.read_bytes().decode("utf-8")  # bytes, not read_text: a diff's \r must survive
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{name} is unreadable ({exc.__class__.__name__})") from None
+
+    def json(self, name: str) -> dict:
+        """A JSON object from the bundle; raises ValueError with a short reason when it is not one."""
+        try:
+            data = json.loads(self.text(name))
+        except json.JSONDecodeError as exc:
             raise ValueError(f"{name} is not valid JSON ({exc.__class__.__name__}: {exc})") from None
         if not isinstance(data, dict):
             raise ValueError(f"{name} is not a JSON object")
@@ -175,9 +186,9 @@ def verify_folder(root: Path, accept_debug: bool = False) -> list[Row]:
 def check_manifest(b: Bundle) -> None:
     problems, listed = [], {}
     try:
-        text = (b.root / MANIFEST_FILE).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        b.add("manifest", [f"{MANIFEST_FILE} unreadable ({exc.__class__.__name__})"], "")
+        text = b.text(MANIFEST_FILE)
+    except ValueError as exc:
+        b.add("manifest", [str(exc)], "")
         return
     for number, line in enumerate(text.splitlines(), 1):
         digest, _, name = line.partition("  ")
@@ -535,9 +546,9 @@ def check_code(b: Bundle) -> None:
     problems = []
     try:
         released, status = b.json(RELEASE_MANIFEST), b.json(CODE_STATUS)
-        diff_text = (b.root / CODE_DIFF).read_text()
+        diff_text = b.text(CODE_DIFF)
         diffs = codediff.parse_diffs(diff_text)
-    except (ValueError, OSError, UnicodeDecodeError) as exc:
+    except ValueError as exc:
         b.add("code diff", [str(exc)], "")
         b.add("model and loop unchanged", ["no readable code record"], "")
         return
@@ -639,9 +650,9 @@ def check_summary(b: Bundle) -> None:
         b.add("summary.md", ["no readable submission.json to render it from"], "")
         return
     try:
-        text = (b.root / SUMMARY_MD).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        b.add("summary.md", [f"unreadable ({exc.__class__.__name__})"], "")
+        text = b.text(SUMMARY_MD)
+    except ValueError as exc:
+        b.add("summary.md", [str(exc)], "")
         return
     expected = render_summary(b.submission, list(b.results.values()))
     if text == expected:

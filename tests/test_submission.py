@@ -352,7 +352,7 @@ def package_changed(made, tmp_path, name: str) -> Path:
     package = tmp_path / "current" / "llmb"
     shutil.copytree(made["package"], package)
     (package / name).write_text((package / name).read_text() + "# a vendor's change\n")
-    (package / "vendor_extra.py").write_text("EXTRA = 1\n")
+    (package / "vendor_extra.py").write_bytes(b"EXTRA = 1\r\nOTHER = 2")  # CRLF, no final newline: kept exactly
     options = PackageOptions(
         "Acme",
         "box",
