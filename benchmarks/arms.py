@@ -7,6 +7,7 @@ Arms:
 - llmb: the harness itself, `llmb.runner.run` with the plugin's settings.
 - hf: HF transformers' LlamaForCausalLM (same shape, SDPA attention, untied head) + torch.optim.AdamW, by hand.
 - bare: llmb's model and the benchmark's AdamW in a bare loop with one device sync at the end.
+- interleaved: the harness's step and HF's by hand in one process, alternating step by step.
 """
 
 from __future__ import annotations
@@ -45,12 +46,8 @@ def peak_memory(device: torch.device) -> int:
     return rss_bytes()
 
 
-def plain_loop(model, optimizer, batch, recipe, device, warmup_steps: int, steps: int, loss_of) -> dict:
-    """What a user writes by hand: zero_grad, forward, backward, step; synchronised once before and once after.
-
-    On the CPU eager kernels have finished when they return, so host timestamps between steps are per-step times
-    at no cost; on an accelerator only the window is timed (no sync inside it).
-    """
+def hand_step(model, optimizer, batch, recipe, device, loss_of):
+    """What a user writes by hand: zero_grad, forward, backward, optimizer.step() (a scaler for FP16 amp)."""
     scaler = torch.amp.GradScaler(device.type) if recipe.grad_scaler else None
     autocast = (
         (lambda: torch.autocast(device.type, dtype=recipe.autocast_dtype))
@@ -71,6 +68,15 @@ def plain_loop(model, optimizer, batch, recipe, device, warmup_steps: int, steps
             optimizer.step()
         return loss.detach()
 
+    return step
+
+
+def plain_loop(step, device: torch.device, warmup_steps: int, steps: int) -> dict:
+    """The steps synchronised once before and once after, nothing inside.
+
+    On the CPU eager kernels have finished when they return, so host timestamps between steps are per-step times
+    at no cost; on an accelerator only the window is timed (no sync inside it).
+    """
     for _ in range(warmup_steps):
         step()
     losses, stamps = [], []
@@ -90,11 +96,11 @@ def plain_loop(model, optimizer, batch, recipe, device, warmup_steps: int, steps
     }
 
 
-def run_llmb(spec: dict) -> dict:
+def run_options(spec: dict):
     from llmb import runner
     from llmb.config import build_config
 
-    options = runner.RunOptions(
+    return runner.RunOptions(
         config=build_config(spec["preset"]),
         preset=spec["preset"],
         plugin=spec.get("plugin"),
@@ -107,6 +113,12 @@ def run_llmb(spec: dict) -> dict:
         seed=spec.get("seed", 0),
         settings=dict(spec.get("settings") or {}),
     )
+
+
+def run_llmb(spec: dict) -> dict:
+    from llmb import runner
+
+    options = run_options(spec)
     record = runner.run(options)
     return {
         "window_seconds": record["timing"]["window_seconds"],
@@ -123,9 +135,9 @@ def run_llmb(spec: dict) -> dict:
     }
 
 
-def by_hand(spec: dict, build, loss_of) -> dict:
-    """Build a model from the seed, the benchmark's AdamW, the harness's batch and matmul switches, then
-    plain_loop: what a user who copies llmb's setup but not its harness would run."""
+def hand_setup(spec: dict, build, loss_of):
+    """Build a model from the seed, the benchmark's AdamW, the harness's batch and matmul switches: what a user
+    who copies llmb's setup but not its harness would run. Returns (step, optimizer, device)."""
     from llmb import precision
     from llmb.config import build_config
     from llmb.train import ADAMW_HYPERPARAMETERS, parameter_groups, synthetic_batch
@@ -139,23 +151,34 @@ def by_hand(spec: dict, build, loss_of) -> dict:
     model = build(config).to(device=device, dtype=recipe.param_dtype).train()
     options = dict(spec.get("optimizer_options") or {})
     optimizer = torch.optim.AdamW(parameter_groups(model), **ADAMW_HYPERPARAMETERS, **options)
+    return hand_step(model, optimizer, batch, recipe, device, loss_of), optimizer, device
+
+
+def by_hand(spec: dict, build, loss_of) -> dict:
+    step, optimizer, device = hand_setup(spec, build, loss_of)
     reset_peak(device)
-    result = plain_loop(model, optimizer, batch, recipe, device, spec["warmup_steps"], spec["steps"], loss_of)
+    result = plain_loop(step, device, spec["warmup_steps"], spec["steps"])
     result["peak_memory_bytes"] = peak_memory(device)
     result["optimizer"] = {k: optimizer.defaults.get(k) for k in ("foreach", "fused")}
     return result
 
 
-def run_hf(spec: dict) -> dict:
+def hf_model(config):
     import transformers
 
     from llmb.hf import llama_config
 
-    result = by_hand(
-        spec,
-        lambda config: transformers.LlamaForCausalLM(llama_config(config)),
-        lambda model, batch: model(input_ids=batch, labels=batch).loss,
-    )
+    return transformers.LlamaForCausalLM(llama_config(config))
+
+
+def hf_loss(model, batch):
+    return model(input_ids=batch, labels=batch).loss
+
+
+def run_hf(spec: dict) -> dict:
+    import transformers
+
+    result = by_hand(spec, hf_model, hf_loss)
     result["transformers"] = transformers.__version__
     return result
 
@@ -166,7 +189,46 @@ def run_bare(spec: dict) -> dict:
     return by_hand(spec, LlamaModel, lambda model, batch: model(batch, labels=batch)[0])
 
 
-ARMS = {"llmb": run_llmb, "hf": run_hf, "bare": run_bare}
+def run_interleaved(spec: dict) -> dict:
+    """The harness's own step (runner.prepare + Trainer.step) and HF by hand, one process, alternating step by
+    step (the order flips every pair), each step timed between two syncs: load that drifts over seconds hits both
+    alike. Memory is shared by the models here, so it is not compared."""
+    from llmb import runner
+
+    options = run_options(spec)
+    session = runner.prepare(options, *runner.resolve(options))
+    steps = {"llmb": session.trainer.step}
+    for label, optimizer_options in spec["hf_arms"].items():
+        steps[label] = hand_setup({**spec, "optimizer_options": optimizer_options}, hf_model, hf_loss)[0]
+    device = session.device
+    for _ in range(spec["warmup_steps"]):
+        for step in steps.values():
+            step()
+    seconds: dict[str, list[float]] = {label: [] for label in steps}
+    for index in range(spec["steps"]):
+        order = list(steps.items())
+        for label, step in order if index % 2 == 0 else reversed(order):
+            synchronize(device)
+            start = time.perf_counter()
+            step()
+            synchronize(device)
+            seconds[label].append(time.perf_counter() - start)
+    medians = {label: statistics.median(values) for label, values in seconds.items()}
+    return {
+        "step_seconds_by_arm": seconds,
+        "median_step_seconds_by_arm": medians,
+        # llmb/HF in tokens/s is HF's step time over llmb's, pair by pair.
+        "llmb_over_arm_paired": {
+            label: statistics.median(b / a for a, b in zip(seconds["llmb"], seconds[label], strict=True))
+            for label in spec["hf_arms"]
+        },
+        "window_seconds": sum(seconds["llmb"]),
+        "step_seconds": seconds["llmb"],
+        "peak_memory_bytes": None,
+    }
+
+
+ARMS = {"llmb": run_llmb, "hf": run_hf, "bare": run_bare, "interleaved": run_interleaved}
 
 
 def main(spec: dict) -> dict:
@@ -177,7 +239,7 @@ def main(spec: dict) -> dict:
     # its gradients, the optimizer state and the activations, not the size of a library's code.
     from llmb import runner  # noqa: F401
 
-    if spec["arm"] == "hf":
+    if spec["arm"] in ("hf", "interleaved"):
         import transformers
 
         transformers.LlamaForCausalLM  # noqa: B018 - resolves the lazy import now

@@ -9,7 +9,10 @@ in a fresh process, rounds alternate (llmb, bare, llmb, bare, ...). Goal: overhe
 
 from __future__ import annotations
 
+import time
+
 import click
+import torch
 from common import (
     alternate,
     base_spec,
@@ -44,6 +47,7 @@ def main(**options) -> None:
         f"{info['cpu']} ({info['cpu_count']} cores), torch {info['torch']}, load {info['load_at_start']}",
         highlight=False,
     )
+    hooks = per_step_hook_seconds(base)
     measurements = alternate(arms, options["rounds"])
     summary = summarise(measurements)
     # Overhead: how much faster the bare loop is than the harness (positive: the harness costs time).
@@ -73,6 +77,13 @@ def main(**options) -> None:
             fmt_bytes(s["peak_memory_bytes"]),
         )
     console.print(table)
+    step = summary["llmb run"].get("step_seconds")
+    hooks_share = hooks / step if step else None
+    console.print(
+        f"the harness's per-step plugin calls (synchronize, step_end): {hooks * 1e6:.1f} us per step"
+        + (f" = {hooks_share:.4%} of a step" if hooks_share is not None else ""),
+        highlight=False,
+    )
     for name, value in overhead.items():
         verdict = "n/a" if value is None else ("within" if value <= GOAL else "over") + f" the {GOAL:.0%} goal"
         shown = "n/a" if value is None else f"{value:+.2%}"
@@ -89,9 +100,26 @@ def main(**options) -> None:
             "measurements": measurements,
             "summary": summary,
             "overhead": overhead,
+            "per_step_hook_seconds": hooks,
+            "per_step_hook_share": hooks_share,
             "goal": GOAL,
         },
     )
+
+
+def per_step_hook_seconds(spec: dict, calls: int = 2000) -> float:
+    """What the harness adds to every timed step besides the step itself, timed directly (immune to load drift
+    over minutes, unlike whole runs): the plugin calls its timer makes per step."""
+    from llmb.device import Device
+    from llmb.plugins import select_plugin
+
+    services = Device(select_plugin(spec["plugin"]), torch.device(spec["device"]))
+    services.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        services.step_end()
+        services.synchronize()
+    return (time.perf_counter() - start) / calls
 
 
 def _overhead(bare_over_llmb: float | None) -> float | None:

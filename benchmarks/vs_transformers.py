@@ -21,6 +21,7 @@ from common import (
     paired_ratio,
     plugin_optimizer_options,
     ratio,
+    run_arm,
     run_options,
     summarise,
     write_raw,
@@ -30,7 +31,14 @@ from rich.table import Table
 
 @click.command()
 @run_options(steps=5, warmup_steps=2, rounds=3)
-def main(**options) -> None:
+@click.option(
+    "--interleave-steps",
+    default=6,
+    show_default=True,
+    type=int,
+    help="Then all arms in one process, step by step, this many steps each (0: skip; needs memory for all models).",
+)
+def main(interleave_steps: int, **options) -> None:
     """llmb (harness, plugin defaults) vs HF LlamaForCausalLM + AdamW; prints medians and ratios."""
     base = base_spec(**options)
     llmb_adamw = plugin_optimizer_options(base)
@@ -49,6 +57,11 @@ def main(**options) -> None:
         highlight=False,
     )
     measurements = alternate(arms, options["rounds"])
+    interleaved = None
+    if interleave_steps:
+        hf_arms = {label: spec["optimizer_options"] for label, spec in arms.items() if spec["arm"] == "hf"}
+        spec = {**base, "arm": "interleaved", "settings": {}, "hf_arms": hf_arms, "steps": interleave_steps}
+        interleaved = run_arm(spec)
     summary = summarise(measurements)
     ratios = {
         f"llmb/{label}": {
@@ -97,6 +110,8 @@ def main(**options) -> None:
             f"peak memory {fmt_ratio(r['peak_memory_ratio'])}, training memory {fmt_ratio(r['training_memory_ratio'])}",
             highlight=False,
         )
+    if interleaved is not None:
+        _print_interleaved(interleaved)
     write_raw(
         "vs_transformers",
         {
@@ -109,8 +124,23 @@ def main(**options) -> None:
             "measurements": measurements,
             "summary": summary,
             "ratios": ratios,
+            "interleaved": interleaved,
         },
     )
+
+
+def _print_interleaved(result: dict) -> None:
+    if "error" in result:
+        console.print(f"interleaved in one process: [red]{result['error']}[/]", highlight=False)
+        return
+    table = Table(title=f"the same, in one process, step by step ({len(result['step_seconds'])} steps per arm)")
+    for column in ("arm", "median step", "llmb / arm (tokens/s, median of step pairs)"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for label, seconds in result["median_step_seconds_by_arm"].items():
+        paired = result["llmb_over_arm_paired"].get(label)
+        table.add_row(label, f"{seconds:.3f} s", "1.000" if label == "llmb" else fmt_ratio(paired))
+    console.print(table)
+    console.print(f"load {result['load_before']} before, {result['load_after']} after", highlight=False)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU figures of issue 9 in one scripted run: one NVIDIA GPU, the official shape, the llmb-cuda plugin.
+#   pip install -e . -e plugins/cuda transformers && bash benchmarks/gpu.sh
+# Writes results under $OUT (default results/gpu-<date>), raw JSON under benchmarks/raw/, a bundle under submissions/.
+# BATCH is the BF16 batch for the compile/peer comparisons (default 8; the sweep finds the best one).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-results/gpu-$(date -u +%Y%m%d)}
+BATCH=${BATCH:-8}
+python - <<'EOF'
+import torch, sys
+if not torch.cuda.is_available():
+    sys.exit("benchmarks/gpu.sh needs a CUDA GPU (torch.cuda.is_available() is False)")
+print(torch.cuda.get_device_name(0), torch.__version__, torch.version.cuda)
+EOF
+llmb plugins
+
+# 1. Every precision, eager, at the official shape (3 repeats, median).
+llmb run --plugin cuda --preset official --precision all --batch-size "$BATCH" --steps 50 --warmup-steps 5 \
+  --repeats 3 --out "$OUT/precisions"
+# 2. BF16 batch sweep, eager and the best path (compiled model, fused AdamW).
+llmb sweep --plugin cuda --preset official --precision BF16 --out "$OUT/sweep-bf16-eager"
+llmb sweep --plugin cuda --preset official --precision BF16 -O compile=max-autotune -O fused_adamw=true \
+  --out "$OUT/sweep-bf16-compiled"
+# 3. Eager vs torch.compile modes vs fused AdamW vs activation checkpointing (lit-gpt style table).
+python benchmarks/compile_modes.py --device cuda --plugin cuda --preset official --precision BF16 \
+  --batch-size "$BATCH" --steps 20 --warmup-steps 5 --rounds 3
+# 4. llmb vs HF transformers, and the harness's overhead, at the official shape.
+python benchmarks/vs_transformers.py --device cuda --preset official --precision BF16 --batch-size "$BATCH" \
+  --steps 20 --warmup-steps 3 --rounds 3
+python benchmarks/harness_overhead.py --device cuda --preset official --precision BF16 --batch-size "$BATCH" \
+  --steps 20 --warmup-steps 3 --rounds 3
+python benchmarks/adamw_impls.py --device cuda --preset official --precision BF16 --rounds 10
+# 5. Tables with MFU, and the submission bundle.
+llmb report "$OUT/precisions" "$OUT/sweep-bf16-eager" "$OUT/sweep-bf16-compiled" --out "$OUT/report.md"
+llmb package-submission --submitter llmb --system "$(python -c 'import torch; print(torch.cuda.get_device_name(0).replace(" ", "-"))')" \
+  --results "$OUT/precisions"
