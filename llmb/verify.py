@@ -635,6 +635,14 @@ def check_conformance(b: Bundle) -> None:
             )
         if c.get("model_fingerprint") != RELEASED_MODEL_FINGERPRINT:
             problems.append(f"{name} {requested} {mode}: conformance ran on a changed model")
+        # The check must have run where and as the results did: same device type, same audited precision.
+        runs = [r for r in b.results.values() if conformance_key(r) == key]
+        device_types = {r["device"]["type"] for r in runs}
+        effective = {r["precision"]["effective"] for r in runs}
+        if {c["device"]["type"]} != device_types:
+            problems.append(f"{name} {requested} {mode}: checked on {c['device']['type']}, ran on {device_types}")
+        if {c["precision"]["effective"]} != effective:
+            problems.append(f"{name} {requested} {mode}: checked as {c['precision']['effective']}, ran as {effective}")
     b.add("conformance", problems, f"{len(keys)} plugin/precision/mode combinations passed")
 
 

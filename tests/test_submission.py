@@ -284,6 +284,24 @@ def test_added_file_is_named_by_the_manifest(made, tmp_path):
     assert "file not listed: code/extra.py" in detail
 
 
+def test_a_link_in_a_bundle_folder_fails_the_manifest_and_is_not_read(made, tmp_path):
+    root = copy_bundle(made, tmp_path)
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(json.loads(result_files(root, "FP32")[0].read_text())))
+    (root / "results" / "FP32" / "link.json").symlink_to(outside)
+    found = failing(verify.verify(root, accept_debug=True))
+    assert set(found) == {"manifest"}, found
+    assert "symlink results/FP32/link.json" in found["manifest"]
+
+
+def test_conformance_must_match_the_runs_device_and_precision(made, tmp_path):
+    root = copy_bundle(made, tmp_path)
+    for path in (root / "conformance").glob("*.json"):
+        edit_json(path, lambda c: c["device"].update(type="cuda"))
+    resign(root)
+    assert "checked on cuda, ran on {'cpu'}" in failing(verify.verify(root, accept_debug=True))["conformance"]
+
+
 def test_malformed_bundle_files_give_failing_rows_not_crashes(made, tmp_path):
     root = copy_bundle(made, tmp_path)
     for name in ("submission.json", "system.json", submission.CODE_STATUS):
