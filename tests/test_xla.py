@@ -110,11 +110,11 @@ def test_runner_runs_xla_in_process(monkeypatch):
         precision="FP32",
         steps=2,
         warmup_steps=3,
-        settings={"matmul_precision": "default"},
+        settings={"matmul_precision": "default", "pjrt_device": "cpu"},
     )
     record = run(options)
     assert record["invalid_reasons"] == []
-    assert record["plugin"]["settings"] == {"pjrt_device": "", "matmul_precision": "default"}
+    assert record["plugin"]["settings"] == {"pjrt_device": "cpu", "matmul_precision": "default"}
     backend = {f["name"]: f for f in record["precision"]["audit"]["backend"]}
     # XLA:CPU ignores the matmul precision, so "default" implies nothing here (on TPU it would imply BF16).
     assert (backend["torch_xla.mat_mul_precision"]["value"], backend["torch_xla.mat_mul_precision"]["implies"]) == (
@@ -134,3 +134,13 @@ def test_a_cpu_backward_before_xla_is_one_clear_error():
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "before torch_xla initialised its device" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@requires_torch_xla
+def test_xla_plugin_conforms_on_the_cpu_pjrt_device(tmp_path):
+    """llmb check-plugin: the xla plugin's BF16 run against the FP32 CPU reference (the done-when precision)."""
+    out = tmp_path / "conformance.json"
+    proc = llmb("check-plugin", "--plugin", "xla", "--device", "xla", "--precision", "BF16", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["passed"] is True
