@@ -571,13 +571,27 @@ def check_code(b: Bundle) -> None:
     division = "open" if changed else "closed"
     if sub and (sub.get("division") != division or set(sub.get("llmb_changes", [])) != changed):
         problems.append("submission.json's division and llmb_changes do not follow from the changed files")
-    b.add("code diff", problems, f"{len(changed)} of {len(entries)} llmb files changed, each shown in full")
+    b.add(
+        "code diff",
+        problems,
+        f"{len(changed)} of {len(entries)} llmb files changed, each shown in full; {_release_note(released)}",
+    )
     untouched = []
     for path in (manifest.MODEL_PATH, manifest.LOOP_PATH):
         entry = entries.get(path)
         if entry is None or entry["status"] != "unchanged":
             untouched.append(f"{path} is {entry['status'] if entry else 'missing'}")
     b.add("model and loop unchanged", untouched, f"{manifest.MODEL_PATH}, {manifest.LOOP_PATH} as released")
+
+
+def _release_note(released: dict) -> str:
+    """Whether the bundle was made against this installation's release manifest (said, never failed: a bundle
+    stays checkable after the manifest moves on; the model file is pinned on its own)."""
+    try:
+        same = manifest.load()["files"] == released["files"]
+    except (OSError, ValueError, KeyError):
+        return "this installation has no release manifest to compare"
+    return f"made against {'this' if same else 'another'} llmb release manifest ({released.get('llmb_version')})"
 
 
 def check_plugin_source(b: Bundle) -> None:
