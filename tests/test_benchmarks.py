@@ -55,6 +55,19 @@ def test_each_arm_measures_tokens_memory_and_a_moving_loss(bench, arm, extra):
         assert bool(result["optimizer"]["fused"]) == bool(extra["optimizer_options"])
 
 
+def test_interleaved_arm_times_the_harness_step_and_hf_pair_by_pair(bench):
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
+    arms, _, _ = bench
+    hf_arms = {"hf": {}, "hf+fused": {"fused": True}}
+    spec = {**SPEC, "arm": "interleaved", "settings": {}, "hf_arms": hf_arms, "steps": 2, "warmup_steps": 1}
+    result = arms.main(spec)
+    assert {label: len(v) for label, v in result["step_seconds_by_arm"].items()} == {"llmb": 2, "hf": 2, "hf+fused": 2}
+    for label in hf_arms:
+        pairs = zip(result["step_seconds_by_arm"]["llmb"], result["step_seconds_by_arm"][label], strict=True)
+        ratios = sorted(theirs / ours for ours, theirs in pairs)
+        assert result["llmb_over_arm_paired"][label] == pytest.approx(sum(ratios) / 2)
+
+
 def test_a_failing_arm_is_recorded_not_raised(bench):
     _, common, _ = bench
     out = common.run_arm({**SPEC, "preset": "no-such-preset", "arm": "bare", "steps": 1, "warmup_steps": 1})
