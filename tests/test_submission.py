@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmb import manifest, runner, submission, verify
+from llmb import manifest, runner, submission, sysinfo, verify
 from llmb.cli import cli
 from llmb.config import build_config
 from llmb.conformance import check_plugin
@@ -529,3 +529,25 @@ def test_include_debug_keeps_an_invalid_run_marked_and_verify_still_fails_it(mad
     found = failing(verify.verify(root, accept_debug=True))
     assert set(found) == {"run validity", "runs per precision"}, found
     assert "invalid: loss did not move over the run" in found["run validity"]
+
+
+def test_environment_allow_list_and_system_file_merge():
+    environ = {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "HF_TOKEN": "x",
+        "TORCH_HUB_TOKEN": "y",
+        "OMP_NUM_THREADS": "2",
+        "PATH": ".",
+    }
+    # HF_TOKEN and PATH have no allowed prefix; TORCH_HUB_TOKEN has one, and a secret word: name kept, value not.
+    assert sysinfo.run_environment(environ) == {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "OMP_NUM_THREADS": "2",
+        "TORCH_HUB_TOKEN": "<redacted>",
+    }
+    merged = sysinfo.complete(
+        {"status": "", "cooling": "", "environment": {}},
+        {"status": "available", "environment": {"XLA_API_KEY": "z"}, "accelerator_interconnect": "NVLink"},
+    )
+    assert merged["status"] == "available" and merged["environment"] == {"XLA_API_KEY": "<redacted>"}
+    assert merged["fields_to_complete"] == ["cooling", "hw_notes"]
