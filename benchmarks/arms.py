@@ -7,7 +7,7 @@ Arms:
 - llmb: the harness itself, `llmb.runner.run` with the plugin's settings.
 - hf: HF transformers' LlamaForCausalLM (same shape, SDPA attention, untied head) + torch.optim.AdamW, by hand.
 - bare: llmb's model and the benchmark's AdamW in a bare loop with one device sync at the end.
-- interleaved: the harness's step and HF's by hand in one process, alternating step by step.
+- interleaved: the harness's step and models stepped by hand in one process, alternating step by step.
 """
 
 from __future__ import annotations
@@ -190,16 +190,19 @@ def run_bare(spec: dict) -> dict:
 
 
 def run_interleaved(spec: dict) -> dict:
-    """The harness's own step (runner.prepare + Trainer.step) and HF by hand, one process, alternating step by
-    step (the order flips every pair), each step timed between two syncs: load that drifts over seconds hits both
-    alike. Memory is shared by the models here, so it is not compared."""
+    """The harness's own step (runner.prepare + Trainer.step) and models stepped by hand ("hf": HF's, "llmb": llmb's
+    bare), one process, alternating step by step (the order flips every pair), each step timed between two syncs:
+    load that drifts over seconds hits all alike. The models share the memory here, so it is not compared."""
     from llmb import runner
+    from llmb.model import LlamaModel
 
+    models = {"hf": (hf_model, hf_loss), "llmb": (LlamaModel, lambda model, batch: model(batch, labels=batch)[0])}
     options = run_options(spec)
     session = runner.prepare(options, *runner.resolve(options))
     steps = {"llmb": session.trainer.step}
-    for label, optimizer_options in spec["hf_arms"].items():
-        steps[label] = hand_setup({**spec, "optimizer_options": optimizer_options}, hf_model, hf_loss)[0]
+    for label, arm in spec["by_hand"].items():
+        hand = {**spec, "optimizer_options": arm.get("optimizer_options") or {}}
+        steps[label] = hand_setup(hand, *models[arm["model"]])[0]
     device = session.device
     for _ in range(spec["warmup_steps"]):
         for step in steps.values():
@@ -217,10 +220,10 @@ def run_interleaved(spec: dict) -> dict:
     return {
         "step_seconds_by_arm": seconds,
         "median_step_seconds_by_arm": medians,
-        # llmb/HF in tokens/s is HF's step time over llmb's, pair by pair.
+        # llmb/arm in tokens/s is the arm's step time over llmb's, pair by pair.
         "llmb_over_arm_paired": {
             label: statistics.median(b / a for a, b in zip(seconds["llmb"], seconds[label], strict=True))
-            for label in spec["hf_arms"]
+            for label in spec["by_hand"]
         },
         "window_seconds": sum(seconds["llmb"]),
         "step_seconds": seconds["llmb"],

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import torch
 from rich.console import Console
+from rich.table import Table
 
 from llmb.config import PRESETS
 from llmb.default_plugins.cpu import device_name
@@ -214,3 +215,18 @@ def plugin_optimizer_options(spec: dict, settings: dict | None = None) -> dict:
 
 def command_line() -> str:
     return shlex.join(["python", os.path.relpath(sys.argv[0], HERE.parent), *sys.argv[1:]])
+
+
+def print_interleaved(result: dict) -> None:
+    """The table of an interleaved arm (llmb's harness step against steps by hand in one process)."""
+    if "error" in result:
+        console.print(f"interleaved in one process: [red]{result['error']}[/]", highlight=False)
+        return
+    table = Table(title=f"in one process, step by step ({len(result['step_seconds'])} steps per arm)")
+    for column in ("arm", "median step", "llmb / arm (tokens/s, median of step pairs)"):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for label, seconds in result["median_step_seconds_by_arm"].items():
+        paired = result["llmb_over_arm_paired"].get(label)
+        table.add_row(label, f"{seconds:.3f} s", "1.000" if label == "llmb" else fmt_ratio(paired))
+    console.print(table)
+    console.print(f"load {result['load_before']} before, {result['load_after']} after", highlight=False)

@@ -23,7 +23,9 @@ from common import (
     machine,
     paired_ratio,
     plugin_optimizer_options,
+    print_interleaved,
     ratio,
+    run_arm,
     run_options,
     summarise,
     write_raw,
@@ -35,7 +37,14 @@ GOAL = 0.01
 
 @click.command()
 @run_options(steps=5, warmup_steps=2, rounds=5)
-def main(**options) -> None:
+@click.option(
+    "--interleave-steps",
+    default=8,
+    show_default=True,
+    type=int,
+    help="Then the harness's step and the bare step in one process, alternating, this many each (0: skip).",
+)
+def main(interleave_steps: int, **options) -> None:
     """llmb run vs a bare loop; prints medians and the overhead."""
     base = base_spec(**options)
     arms = {
@@ -49,6 +58,11 @@ def main(**options) -> None:
     )
     hooks = per_step_hook_seconds(base)
     measurements = alternate(arms, options["rounds"])
+    interleaved = None
+    if interleave_steps:
+        by_hand = {"bare loop": {"model": "llmb", "optimizer_options": arms["bare loop"]["optimizer_options"]}}
+        spec = {**base, "arm": "interleaved", "settings": {}, "by_hand": by_hand, "steps": interleave_steps}
+        interleaved = run_arm(spec)
     summary = summarise(measurements)
     # Overhead: how much faster the bare loop is than the harness (positive: the harness costs time).
     overhead = {
@@ -77,6 +91,10 @@ def main(**options) -> None:
             fmt_bytes(s["peak_memory_bytes"]),
         )
     console.print(table)
+    if interleaved is not None:
+        print_interleaved(interleaved)
+        if "error" not in interleaved:
+            overhead["interleaved_steps"] = _overhead(1 / interleaved["llmb_over_arm_paired"]["bare loop"])
     step = summary["llmb run"].get("step_seconds")
     hooks_share = hooks / step if step else None
     console.print(
@@ -100,6 +118,7 @@ def main(**options) -> None:
             "measurements": measurements,
             "summary": summary,
             "overhead": overhead,
+            "interleaved": interleaved,
             "per_step_hook_seconds": hooks,
             "per_step_hook_share": hooks_share,
             "goal": GOAL,

@@ -20,6 +20,7 @@ from common import (
     machine,
     paired_ratio,
     plugin_optimizer_options,
+    print_interleaved,
     ratio,
     run_arm,
     run_options,
@@ -59,8 +60,12 @@ def main(interleave_steps: int, **options) -> None:
     measurements = alternate(arms, options["rounds"])
     interleaved = None
     if interleave_steps:
-        hf_arms = {label: spec["optimizer_options"] for label, spec in arms.items() if spec["arm"] == "hf"}
-        spec = {**base, "arm": "interleaved", "settings": {}, "hf_arms": hf_arms, "steps": interleave_steps}
+        by_hand = {
+            label: {"model": "hf", "optimizer_options": spec["optimizer_options"]}
+            for label, spec in arms.items()
+            if spec["arm"] == "hf"
+        }
+        spec = {**base, "arm": "interleaved", "settings": {}, "by_hand": by_hand, "steps": interleave_steps}
         interleaved = run_arm(spec)
     summary = summarise(measurements)
     ratios = {
@@ -111,7 +116,7 @@ def main(interleave_steps: int, **options) -> None:
             highlight=False,
         )
     if interleaved is not None:
-        _print_interleaved(interleaved)
+        print_interleaved(interleaved)
     write_raw(
         "vs_transformers",
         {
@@ -127,20 +132,6 @@ def main(interleave_steps: int, **options) -> None:
             "interleaved": interleaved,
         },
     )
-
-
-def _print_interleaved(result: dict) -> None:
-    if "error" in result:
-        console.print(f"interleaved in one process: [red]{result['error']}[/]", highlight=False)
-        return
-    table = Table(title=f"the same, in one process, step by step ({len(result['step_seconds'])} steps per arm)")
-    for column in ("arm", "median step", "llmb / arm (tokens/s, median of step pairs)"):
-        table.add_column(column, justify="left" if column == "arm" else "right")
-    for label, seconds in result["median_step_seconds_by_arm"].items():
-        paired = result["llmb_over_arm_paired"].get(label)
-        table.add_row(label, f"{seconds:.3f} s", "1.000" if label == "llmb" else fmt_ratio(paired))
-    console.print(table)
-    console.print(f"load {result['load_before']} before, {result['load_after']} after", highlight=False)
 
 
 if __name__ == "__main__":

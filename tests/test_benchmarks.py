@@ -58,8 +58,8 @@ def test_each_arm_measures_tokens_memory_and_a_moving_loss(bench, arm, extra):
 def test_interleaved_arm_times_the_harness_step_and_hf_pair_by_pair(bench):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
     arms, _, _ = bench
-    hf_arms = {"hf": {}, "hf+fused": {"fused": True}}
-    spec = {**SPEC, "arm": "interleaved", "settings": {}, "hf_arms": hf_arms, "steps": 2, "warmup_steps": 1}
+    hf_arms = {"hf": {"model": "hf"}, "hf+fused": {"model": "hf", "optimizer_options": {"fused": True}}}
+    spec = {**SPEC, "arm": "interleaved", "settings": {}, "by_hand": hf_arms, "steps": 2, "warmup_steps": 1}
     result = arms.main(spec)
     assert {label: len(v) for label, v in result["step_seconds_by_arm"].items()} == {"llmb": 2, "hf": 2, "hf+fused": 2}
     for label in hf_arms:
