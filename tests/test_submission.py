@@ -551,3 +551,20 @@ def test_environment_allow_list_and_system_file_merge():
     )
     assert merged["status"] == "available" and merged["environment"] == {"XLA_API_KEY": "<redacted>"}
     assert merged["fields_to_complete"] == ["cooling", "hw_notes"]
+
+
+@pytest.mark.skipif(
+    bool(manifest.stale_files()),
+    reason="the installed llmb differs from its release manifest (tests/test_manifest.py says how to regenerate it)",
+)
+def test_package_submission_and_verify_commands(made, tmp_path):
+    results = with_conformance(made, tmp_path)
+    out = tmp_path / "out"
+    args = ["--submitter", "Acme", "--system", "cli", "--results", str(results), "--out", str(out)]
+    packaged = CliRunner().invoke(cli, ["package-submission", *args, "--allow-debug-shapes", "--archive"])
+    assert packaged.exit_code == 0, packaged.output
+    assert "| FP32 | cpu | pure | 1 |" in packaged.output and "bundle written to" in packaged.output
+    again = CliRunner().invoke(cli, ["package-submission", *args, "--allow-debug-shapes"])
+    assert again.exit_code == 2 and "exists" in again.output
+    verified = CliRunner().invoke(cli, ["verify", str(out / "Acme" / "cli.tar.gz"), "--accept-debug"])
+    assert verified.exit_code == 0, verified.output
