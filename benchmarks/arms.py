@@ -191,8 +191,9 @@ def run_bare(spec: dict) -> dict:
 
 def run_interleaved(spec: dict) -> dict:
     """The harness's own step (runner.prepare + Trainer.step) and models stepped by hand ("hf": HF's, "llmb": llmb's
-    bare), one process, alternating step by step (the order flips every pair), each step timed between two syncs:
-    load that drifts over seconds hits all alike. The models share the memory here, so it is not compared."""
+    bare, "same": the harness's own model and optimizer), one process, alternating step by step (the order flips
+    every pair), each step timed between two syncs: load that drifts over seconds hits all alike. The models share
+    the memory here, so it is not compared."""
     from llmb import runner
     from llmb.model import LlamaModel
 
@@ -201,6 +202,10 @@ def run_interleaved(spec: dict) -> dict:
     session = runner.prepare(options, *runner.resolve(options))
     steps = {"llmb": session.trainer.step}
     for label, arm in spec["by_hand"].items():
+        if arm["model"] == "same":  # the harness's model, optimizer and batch by hand: only the loop differs
+            s = session
+            steps[label] = hand_step(s.model, s.optimizer, s.trainer.batch, s.recipe, s.device, models["llmb"][1])
+            continue
         hand = {**spec, "optimizer_options": arm.get("optimizer_options") or {}}
         steps[label] = hand_setup(hand, *models[arm["model"]])[0]
     device = session.device

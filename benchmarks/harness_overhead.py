@@ -60,7 +60,12 @@ def main(interleave_steps: int, **options) -> None:
     measurements = alternate(arms, options["rounds"])
     interleaved = None
     if interleave_steps:
-        by_hand = {"bare loop": {"model": "llmb", "optimizer_options": arms["bare loop"]["optimizer_options"]}}
+        # Two references: a second model instance stepped by hand (as the bare loop), and the harness's own model
+        # and optimizer stepped by hand (only the loop differs; two instances of one model can differ by placement).
+        by_hand = {
+            "bare loop": {"model": "llmb", "optimizer_options": arms["bare loop"]["optimizer_options"]},
+            "same model by hand": {"model": "same"},
+        }
         spec = {**base, "arm": "interleaved", "settings": {}, "by_hand": by_hand, "steps": interleave_steps}
         interleaved = run_arm(spec)
     summary = summarise(measurements)
@@ -94,7 +99,8 @@ def main(interleave_steps: int, **options) -> None:
     if interleaved is not None:
         print_interleaved(interleaved)
         if "error" not in interleaved:
-            overhead["interleaved_steps"] = _overhead(1 / interleaved["llmb_over_arm_paired"]["bare loop"])
+            for label, paired in interleaved["llmb_over_arm_paired"].items():
+                overhead[f"interleaved vs {label}"] = _overhead(1 / paired)
     step = summary["llmb run"].get("step_seconds")
     hooks_share = hooks / step if step else None
     console.print(

@@ -59,9 +59,11 @@ def test_interleaved_arm_times_the_harness_step_and_hf_pair_by_pair(bench):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
     arms, _, _ = bench
     hf_arms = {"hf": {"model": "hf"}, "hf+fused": {"model": "hf", "optimizer_options": {"fused": True}}}
+    hf_arms["same"] = {"model": "same"}  # the harness's own model stepped by hand
     spec = {**SPEC, "arm": "interleaved", "settings": {}, "by_hand": hf_arms, "steps": 2, "warmup_steps": 1}
     result = arms.main(spec)
-    assert {label: len(v) for label, v in result["step_seconds_by_arm"].items()} == {"llmb": 2, "hf": 2, "hf+fused": 2}
+    counts = {label: len(v) for label, v in result["step_seconds_by_arm"].items()}
+    assert counts == {"llmb": 2, "hf": 2, "hf+fused": 2, "same": 2}
     for label in hf_arms:
         pairs = zip(result["step_seconds_by_arm"]["llmb"], result["step_seconds_by_arm"][label], strict=True)
         ratios = sorted(theirs / ours for ours, theirs in pairs)
