@@ -59,6 +59,20 @@ def machine() -> dict:
     return info
 
 
+def print_machine(info: dict, prefix: str = "") -> None:
+    gpu = f", {info['gpu']}" if "gpu" in info else ""
+    console.print(
+        f"{prefix}{info['cpu']} ({info['cpu_count']} cores), torch {info['torch']}, transformers "
+        f"{info['transformers']}{gpu}, load {info['load_at_start']}",
+        highlight=False,
+    )
+
+
+def interleave_option(default: int, help: str) -> Callable:
+    """--interleave-steps: after the rounds, the arms again in one process, alternating step by step."""
+    return click.option("--interleave-steps", default=default, show_default=True, type=int, help=help)
+
+
 def run_arm(spec: dict, timeout: float | None = None) -> dict:
     """Run one arm in a fresh interpreter; return its measurement with the load before and after."""
     before, started = load(), time.perf_counter()

@@ -20,6 +20,7 @@ from common import (
     load,
     machine,
     paired_ratio,
+    print_machine,
     ratio,
     run_options,
     summarise,
@@ -85,12 +86,7 @@ def main(methods: str, timeout: float, **options) -> None:
         except UsageError as exc:
             not_offered[name] = str(exc)
     info = machine()
-    console.print(
-        f"plugin {plugin.name}: {info['cpu']} ({info['cpu_count']} cores), torch {info['torch']}"
-        + (f", {info['gpu']}" if "gpu" in info else "")
-        + f", load {info['load_at_start']}",
-        highlight=False,
-    )
+    print_machine(info, prefix=f"plugin {plugin.name}: ")
     measurements = alternate(arms, options["rounds"], timeout=timeout)
     summary = summarise(measurements)
     speedups = {

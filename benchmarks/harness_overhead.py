@@ -19,11 +19,13 @@ from common import (
     command_line,
     console,
     fmt_bytes,
+    interleave_option,
     load,
     machine,
     paired_ratio,
     plugin_optimizer_options,
     print_interleaved,
+    print_machine,
     ratio,
     run_arm,
     run_options,
@@ -37,13 +39,7 @@ GOAL = 0.01
 
 @click.command()
 @run_options(steps=5, warmup_steps=2, rounds=5)
-@click.option(
-    "--interleave-steps",
-    default=8,
-    show_default=True,
-    type=int,
-    help="Then the harness's step and the bare step in one process, alternating, this many each (0: skip).",
-)
+@interleave_option(8, "Then the harness's step and bare steps in one process, alternating, this many each (0: skip).")
 def main(interleave_steps: int, **options) -> None:
     """llmb run vs a bare loop; prints medians and the overhead."""
     base = base_spec(**options)
@@ -52,10 +48,7 @@ def main(interleave_steps: int, **options) -> None:
         "bare loop": {**base, "arm": "bare", "optimizer_options": plugin_optimizer_options(base)},
     }
     info = machine()
-    console.print(
-        f"{info['cpu']} ({info['cpu_count']} cores), torch {info['torch']}, load {info['load_at_start']}",
-        highlight=False,
-    )
+    print_machine(info)
     hooks = per_step_hook_seconds(base)
     measurements = alternate(arms, options["rounds"])
     interleaved = None

@@ -16,11 +16,13 @@ from common import (
     console,
     fmt_bytes,
     fmt_ratio,
+    interleave_option,
     load,
     machine,
     paired_ratio,
     plugin_optimizer_options,
     print_interleaved,
+    print_machine,
     ratio,
     run_arm,
     run_options,
@@ -32,13 +34,7 @@ from rich.table import Table
 
 @click.command()
 @run_options(steps=5, warmup_steps=2, rounds=3)
-@click.option(
-    "--interleave-steps",
-    default=6,
-    show_default=True,
-    type=int,
-    help="Then all arms in one process, step by step, this many steps each (0: skip; needs memory for all models).",
-)
+@interleave_option(6, "Then all arms in one process, step by step, this many each (0: skip; all models in memory).")
 def main(interleave_steps: int, **options) -> None:
     """llmb (harness, plugin defaults) vs HF LlamaForCausalLM + AdamW; prints medians and ratios."""
     base = base_spec(**options)
@@ -52,11 +48,7 @@ def main(interleave_steps: int, **options) -> None:
         # the loop are compared apart from that choice.
         arms["hf+same-adamw"] = {**base, "arm": "hf", "optimizer_options": llmb_adamw}
     info = machine()
-    console.print(
-        f"{info['cpu']} ({info['cpu_count']} cores), torch {info['torch']}, transformers {info['transformers']}, "
-        f"load {info['load_at_start']}",
-        highlight=False,
-    )
+    print_machine(info)
     measurements = alternate(arms, options["rounds"])
     interleaved = None
     if interleave_steps:
