@@ -105,14 +105,21 @@ _SWITCH_FORMAT = {"ieee": None, "none": None, "tf32": "TF32", "bf16": "BF16"}
 _MATMUL_PRECISION_FORMAT = {"highest": None, "high": "TF32", "medium": "BF16"}
 
 
+# Which per-backend fp32_precision switches govern each device type's kernels (oneDNN serves CPU and XPU; the
+# CUDA switches serve NVIDIA and ROCm). Other device types (xla, ...) report their own state through the plugin.
+_BACKEND_SWITCHES = {
+    "cpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"),
+    "xpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"),
+    "cuda": ("cuda.matmul", "cudnn.conv", "cudnn.rnn"),
+}
+
+
 def backend_flag_facts(device: torch.device) -> list[PrecisionFact]:
     """What torch's global and per-backend switches allow for FP32 matmuls on this device type."""
     b = torch.backends
     mm = torch.get_float32_matmul_precision()
     facts = [PrecisionFact("torch.float32_matmul_precision", mm, _MATMUL_PRECISION_FORMAT.get(mm))]
-    switches = {"cpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")}.get(
-        device.type, ("cuda.matmul", "cudnn.conv", "cudnn.rnn")
-    )
+    switches = _BACKEND_SWITCHES.get(device.type, ())
     for path in switches:
         holder = b
         for part in path.split("."):
