@@ -345,9 +345,15 @@ def reference_options(options: RunOptions) -> RunOptions:
     return replace(options, plugin=REFERENCE_PLUGIN, device="cpu", precision="FP32", mode="pure", settings={})
 
 
+# The reference is the model as defined with torch's default AdamW implementation: the cpu plugin's faster fused
+# kernel is a choice a plugin makes, so it is checked as a candidate, not assumed by the reference.
+REFERENCE_SETTINGS = {"fused_adamw": "false"}
+
+
 def reference_session(options: RunOptions) -> Session:
     reference = Plugin(REFERENCE_PLUGIN)
-    return prepare(reference_options(options), reference, torch.device("cpu"), reference.resolve_settings({}))
+    settings = reference.resolve_settings(REFERENCE_SETTINGS)
+    return prepare(reference_options(options), reference, torch.device("cpu"), settings)
 
 
 _reference_traces: dict[tuple, Trace] = {}
