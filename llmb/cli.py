@@ -292,20 +292,22 @@ def plugins_command(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(described, indent=2))
         return
-    table = Table(title="llmb plugins")
-    for column in ("name", "distribution", "devices", "precisions", "hardware", "hooks", "settings"):
-        table.add_column(column)
+    # One small table per plugin: the hook and setting lists are too long for columns of one wide table.
     for p in described:
-        table.add_row(
-            p["name"],
-            f"{p['distribution']} {p['version']}",
-            ", ".join(p["device_types"]),
-            ", ".join(p["precisions"]),
-            "present" if p["hardware_available"] else "absent",
-            ", ".join(p["hooks"]),
-            ", ".join(f"{s['name']}={s['default']}" for s in p["settings"]),
+        hardware = "present" if p["hardware_available"] else "absent"
+        table = Table(
+            title=f"{p['name']}  ({p['distribution']} {p['version']}, hardware {hardware})",
+            title_justify="left",
+            show_header=False,
         )
-    console.print(table)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        table.add_row("devices", ", ".join(p["device_types"]))
+        table.add_row("precisions", ", ".join(p["precisions"]))
+        table.add_row("hooks", ", ".join(p["hooks"]))
+        settings = "\n".join(f"{s['name']}={s['default']}  {s['help']}" for s in p["settings"])
+        table.add_row("settings", settings or "none")
+        console.print(table)
 
 
 @cli.command(name="package-submission")

@@ -251,3 +251,21 @@ def test_readme_plugins_section_lists_every_hook():
     for name in vars(hookspecs):
         if hasattr(getattr(hookspecs, name), "llmb_spec"):
             assert f"`{name}`" in section, name
+
+
+def test_all_first_party_plugins_are_listed_when_installed():
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    wanted = {"cuda": "llmb-cuda", "rocm": "llmb-rocm", "xpu": "llmb-xpu", "xla": "llmb-xla"}
+    for dist in wanted.values():
+        try:
+            distribution(dist)
+        except PackageNotFoundError:
+            pytest.skip(f"{dist} is not installed here (tox's py env installs all four)")
+    result = invoke("plugins", "--json")
+    assert result.exit_code == 0, result.output
+    described = {p["name"]: p for p in json.loads(result.output)}
+    assert {"cpu", *wanted} <= set(described)
+    for name, dist in wanted.items():
+        assert described[name]["distribution"] == dist
+        assert isinstance(described[name]["hardware_available"], bool)
