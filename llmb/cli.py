@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,19 @@ def handle_errors(func):
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click's own usage errors keep click's messages and exit codes
+        except Exception as exc:
+            # An unexpected failure (a plugin's kernel, a backend's dtype error): still one line, exit 1.
+            if os.environ.get("LLMB_DEBUG"):
+                raise
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            err_console.print(
+                f"[bold red]error:[/] {type(exc).__name__}: {first_line} (LLMB_DEBUG=1 shows the traceback)",
+                highlight=False,
+                soft_wrap=True,
+            )
+            sys.exit(1)
 
     return wrapper
 

@@ -104,3 +104,29 @@ def test_absent_device_is_a_usage_error(register_plugin, tmp_path):
     result = CliRunner().invoke(cli, ["run", *TINY[2:], "--plugin", "cuda_only", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "device 'cuda' is not available" in result.output
+
+
+class CrashingKernelPlugin:
+    """A plugin whose post-processed model fails inside the loop with an unexpected error (not an llmb error)."""
+
+    __name__ = "crashing_kernel"
+
+    from llmb import hookimpl
+
+    @hookimpl
+    def process_model(self, model, optimizer, device, precision, settings):
+        def fail(module, args):
+            raise RuntimeError("Expected query, key, and value to have the same dtype\nmore detail")
+
+        model.register_forward_pre_hook(fail)
+        return model
+
+
+def test_an_unexpected_failure_is_one_line_and_exit_1(register_plugin, tmp_path, monkeypatch):
+    monkeypatch.delenv("LLMB_DEBUG", raising=False)
+    register_plugin(CrashingKernelPlugin(), "crashing_kernel")
+    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "crashing_kernel", "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "error: RuntimeError: Expected query, key, and value to have the same dtype" in result.output
+    assert "more detail" not in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.glob("*.json"))

@@ -144,3 +144,27 @@ def test_xla_plugin_conforms_on_the_cpu_pjrt_device(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     record = json.loads(out.read_text())
     assert record["passed"] is True
+
+
+def test_amp_mode_is_refused_before_the_loop():
+    """XLA autocast leaves SDPA's inputs in mixed dtypes (measured, torch-xla 2.9): amp is refused in one line."""
+    import torch
+
+    from llmb.config import PRESETS
+    from llmb.errors import UsageError
+    from llmb.model import LlamaModel
+
+    model = LlamaModel(PRESETS["tiny"])  # FP32 weights: what --precision-mode amp hands the plugin
+    with pytest.raises(UsageError, match="--precision-mode pure only"):
+        llmb_xla.process_model(model=model, optimizer=None, device=torch.device("cpu"), precision="BF16", settings={})
+    pure = model.to(torch.bfloat16)
+    assert (
+        llmb_xla.process_model(model=pure, optimizer=None, device=torch.device("cpu"), precision="BF16", settings={})
+        is pure
+    )
+    assert (
+        llmb_xla.process_model(
+            model=model.float(), optimizer=None, device=torch.device("cpu"), precision="FP32", settings={}
+        )
+        is model
+    )

@@ -163,6 +163,19 @@ def _check_autograd(device) -> None:
 
 
 @hookimpl
+def process_model(model, optimizer, device, precision, settings):
+    if precision in ("FP16", "BF16") and any(p.dtype == torch.float32 for p in model.parameters()):
+        # --precision-mode amp (FP32 weights under autocast). Measured with torch-xla 2.9: XLA's autocast does not
+        # cast scaled_dot_product_attention's inputs, and the rotary-embedded q/k stay FP32 while v is BF16, so
+        # SDPA fails on mixed dtypes. Refuse it up front with the way out instead of failing inside the loop.
+        raise UsageError(
+            "the xla plugin runs FP16/BF16 in --precision-mode pure only (XLA autocast leaves SDPA's "
+            "inputs in mixed dtypes)"
+        )
+    return model
+
+
+@hookimpl
 def step_end(device):
     import torch_xla
 
