@@ -24,8 +24,8 @@ from rich.table import Table as RichTable
 from llmb import __version__, flops, precision
 from llmb.errors import LlmbError, UsageError
 from llmb.plugins import Plugin
-from llmb.results import SCHEMA, write_bytes_atomic
-from llmb.sweep import LOG_NAME, SUMMARY_SCHEMA, headline_index, read_log
+from llmb.results import SCHEMA, median_index, write_bytes_atomic
+from llmb.sweep import LOG_NAME, SUMMARY_SCHEMA, read_log
 
 FORMATS = ("md", "html", "csv", "json")
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".csv": "csv", ".json": "json"}
@@ -193,7 +193,7 @@ def by_group(points: list[Point]) -> dict[tuple, list[Point]]:
 
 
 def median_run(runs: list[Point]) -> Point:
-    return runs[headline_index([r.tokens_per_second for r in runs])]
+    return runs[median_index([r.tokens_per_second for r in runs])]
 
 
 def batch_medians(points: list[Point]) -> dict[int, Point]:

@@ -11,6 +11,12 @@ from pathlib import Path
 SCHEMA = "llmb.result/1"
 
 
+def median_index(values: list[float]) -> int:
+    """Index of the median value (the lower middle for an even count), so a headline is always a run that happened."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
 def result_filename(record: dict) -> str:
     stamp = record["created"].replace(":", "").replace("-", "").split(".")[0]
     label = record["precision"]["effective"]

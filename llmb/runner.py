@@ -19,7 +19,7 @@ from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import LlamaModel, ModelConfig, count_parameters
 from llmb.plugins import Plugin, select_plugin
-from llmb.results import SCHEMA
+from llmb.results import SCHEMA, median_index
 from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
 
 # A freshly initialised model predicts near-uniformly: its first loss sits near ln(vocab). Measured here: tiny
@@ -249,12 +249,13 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         if merged is None:
             return None  # only rank 0 writes the run's record
         audit, invalid, measurements, per_rank = merged
-        chosen = median_measurement(measurements)
+        index = median_index([m.window_seconds for m in measurements])
+        chosen = measurements[index]
         job = {
             "world_size": session.world.world_size,
             "nodes": session.world.nodes,
             "parallel": parallel_strategy(options),
-            "per_rank": [windows[next(i for i, m in enumerate(measurements) if m is chosen)] for windows in per_rank],
+            "per_rank": [windows[index] for windows in per_rank],
         }
 
     return build_record(

@@ -27,7 +27,7 @@ from rich.table import Table
 from llmb import precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
-from llmb.results import load_result, write_json_atomic
+from llmb.results import load_result, median_index, write_json_atomic
 
 LOG_NAME = "sweep.jsonl"
 SUMMARY_NAME = "sweep-summary.json"
@@ -142,12 +142,6 @@ def next_listed_batch(points: dict[int, Trial], sizes: list[int]) -> tuple[int |
 def best_point(points: dict[int, Trial]) -> Trial | None:
     ok = [p for p in points.values() if p.ok]
     return max(ok, key=lambda p: (p.tokens_per_second, -p.batch_size)) if ok else None
-
-
-def headline_index(values: list[float]) -> int:
-    """Index of the median value (the lower middle for an even count), so the headline is a run that happened."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    return order[(len(order) - 1) // 2]
 
 
 # Trials: a subprocess each, classified from its exit code, stderr and result JSON.
@@ -503,7 +497,7 @@ def _sweep_precision(options: SweepOptions, name: str, point, display: Display) 
     entry.update(best_batch_size=best.batch_size, repeats=[_brief(t) for t in repeats])
     if not measured:
         return {"status": f"every re-run of batch {best.batch_size} failed", **entry}
-    headline = measured[headline_index([t.tokens_per_second for t in measured])]
+    headline = measured[median_index([t.tokens_per_second for t in measured])]
     record = load_result(options.out / headline.result)
     return {
         "status": "ok",

@@ -6,7 +6,6 @@ The harness owns this loop. Plugins change the model instance and the backend, n
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import torch
 from llmb.device import Device
 from llmb.model import ModelConfig
 from llmb.precision import Recipe
+from llmb.results import median_index
 
 # The benchmark's optimizer, fixed: torch.optim.AdamW with these hyperparameters.
 ADAMW_HYPERPARAMETERS = {"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01}
@@ -162,9 +162,4 @@ class Trainer:
 
 def median_measurement(measurements: list[Measurement]) -> Measurement:
     """The run whose window is the median one (the lower middle for an even count)."""
-    ordered = sorted(measurements, key=lambda m: m.window_seconds)
-    return ordered[(len(ordered) - 1) // 2]
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
+    return measurements[median_index([m.window_seconds for m in measurements])]

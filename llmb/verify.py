@@ -22,6 +22,7 @@ from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.model import ModelConfig
 from llmb.precision import DTYPE_FORMAT, PRECISIONS, RANK, lowest
 from llmb.results import SCHEMA as RESULT_SCHEMA
+from llmb.results import median_index
 from llmb.runner import loss_band
 from llmb.submission import (
     CODE_DIFF,
@@ -418,7 +419,7 @@ def timing_problems(b: Bundle, path: str, r: dict) -> list[str]:
         problems.append(f"step times add up to {sum(steps):.6f} s, under half the {window:.6f} s window")
     if len(repeats) != r.get("repeats", 1):
         problems.append(f"{len(repeats)} repeat windows for {r.get('repeats')} repeats")
-    elif window != sorted(repeats)[(len(repeats) - 1) // 2]:
+    elif window != repeats[median_index(repeats)]:
         problems.append(f"window {window!r} is not the median of the repeat windows {repeats!r}")
     return problems
 
