@@ -30,7 +30,11 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    return sha256_bytes(path.read_bytes())
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:  # in chunks: a large file never sits in memory whole
+        while chunk := f.read(2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def package_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tarfile
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from llmb import codediff, flops, manifest
+from llmb import bundle_io, codediff, flops, manifest
+from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
 from llmb.config import official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.model import ModelConfig
@@ -49,24 +48,11 @@ MIN_STEP_SHARE_OF_WINDOW = 0.5
 DTYPE_NAMES = {str(dtype).replace("torch.", ""): label for dtype, label in DTYPE_FORMAT.items()}
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What an archive may hold before it is refused unread."""
-
-    member_bytes: int = 64 * 2**20
-    total_bytes: int = 512 * 2**20
-    members: int = 10_000
-
-
 @dataclass
 class Row:
     check: str
     passed: bool
     detail: str
-
-
-class Refused(Exception):
-    """The bundle cannot be read safely; nothing further is checked."""
 
 
 @dataclass
@@ -76,29 +62,25 @@ class Bundle:
     rows: list[Row] = field(default_factory=list)
     results: dict[str, dict] = field(default_factory=dict)  # path -> record, the readable ones
     submission: dict | None = None
+    limits: Limits = field(default_factory=Limits)
 
     def add(self, check: str, problems: list[str], passed_detail: str) -> None:
         shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
         self.rows.append(Row(check, not problems, shown if problems else str(passed_detail)))
 
-    def text(self, name: str) -> str:
-        """A text file of the bundle itself (never through a link); ValueError with a short reason otherwise."""
-        path = self.root
-        for part in PurePosixPath(name).parts:
-            path = path / part
-            if path.is_symlink():
-                raise ValueError(f"{name} is a link")
-        if not path.is_file():
-            raise ValueError(f"{name} is missing")
+    def text(self, name: str, max_bytes: int | None = None) -> str:
+        """A text file of the bundle itself (never through a link, refused unread over the limit); ValueError with
+        a short reason otherwise."""
+        data = bundle_io.read_bytes(self.root, name, self.limits.text_bytes if max_bytes is None else max_bytes)
         try:
-            return path.read_bytes().decode("utf-8")  # bytes, not read_text: a diff's \r must survive
-        except (OSError, UnicodeDecodeError) as exc:
+            return data.decode("utf-8")  # bytes, not read_text: a diff's \r must survive
+        except UnicodeDecodeError as exc:
             raise ValueError(f"{name} is unreadable ({exc.__class__.__name__})") from None
 
     def json(self, name: str) -> dict:
         """A JSON object from the bundle; raises ValueError with a short reason when it is not one."""
         try:
-            data = json.loads(self.text(name))
+            data = json.loads(self.text(name, self.limits.json_bytes))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name} is not valid JSON ({exc.__class__.__name__}: {exc})") from None
         if not isinstance(data, dict):
@@ -106,71 +88,21 @@ class Bundle:
         return data
 
 
-def verify(path: Path, accept_debug: bool = False, limits: Limits = Limits()) -> list[Row]:
-    """Every check on a bundle folder or a .tar.gz of one; all rows must pass."""
+def verify(path: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS) -> list[Row]:
+    """Every check on a bundle folder or a .tar.gz of one; all rows must pass. The bundle is opened under
+    llmb.bundle_io's limits (an archive unpacked in a limited child process into a temporary folder)."""
     path = Path(path)
-    if path.is_dir():
-        return verify_folder(path, accept_debug)
-    if not path.is_file():
-        return [Row("bundle", False, f"{path} is neither a bundle folder nor an archive")]
-    with tempfile.TemporaryDirectory(prefix="llmb-verify-") as tmp:
-        try:
-            root = find_root(safe_extract(path, Path(tmp), limits))
-        except Refused as exc:
-            return [Row("archive", False, f"refused: {exc}")]
-        rows = verify_folder(root, accept_debug)
-        return [Row("archive", True, "every member a plain file or folder within the limits"), *rows]
-
-
-def safe_extract(archive: Path, dest: Path, limits: Limits) -> Path:
-    """Unpack into dest only if every member is a regular file or folder with a plain relative name."""
+    kind = "bundle" if path.is_dir() else "archive"
     try:
-        with tarfile.open(archive, "r:*") as tar:
-            members = []
-            total = 0
-            for member in tar:
-                name = PurePosixPath(member.name)
-                if len(members) >= limits.members:
-                    raise Refused(f"more than {limits.members} members")
-                if not name.parts:
-                    raise Refused(f"member with an empty name {member.name!r}")
-                if member.name.startswith(("/", "\\")) or name.is_absolute() or ":" in name.parts[0]:
-                    raise Refused(f"absolute path {member.name!r}")
-                if ".." in name.parts or "\\" in member.name:
-                    raise Refused(f"path escapes the folder {member.name!r}")
-                if member.issym() or member.islnk():
-                    raise Refused(f"link {member.name!r} -> {member.linkname!r}")
-                if not (member.isreg() or member.isdir()):
-                    raise Refused(f"special file {member.name!r} (device, fifo or other)")
-                if member.size > limits.member_bytes:
-                    raise Refused(f"member {member.name!r} is {member.size} bytes (limit {limits.member_bytes})")
-                total += member.size
-                if total > limits.total_bytes:
-                    raise Refused(f"members total more than {limits.total_bytes} bytes")
-                members.append(member)
-            # The data filter re-checks every member (and strips modes) as a second line of defence.
-            tar.extractall(dest, members=members, filter="data")
-    except Refused:
-        raise
-    except Exception as exc:  # tarfile, gzip and zlib raise many kinds on a damaged or hostile archive
-        raise Refused(f"not a readable tar archive ({exc.__class__.__name__}: {exc})") from None
-    return dest
+        with bundle_io.open_bundle(path, limits) as root:
+            rows = verify_folder(root, accept_debug, limits)
+    except Refused as exc:
+        return [Row(kind, False, f"refused: {exc}")]
+    return [Row(kind, True, "every member a plain file or folder within the limits, nothing importable"), *rows]
 
 
-def find_root(extracted: Path) -> Path:
-    """The one folder in an unpacked archive that holds a MANIFEST.sha256 (at most three levels down)."""
-    found = [
-        Path(d)
-        for d, _, files in os.walk(extracted)
-        if MANIFEST_FILE in files and len(Path(d).relative_to(extracted).parts) <= 3
-    ]
-    if len(found) != 1:
-        raise Refused(f"expected one bundle folder holding {MANIFEST_FILE}, found {len(found)}")
-    return found[0]
-
-
-def verify_folder(root: Path, accept_debug: bool = False) -> list[Row]:
-    bundle = Bundle(Path(root), accept_debug)
+def verify_folder(root: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS) -> list[Row]:
+    bundle = Bundle(Path(root), accept_debug, limits=limits)
     for check in CHECKS:
         try:
             check(bundle)
@@ -217,7 +149,7 @@ def check_manifest(b: Bundle) -> None:
     problems += [
         f"hash wrong: {name}"
         for name in sorted(set(listed) & set(present))
-        if manifest.sha256_file(present[name]) != listed[name]
+        if bundle_io.sha256_file(present[name], b.limits.member_bytes) != listed[name]
     ]
     b.add("manifest", problems, f"{len(listed)} files listed, every hash right, no extra files")
 
@@ -602,18 +534,20 @@ def check_plugin_source(b: Bundle) -> None:
         if plugin.get("distribution") == "llmb" or not used:
             shown.append(f"{plugin.get('name')} (part of llmb)")
             continue
-        folder = f"code/plugins/{plugin['distribution']}"
-        try:
+        try:  # every path below is built from bundle data: a strict name, and it must stay inside the bundle
+            folder = f"code/plugins/{bundle_io.check_part(str(plugin.get('distribution')), 'distribution')}"
             record = b.json(f"{folder}.json")
+            files = record.get("files") or {}
+            for name in files:
+                bundle_io.inside(b.root, f"{folder}/{name}")
         except ValueError as exc:
             problems.append(str(exc))
             continue
-        files = record.get("files") or {}
         if record.get("schema") != PLUGIN_SOURCE_SCHEMA or record.get("version") != plugin.get("version"):
             problems.append(
                 f"{folder}.json is not the source record of {plugin['distribution']} {plugin.get('version')}"
             )
-        missing = [f for f in files if not (b.root / folder / f).is_file()]
+        missing = [f for f in files if not bundle_io.inside(b.root, f"{folder}/{f}").is_file()]
         if missing or not any(str(f).endswith(".py") for f in files):
             problems.append(f"{folder}: source incomplete ({missing[:2] or 'no Python files'})")
         shown.append(f"{plugin['distribution']} {plugin.get('version')}: {len(files)} files")
