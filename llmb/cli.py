@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from llmb import __version__, conformance, distributed, plugins, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
@@ -664,3 +665,64 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     console.print(f"conformance record written to {path}", highlight=False)
     if not record["passed"]:
         sys.exit(1)
+
+
+@cli.command(name="peak")
+@plugin_options
+@click.option(
+    "--precision",
+    "precisions",
+    multiple=True,
+    type=click.Choice(precision.PRECISIONS),
+    help="Precision to measure (repeatable; default: every one the plugin supports).",
+)
+@click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
+@shape_options
+@click.option("--batch-size", default=1, show_default=True, type=int, help="The batch whose GEMM shapes are measured.")
+@click.option("--square", type=int, default=None, help="Side of the square GEMM (default: 1024 on CPU, else 8192).")
+@click.option("--repeats", default=5, show_default=True, type=int, help="Timed batches per GEMM; the median counts.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
+@handle_errors
+def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
+    """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
+    from llmb import roofline
+    from llmb.results import write_json_atomic
+
+    results = roofline.peak(
+        plugin=plugin,
+        device=device,
+        precisions_wanted=list(precisions),
+        config=build_config(preset, **shape),
+        batch_size=batch_size,
+        settings=parse_options(options),
+        square=square,
+        repeats=repeats,
+    )
+    data = {
+        "schema": roofline.SCHEMA,
+        "preset": preset,
+        "batch_size": batch_size,
+        "rooflines": [r.to_dict() for r in results],
+    }
+    if out:
+        write_json_atomic(out, data)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for result in results:
+        table = Table(
+            # Text, not markup: the device name comes from the plugin.
+            title=Text(f"{result.precision} matmul on {result.device} ({result.device_name}), median of {repeats}"),
+            title_justify="left",
+        )
+        for column in ("GEMM", "m x n x k", "iters", "TFLOP/s"):
+            table.add_column(column, justify="left" if column == "GEMM" else "right")
+        for rate in result.rates:
+            g = rate.gemm
+            table.add_row(g.name, f"{g.m} x {g.n} x {g.k}", str(rate.iters), f"{rate.flops_per_second / 1e12:.4g}")
+        console.print(table, highlight=False)
+        line = f"measured matmul peak {result.peak_flops / 1e12:.4g} TFLOP/s"
+        if result.model_gemm_flops:
+            line += f"; the model's GEMMs together {result.model_gemm_flops / 1e12:.4g} TFLOP/s"
+        console.print(line, highlight=False)

@@ -1,0 +1,214 @@
+"""The roofline: the dense matmul FLOP/s a device really achieves, measured at the model's own GEMM shapes.
+
+A datasheet peak exists for few devices (no CPU has one), and even where it exists it is a ceiling no GEMM reaches.
+This module measures the achievable rate through the plugin's device services, synchronised on the device at both
+ends of every timed batch of matmuls, median of repeats. A run's efficiency against this measured peak sits next to
+its datasheet MFU, so every device, the CPU included, gets an efficiency figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from llmb import precision as precisions
+from llmb.device import Device, check_device_present, parse_device
+from llmb.errors import UsageError
+from llmb.model import ModelConfig
+from llmb.plugins import Plugin, select_plugin
+
+SCHEMA = "llmb.roofline/1"
+# The dtype each benchmark precision multiplies in (TF32 is FP32 tensors with the TF32 switches on).
+MATMUL_DTYPE = {"FP32": torch.float32, "TF32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
+# Side of the large square GEMM: a CPU core does ~1e11 FLOP/s, so 1024^3 x 2 takes ~10-50 ms there; an accelerator
+# needs a large problem to fill its units.
+DEFAULT_SQUARE = {"cpu": 1024}
+ACCELERATOR_SQUARE = 8192
+# Each timed batch of matmuls lasts at least this long, so the host timer's resolution and the sync cost vanish.
+MIN_BATCH_SECONDS = 0.02
+MAX_ITERS = 1024
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM: (m x k) @ (k x n), named by where the model runs it."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+@dataclass
+class GemmRate:
+    gemm: Gemm
+    iters: int
+    seconds: list[float]  # per repeat, for `iters` matmuls
+    flops_per_second: float  # from the median repeat
+
+    def to_dict(self) -> dict:
+        return {
+            **asdict(self.gemm),
+            "iters": self.iters,
+            "seconds": self.seconds,
+            "flops_per_second": self.flops_per_second,
+        }
+
+
+@dataclass
+class Roofline:
+    precision: str
+    device: str
+    device_name: str
+    repeats: int
+    rates: list[GemmRate] = field(default_factory=list)
+
+    @property
+    def peak_flops(self) -> float:
+        """The best rate any measured GEMM reached: the achievable dense matmul peak."""
+        return max(rate.flops_per_second for rate in self.rates)
+
+    @property
+    def model_gemm_flops(self) -> float | None:
+        """The rate of the model's own GEMMs together (FLOP-weighted: their total FLOPs over their total time)."""
+        own = [r for r in self.rates if r.gemm.name != "square"]
+        if not own:
+            return None
+        return sum(r.gemm.flops for r in own) / sum(r.gemm.flops / r.flops_per_second for r in own)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "precision": self.precision,
+            "device": self.device,
+            "device_name": self.device_name,
+            "repeats": self.repeats,
+            "method": "host-synchronised",
+            "peak_flops": self.peak_flops,
+            "model_gemm_flops": self.model_gemm_flops,
+            "gemms": [rate.to_dict() for rate in self.rates],
+        }
+
+
+def model_gemms(config: ModelConfig, batch_size: int) -> list[Gemm]:
+    """The forward GEMMs of one decoder layer and the LM head at this batch (the backward's are their transposes,
+    with the same sizes), deduplicated by shape; attention's batched matmuls are SDPA's business, not listed."""
+    tokens = batch_size * config.sequence_length
+    d, f, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    width = config.num_attention_heads * config.head_dim
+    candidates = [
+        Gemm("q/k/v_proj", tokens, width, d),
+        Gemm("o_proj", tokens, d, width),
+        Gemm("gate/up_proj", tokens, f, d),
+        Gemm("down_proj", tokens, d, f),
+        Gemm("lm_head", tokens, vocab, d),
+    ]
+    seen, unique = set(), []
+    for gemm in candidates:
+        if (gemm.m, gemm.n, gemm.k) not in seen:
+            seen.add((gemm.m, gemm.n, gemm.k))
+            unique.append(gemm)
+    return unique
+
+
+def square_gemm(device: torch.device, side: int | None = None) -> Gemm:
+    side = side or DEFAULT_SQUARE.get(device.type, ACCELERATOR_SQUARE)
+    return Gemm("square", side, side, side)
+
+
+def _timed(services: Device, a: torch.Tensor, b: torch.Tensor, iters: int) -> float:
+    """Seconds for `iters` matmuls, the device synchronised before the clock starts and before it stops."""
+    # A lazy device (XLA) runs each matmul at its step_end; elsewhere the hook call (~10 us) would be timed too.
+    step_end = services.step_end if services.plugin.implements("step_end") else None
+    services.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        out = a @ b
+        if step_end:
+            step_end()
+    del out
+    services.synchronize()
+    return time.perf_counter() - start
+
+
+def measure_gemm(services: Device, gemm: Gemm, dtype: torch.dtype, repeats: int) -> GemmRate:
+    """Warm up, size the batch of matmuls to last MIN_BATCH_SECONDS, then time `repeats` batches; median rate."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(gemm.m, gemm.k, generator=generator).to(services.device, dtype)
+    b = torch.randn(gemm.k, gemm.n, generator=generator).to(services.device, dtype)
+    _timed(services, a, b, 2)  # first calls: kernel selection, lazy compilation, page faults
+    iters = 1
+    # timeit's autorange: grow the batch until it lasts MIN_BATCH_SECONDS (one slow sample only ends it sooner).
+    while iters < MAX_ITERS and _timed(services, a, b, iters) < MIN_BATCH_SECONDS:
+        iters = min(MAX_ITERS, iters * 2)
+    seconds = [_timed(services, a, b, iters) for _ in range(repeats)]
+    median = statistics.median_low(seconds)
+    return GemmRate(gemm, iters, seconds, gemm.flops * iters / median)
+
+
+def measure(services: Device, precision: str, gemms: list[Gemm], repeats: int = 5) -> Roofline:
+    """The roofline for one precision in the backend state the caller set (a run's own, or `prepare_backend`)."""
+    if precision not in MATMUL_DTYPE:
+        raise ValueError(f"no matmul dtype for precision {precision!r}")
+    result = Roofline(precision, str(services.device), services.name(), repeats)
+    for gemm in gemms:
+        result.rates.append(measure_gemm(services, gemm, MATMUL_DTYPE[precision], repeats))
+    return result
+
+
+def prepare_backend(plugin: Plugin, device: torch.device, precision: str, settings: dict) -> None:
+    """The backend state a run at this precision gets: the harness's switches, then the plugin's setup_backend."""
+    precisions.apply_backend_recipe(precision)
+    plugin.call("setup_backend", device=device, precision=precision, settings=settings)
+
+
+def efficiency(tflops: float, measured_peak_flops: float | None) -> float | None:
+    """Achieved model FLOP/s as a fraction of the measured matmul peak; None when there is none."""
+    if not measured_peak_flops:
+        return None
+    return tflops * 1e12 / measured_peak_flops
+
+
+def peak(
+    *,
+    plugin: str | None,
+    device: str | None,
+    precisions_wanted: list[str],
+    config: ModelConfig,
+    batch_size: int,
+    settings: dict[str, str],
+    square: int | None = None,
+    repeats: int = 5,
+) -> list[Roofline]:
+    """`llmb peak`: the roofline of each precision on the plugin's device, at the model's GEMMs and a square one."""
+    selected = select_plugin(plugin)
+    resolved = selected.resolve_settings(settings)
+    wanted = precisions_wanted or selected.precisions()
+    for name in wanted:
+        if name not in MATMUL_DTYPE:
+            raise UsageError(f"unknown precision {name!r} (choose from {', '.join(MATMUL_DTYPE)})")
+        if name not in selected.precisions():
+            raise UsageError(
+                f"plugin {selected.name!r} does not support {name} (supports {', '.join(selected.precisions())})"
+            )
+    if batch_size < 1 or repeats < 1 or (square is not None and square < 1):
+        raise UsageError("--batch-size, --repeats and --square must be at least 1")
+    types = selected.device_types()
+    torch_device = parse_device(device or (types[0] if types else "cpu"))
+    if types and torch_device.type not in types:
+        raise UsageError(f"plugin {selected.name!r} serves {', '.join(types)}, not {torch_device.type!r}")
+    results = []
+    for name in wanted:
+        prepare_backend(selected, torch_device, name, resolved)
+        check_device_present(torch_device)
+        services = Device(selected, torch_device)
+        gemms = model_gemms(config, batch_size) + [square_gemm(torch_device, square)]
+        results.append(measure(services, name, gemms, repeats))
+    return results

@@ -1,0 +1,121 @@
+"""The roofline (`llmb peak`): the model's GEMM shapes, device-synchronised timing, the CLI's output and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from llmb import roofline
+from llmb.cli import cli
+from llmb.config import PRESETS
+from llmb.device import Device
+from llmb.flops import model_flops_per_token
+from llmb.plugins import Plugin
+
+TINY = PRESETS["tiny"]
+
+
+def test_model_gemms_are_the_models_linear_layers():
+    gemms = {g.name: g for g in roofline.model_gemms(TINY, batch_size=3)}
+    tokens = 3 * TINY.sequence_length
+    assert gemms["q/k/v_proj"] == roofline.Gemm("q/k/v_proj", tokens, 64, 64)
+    assert gemms["gate/up_proj"] == roofline.Gemm("gate/up_proj", tokens, 128, 64)
+    assert gemms["down_proj"] == roofline.Gemm("down_proj", tokens, 64, 128)
+    assert gemms["lm_head"] == roofline.Gemm("lm_head", tokens, TINY.vocab_size, 64)
+    # o_proj has q_proj's shape at the tiny preset (width == hidden): listed once.
+    assert "o_proj" not in gemms
+    # The forward GEMMs of one layer and the head, x3 for the backward, are the model's FLOPs less attention.
+    layer = 4 * gemms["q/k/v_proj"].flops + 2 * gemms["gate/up_proj"].flops + gemms["down_proj"].flops
+    total = 3 * (TINY.num_hidden_layers * layer + gemms["lm_head"].flops)
+    attention = 12 * TINY.num_hidden_layers * TINY.hidden_size * TINY.sequence_length * tokens
+    norms = 6 * (2 * TINY.num_hidden_layers + 1) * TINY.hidden_size * tokens  # 6N counts the norm weights too
+    assert total + attention + norms == model_flops_per_token(TINY) * tokens
+
+
+def test_measure_synchronises_around_every_timed_batch(monkeypatch):
+    services = Device(Plugin("cpu"), torch.device("cpu"))
+    calls = []
+    monkeypatch.setattr(services, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(services, "step_end", lambda: calls.append("step"))
+    monkeypatch.setattr(services.plugin, "implements", lambda hook: hook == "step_end")  # as a lazy device's plugin
+    gemm = roofline.Gemm("square", 64, 64, 64)
+    rate = roofline.measure_gemm(services, gemm, torch.float32, repeats=3)
+    assert len(rate.seconds) == 3 and all(s > 0 for s in rate.seconds)
+    # warmup (2 matmuls), sizing (1, 2, 4, ... up to iters), then 3 repeats of `iters`: each batch opens and closes
+    # with a sync, and each matmul ends with step_end.
+    powers = [2**i for i in range(rate.iters.bit_length())]
+    assert powers[-1] == rate.iters  # doubled from 1
+    sizing = powers if rate.iters < roofline.MAX_ITERS else powers[:-1]
+    batches = 1 + len(sizing) + 3
+    assert calls.count("sync") == 2 * batches
+    assert calls.count("step") == 2 + sum(sizing) + 3 * rate.iters
+    assert rate.flops_per_second == pytest.approx(gemm.flops * rate.iters / sorted(rate.seconds)[1])
+
+
+def test_measure_reports_the_best_rate_and_the_models_weighted_rate():
+    services = Device(Plugin("cpu"), torch.device("cpu"))
+    gemms = roofline.model_gemms(TINY, 1) + [roofline.Gemm("square", 128, 128, 128)]
+    result = roofline.measure(services, "FP32", gemms, repeats=3)
+    rates = [r.flops_per_second for r in result.rates]
+    assert result.peak_flops == max(rates)
+    own = [r.flops_per_second for r in result.rates if r.gemm.name != "square"]
+    assert min(own) <= result.model_gemm_flops <= max(own)
+    data = result.to_dict()
+    assert data["schema"] == roofline.SCHEMA and data["precision"] == "FP32" and len(data["gemms"]) == len(gemms)
+
+
+def test_efficiency_against_the_measured_peak():
+    assert roofline.efficiency(0.5, 1e12) == pytest.approx(0.5)
+    assert roofline.efficiency(0.5, None) is None
+
+
+def test_peak_command_json(tmp_path):
+    out = tmp_path / "peak.json"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "peak",
+            "--preset",
+            "tiny",
+            "--precision",
+            "FP32",
+            "--square",
+            "128",
+            "--repeats",
+            "2",
+            "--json",
+            "--out",
+            out,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data == json.loads(out.read_text())
+    (fp32,) = data["rooflines"]
+    assert fp32["precision"] == "FP32" and fp32["device"] == "cpu" and fp32["peak_flops"] > 0
+    assert [g["name"] for g in fp32["gemms"]][-1] == "square"
+
+
+def test_peak_command_table():
+    result = CliRunner().invoke(
+        cli, ["peak", "--preset", "tiny", "--precision", "FP32", "--square", "64", "--repeats", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "measured matmul peak" in result.output and "lm_head" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--precision", "TF32"], "does not support TF32"),
+        (["--batch-size", "0"], "at least 1"),
+        (["--device", "cuda"], "serves cpu"),
+    ],
+)
+def test_peak_command_refuses_bad_input_in_one_line(args, message):
+    result = CliRunner().invoke(cli, ["peak", "--preset", "tiny", *args])
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output
