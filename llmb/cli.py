@@ -679,7 +679,12 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
 @click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
 @shape_options
 @click.option("--batch-size", default=1, show_default=True, type=int, help="The batch whose GEMM shapes are measured.")
-@click.option("--square", type=int, default=None, help="Side of the square GEMM (default: 1024 on CPU, else 8192).")
+@click.option(
+    "--square",
+    type=int,
+    default=None,
+    help="Side of the square GEMM (default: doubled from 256 until one matmul lasts 50 ms, at most 8192).",
+)
 @click.option("--repeats", default=5, show_default=True, type=int, help="Timed batches per GEMM; the median counts.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")

@@ -23,10 +23,9 @@ from llmb.plugins import Plugin, select_plugin
 SCHEMA = "llmb.roofline/1"
 # The dtype each benchmark precision multiplies in (TF32 is FP32 tensors with the TF32 switches on).
 MATMUL_DTYPE = {"FP32": torch.float32, "TF32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
-# Side of the large square GEMM: a CPU core does ~1e11 FLOP/s, so 1024^3 x 2 takes ~10-50 ms there; an accelerator
-# needs a large problem to fill its units.
-DEFAULT_SQUARE = {"cpu": 1024}
-ACCELERATOR_SQUARE = 8192
+# The large square GEMM grows from MIN_SQUARE, doubling, until one matmul lasts SQUARE_SECONDS or it reaches
+# MAX_SQUARE: ~1024 on a CPU core pair, 8192 on a datacenter GPU (1.1 TFLOP, ~1 ms), without asking what the device is.
+MIN_SQUARE, MAX_SQUARE, SQUARE_SECONDS = 256, 8192, 0.05
 # Each timed batch of matmuls lasts at least this long, so the host timer's resolution and the sync cost vanish.
 MIN_BATCH_SECONDS = 0.02
 MAX_ITERS = 1024
@@ -118,8 +117,18 @@ def model_gemms(config: ModelConfig, batch_size: int) -> list[Gemm]:
     return unique
 
 
-def square_gemm(device: torch.device, side: int | None = None) -> Gemm:
-    side = side or DEFAULT_SQUARE.get(device.type, ACCELERATOR_SQUARE)
+def square_gemm(services: Device, dtype: torch.dtype, side: int | None = None) -> Gemm:
+    """The square GEMM of the given side, or of the side where one matmul lasts SQUARE_SECONDS on this device."""
+    if side:
+        return Gemm("square", side, side, side)
+    side = MIN_SQUARE
+    while side < MAX_SQUARE:
+        a = torch.ones(side, side).to(services.device, dtype)
+        _timed(services, a, a, 1)  # compile / select the kernel first
+        # The fastest of three: a size is chosen by what the device can do, not by a moment of contention.
+        if min(_timed(services, a, a, 1) for _ in range(3)) >= SQUARE_SECONDS:
+            break
+        side *= 2
     return Gemm("square", side, side, side)
 
 
@@ -209,6 +218,6 @@ def peak(
         prepare_backend(selected, torch_device, name, resolved)
         check_device_present(torch_device)
         services = Device(selected, torch_device)
-        gemms = model_gemms(config, batch_size) + [square_gemm(torch_device, square)]
+        gemms = model_gemms(config, batch_size) + [square_gemm(services, MATMUL_DTYPE[name], square)]
         results.append(measure(services, name, gemms, repeats))
     return results
