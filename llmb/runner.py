@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, distributed, flops, precision
+from llmb import __version__, census, distributed, flops, precision
 from llmb.config import official_reasons
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
@@ -199,7 +199,7 @@ def audit_session(session: Session) -> dict:
     facts = session.plugin.call(
         "precision_facts", device=session.device, precision=session.recipe.precision, settings=session.settings
     )
-    return precision.audit(
+    audit = precision.audit(
         model=session.model,
         optimizer=session.optimizer,
         device=session.device,
@@ -207,6 +207,9 @@ def audit_session(session: Session) -> dict:
         plugin_facts=_flatten(facts),
         sync=session.services.synchronize,
     )
+    # What the operators produce: a format that lives only inside the GEMMs (float8) shows up only here.
+    counts = census.forward_dtypes(session.model, session.trainer.batch, session.recipe.autocast_dtype)
+    return census.add_evidence(audit, counts)
 
 
 def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress) -> dict:

@@ -1,0 +1,76 @@
+"""FP8 training through torchao's float8 (emulation mode on the CPU): the audit labels it FP8 from the float8 dtypes
+the operators produce, and its record is outside the benchmark's precisions, with no MFU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmb import census, fp8, hookimpl, runner
+from llmb.config import PRESETS
+from llmb.errors import UsageError
+from llmb.model import LlamaModel
+
+REASON = fp8.torchao_unavailable()
+needs_torchao = pytest.mark.skipif(REASON is not None, reason=f"torchao float8 cannot run here: {REASON}")
+TINY = PRESETS["tiny"]
+
+
+class Fp8Plugin:
+    """A minimal plugin whose only post-processing is torchao's float8 in emulation mode."""
+
+    @hookimpl
+    def device_types(self):
+        return ["cpu"]
+
+    @hookimpl
+    def supported_precisions(self):
+        return ["FP32", "BF16"]
+
+    @hookimpl
+    def process_model(self, model, optimizer, device, precision, settings):
+        return fp8.convert(model, "tensorwise", emulate=True)
+
+
+def test_unknown_recipe_is_a_usage_error():
+    with pytest.raises(UsageError, match="tensorwise"):
+        fp8.check_fp8("delayed")
+
+
+@needs_torchao
+def test_convert_keeps_the_parameters_and_the_head():
+    torch.manual_seed(0)
+    model = LlamaModel(TINY)
+    before = [id(p) for p in model.parameters()]
+    converted = fp8.convert(model, "tensorwise", emulate=True)
+    assert [id(p) for p in converted.parameters()] == before
+    assert type(converted.lm_head) is torch.nn.Linear
+    assert type(converted.layers[0].mlp.up_proj).__name__ == "Float8Linear"
+
+
+@needs_torchao
+def test_census_sees_float8_only_where_it_runs():
+    torch.manual_seed(0)
+    batch = torch.randint(0, TINY.vocab_size, (2, TINY.sequence_length))
+    plain = census.forward_dtypes(LlamaModel(TINY), batch)
+    assert not any(name.startswith("float8") for name in plain)
+    converted = census.forward_dtypes(fp8.convert(LlamaModel(TINY), "rowwise", emulate=True), batch)
+    assert converted.get("float8_e4m3fn", 0) > 0
+    audit = census.add_evidence({"effective": "FP32", "evidence": {}}, converted)
+    assert audit["effective"] == "FP8" and audit["evidence"]["operator_outputs"] == "FP8"
+
+
+@needs_torchao
+@pytest.mark.parametrize("requested", ["FP32", "BF16"])
+def test_an_fp8_run_is_labelled_fp8_and_has_no_mfu(register_plugin, requested):
+    register_plugin(Fp8Plugin(), "fp8_on_cpu")
+    options = runner.RunOptions(
+        config=TINY, preset="tiny", plugin="fp8_on_cpu", precision=requested, mode="amp", steps=2, warmup_steps=1
+    )
+    record = runner.run(options)
+    assert record["precision"]["requested"] == requested
+    assert record["precision"]["effective"] == "FP8"
+    assert record["precision"]["audit"]["operator_dtypes"]["float8_e4m3fn"] > 0
+    assert not record["valid"] and "effective precision FP8 is not a benchmark precision" in record["invalid_reasons"]
+    assert record["peak_flops"] is None and record["mfu"] is None
+    assert record["tokens_per_second"] > 0
