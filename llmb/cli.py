@@ -10,11 +10,12 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from llmb import __version__, conformance, distributed, plugins, precision, runner
+from llmb import __version__, conformance, distributed, mesh, plugins, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
 from llmb.plugins import Plugin, plugin_names
@@ -32,7 +33,7 @@ def handle_errors(func):
         try:
             return func(*args, **kwargs)
         except LlmbError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")
@@ -104,12 +105,14 @@ def launch_options(func):
     return func
 
 
-def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port) -> distributed.LaunchSpec | None:
+def launch_spec(
+    nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout=distributed.DEFAULT_TIMEOUT_SECONDS
+) -> distributed.LaunchSpec | None:
     if nproc_per_node is None:
         if nnodes != 1 or node_rank or master_addr or master_port:
             raise click.UsageError("--nnodes, --node-rank, --master-addr and --master-port need --nproc-per-node")
         return None
-    return distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    return distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
 
 
 class RichProgress(runner.Progress):
@@ -123,6 +126,9 @@ class RichProgress(runner.Progress):
 
     def advance(self) -> None:
         self.progress.advance(self.task)
+
+    def note(self, text: str) -> None:
+        self.progress.console.print(f"[bold yellow]{escape(text)}[/]", highlight=False)
 
 
 @cli.command()
@@ -164,8 +170,15 @@ class RichProgress(runner.Progress):
     "--parallel",
     type=click.Choice(distributed.PARALLEL),
     default=None,
-    help="Several processes: DDP or FSDP2 (each decoder layer a unit); default ddp. Batch size is per device.",
+    help="Several processes: DDP, FSDP2 (each decoder layer a unit) or HSDP (replicate x shard); default ddp. "
+    "Batch size is per data-parallel rank.",
 )
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (torch's TP plans).")
+@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (torch.distributed.pipelining).")
+@click.option("--microbatches", type=int, default=None, help="Pipeline microbatches per step (default: --pp).")
+@click.option("--pp-schedule", type=click.Choice(mesh.SCHEDULES), default="gpipe", show_default=True)
+@click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-steps per optimizer step.")
+@click.option("--sequence-parallel", is_flag=True, help="With --tp: shard norms and the residual along the sequence.")
 @click.option(
     "--dist-timeout",
     type=float,
@@ -194,11 +207,17 @@ def run(
     master_addr,
     master_port,
     parallel,
+    tp,
+    pp,
+    microbatches,
+    pp_schedule,
+    grad_accum,
+    sequence_parallel,
     dist_timeout,
     **shape,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
-    launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, dist_timeout)
     config = build_config(preset, **shape)
     base = runner.RunOptions(
         config=config,
@@ -215,6 +234,12 @@ def run(
         strict_precision=strict_precision,
         parallel=parallel,
         timeout_seconds=dist_timeout,
+        tp=tp,
+        pp=pp,
+        microbatches=microbatches,
+        pp_schedule=pp_schedule,
+        grad_accum=grad_accum,
+        sequence_parallel=sequence_parallel,
     )
     requested = precision_name.upper()
     if requested == "ALL":
@@ -229,7 +254,7 @@ def run(
     runs = [runner.RunOptions(**{**base.__dict__, "precision": name}) for name in names]
     if launch is not None:
         for options_for in runs:  # bad input fails here, before any process starts
-            runner.resolve(runner.RunOptions(**{**options_for.__dict__, "parallel": None}))
+            runner.check_launch(options_for, launch.nproc_per_node * launch.nnodes, launch.nnodes)
         for record in distributed.launch_runs(launch, runs):
             records.append(record)
             _print_record(record, runner.write(record, out))
@@ -276,10 +301,20 @@ def _print_record(record: dict, path: Path) -> None:
     if record.get("world_size", 1) > 1:
         rows[2:3] = [
             ("devices", f"{record['world_size']} on {record['nodes']} node(s), {record['parallel']}"),
-            ("batch size", f"{record['batch_size']} per device, {record['global_batch_size']} global"),
+            ("batch size", f"{record['batch_size']} per data-parallel rank, {record['global_batch_size']} global"),
             ("tokens/s per device", f"{record['tokens_per_second_per_device']:,.1f}"),
             ("per-rank window", ", ".join(f"{w:.3f} s" for w in record["per_rank"])),
         ]
+        layout = record.get("layout") or {}
+        rows.insert(
+            3,
+            (
+                "layout",
+                f"tp {layout.get('tp')} x pp {layout.get('pp')} x dp {layout.get('dp')}, "
+                f"{layout.get('microbatches')} microbatch(es), accumulation {layout.get('grad_accum')}",
+            ),
+        )
+        rows.insert(4, ("threads per rank", ", ".join(map(str, record.get("threads_per_rank") or []))))
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -291,7 +326,9 @@ def _print_record(record: dict, path: Path) -> None:
     if not record["official"]:
         console.print("[bold yellow]DEBUG RUN, NOT A VALID RESULT: " + "; ".join(record["debug_reasons"]) + "[/]")
     for reason in record["invalid_reasons"]:
-        console.print(f"[bold red]INVALID: {reason}[/]")
+        console.print(f"[bold red]INVALID: {escape(reason)}[/]", highlight=False)
+    for note in record.get("stragglers") or []:
+        console.print(f"[bold yellow]STRAGGLER: {escape(note)}[/]", highlight=False)
 
 
 @cli.command(name="plugins")
@@ -478,14 +515,14 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
 
 
 @cli.command(name="project")
-@click.option("--layers", type=int, required=True, help="L, transformer layers (1T model: 128).")
-@click.option("--hidden", type=int, required=True, help="d, hidden size (1T model: 25872).")
+@click.option("--layers", type=int, default=None, help="L, transformer layers (1T model: 128).")
+@click.option("--hidden", type=int, default=None, help="d, hidden size (1T model: 25872).")
 @click.option(
-    "--ffn", type=int, required=True, help="Feed-forward size (1T model: 98304); recorded, not in the formula."
+    "--ffn", type=int, default=None, help="Feed-forward size (1T model: 98304); recorded, not in the formula."
 )
 @click.option("--heads", type=int, default=None, help="Attention heads (checked to divide --hidden).")
-@click.option("--seq", type=int, required=True, help="s, sequence length.")
-@click.option("--global-batch", type=int, required=True, help="b, global batch size.")
+@click.option("--seq", type=int, default=None, help="s, sequence length.")
+@click.option("--global-batch", type=int, default=None, help="b, global batch size.")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree.")
 @click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree.")
 @click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel degree.")
@@ -495,34 +532,65 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
     "result_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="An llmb run result: its achieved TFLOP/s per device is alpha.",
+    help="An llmb run result: its achieved TFLOP/s per device gives alpha.",
 )
 @click.option(
     "--comm",
     "comm_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="An llmb commbench JSON: its all-reduce bandwidth is beta.",
+    help="An llmb commbench JSON: its all-reduce bandwidth gives beta.",
+)
+@click.option(
+    "--check",
+    "check_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A measured multi-process llmb run: project its shape and layout, print measured next to projected.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @handle_errors
 def project_command(
-    layers, hidden, ffn, heads, seq, global_batch, tp, pp, dp, bytes_per_element, result_path, comm_path, as_json
+    layers,
+    hidden,
+    ffn,
+    heads,
+    seq,
+    global_batch,
+    tp,
+    pp,
+    dp,
+    bytes_per_element,
+    result_path,
+    comm_path,
+    check_path,
+    as_json,
 ) -> None:
-    """Project the step time and FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and beta."""
+    """Project the step time and seed FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and
+    beta; with --check, hold the projection against a measured run."""
     from llmb import project
     from llmb.results import load_result
 
-    shape = project.Shape(layers, hidden, ffn, seq, global_batch, tp, pp, dp, heads, bytes_per_element)
     try:
         result, comm = load_result(result_path), load_result(comm_path)
+        measured = load_result(check_path) if check_path else None
     except (OSError, ValueError) as exc:
         raise LlmbError(f"cannot read JSON: {exc}") from None
-    projection = project.project(shape, result, comm)
+    if measured is not None:
+        projection = project.check_against(measured, result, comm)
+    else:
+        missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("ffn", ffn), ("seq", seq),
+                                  ("global-batch", global_batch)) if v is None]  # fmt: skip
+        if missing:
+            raise click.UsageError(f"missing --{', --'.join(missing)} (or give --check RUN.json)")
+        shape = project.Shape(layers, hidden, ffn, seq, global_batch, tp, pp, dp, heads, bytes_per_element)
+        projection = project.project(shape, result, comm)
     if as_json:
         click.echo(json.dumps(projection, indent=2))
         return
     console.print(project.table(projection))
+    for warning in projection["warnings"]:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
 @cli.command()

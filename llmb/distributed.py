@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 import os
 import re
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,41 +25,56 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from llmb import cluster
 from llmb.errors import LlmbError, UsageError
 
-PARALLEL = ("ddp", "fsdp")
+PARALLEL = ("ddp", "fsdp", "hsdp")
 # How long a collective may wait for a peer before the group fails it: long enough for a slow first step (compile),
 # short enough that a rank lost without its process dying (a hung device, a lost node) fails the run, not hangs it.
 DEFAULT_TIMEOUT_SECONDS = 600
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 _LLMB_ERROR = re.compile(r"^(LlmbError|UsageError|PluginError): (rank \d+: )?")
+# What a collective says when its peer went away (gloo, NCCL, the store): worth asking which peer fell silent.
+_PEER_LOST = re.compile(r"(?i)connection|peer|gloo|nccl|timed? ?out|socket|broken pipe|store")
 _FOREIGN = re.compile(r"^[\w.]+(Error|Exception): ")
 
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the job, as torchrun's environment says."""
+    """This process's place in the job, as its launcher's environment says (llmb.cluster)."""
 
     rank: int
     local_rank: int
     world_size: int
     local_world_size: int
+    node_count: int = 0  # the launcher's count of nodes; 0: derive it from the local world size
+    launcher: str = "torchrun"
 
     @property
     def nodes(self) -> int:
+        if self.node_count:
+            return self.node_count
         return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def node(self) -> int:
+        """This rank's node, counting ranks in blocks of the local world size (torchrun's and srun's layout)."""
+        return self.rank // max(1, self.local_world_size)
 
 
 def current_world() -> World | None:
-    """The job this process belongs to (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK...), or None for a plain run."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    """The job this process belongs to (torchrun's RANK, WORLD_SIZE...; Slurm's srun, Open MPI's or PMI's own
+    variables, exported once in torch's names), or None for a plain run."""
+    job = cluster.export(os.environ)
+    if job is None:
         return None
-    world_size = int(os.environ["WORLD_SIZE"])
     return World(
-        rank=int(os.environ["RANK"]),
-        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-        world_size=world_size,
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+        rank=job.rank,
+        local_rank=job.local_rank,
+        world_size=job.world_size,
+        local_world_size=job.local_world_size,
+        node_count=job.nodes,
+        launcher=job.launcher,
     )
 
 
@@ -78,6 +95,10 @@ def errors_name_the_rank():
     except Exception as exc:
         if world is None:
             raise
+        if not isinstance(exc, LlmbError):
+            lost = peer_loss(world, exc)
+            if lost is not None:
+                raise lost from exc
         if isinstance(exc, LlmbError):
             kind, text = (UsageError if isinstance(exc, UsageError) else LlmbError), str(exc)
         else:
@@ -95,6 +116,8 @@ class LaunchSpec:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    # The rendezvous waits this long for the other nodes (torch's static rendezvous otherwise waits 600-900 s).
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
 
     def check(self) -> None:
         if self.nproc_per_node < 1:
@@ -112,10 +135,17 @@ class LaunchSpec:
 def torchrun_arguments(spec: LaunchSpec) -> list[str]:
     """torchrun's own command line for the spec: a local rendezvous on one node, torchrun's static one across nodes."""
     args = [f"--nproc-per-node={spec.nproc_per_node}", f"--nnodes={spec.nnodes}", "--max-restarts=0"]
+    wait = max(1, math.ceil(spec.timeout_seconds))
     if spec.nnodes == 1 and spec.master_addr is None and spec.master_port is None:
         # What `torchrun --standalone` does: a c10d store on a free local port, so parallel jobs never collide.
-        return args + ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", f"--rdzv-id={uuid.uuid4().hex}"]
+        return args + [
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0",
+            f"--rdzv-id={uuid.uuid4().hex}",
+            f"--rdzv-conf=join_timeout={wait}",
+        ]
     return args + [
+        f"--rdzv-conf=timeout={wait}",
         "--rdzv-backend=static",
         f"--node-rank={spec.node_rank}",
         f"--master-addr={spec.master_addr or '127.0.0.1'}",
@@ -129,6 +159,7 @@ def launch(spec: LaunchSpec, entrypoint: Callable, *args: Any) -> dict[int, Any]
     naming it (the launcher stops the other ranks, so nothing waits on the failed one)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
@@ -154,6 +185,14 @@ def launch(spec: LaunchSpec, entrypoint: Callable, *args: Any) -> dict[int, Any]
         raise failure_error(exc.failures) from None
     except SignalException as exc:
         raise LlmbError(f"stopped by {exc.sigval.name}: every rank was stopped") from None
+    except (dist.DistError, RendezvousError, TimeoutError) as exc:
+        # The nodes never met: name where this node waited and for how long, in one line.
+        where = f"{spec.master_addr or '127.0.0.1'}:{spec.master_port or DEFAULT_MASTER_PORT}"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise LlmbError(
+            f"node {spec.node_rank}: the job's {spec.nnodes} nodes did not all join within "
+            f"{spec.timeout_seconds:g} s (rendezvous at {where}): {first}"
+        ) from None
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)
@@ -191,6 +230,9 @@ def failure_error(failures: dict) -> LlmbError:
 
     rank, failure = sorted(failures.items(), key=key)[0]
     message = _LLMB_ERROR.sub("", text(failure)).splitlines()[0] if text(failure) else ""
+    if message.startswith("ranks disagree:") or " stopped answering" in message:
+        # Every rank says the same thing about the job (which rank disagrees, which peer died): say it once.
+        return (UsageError if text(failure).startswith("UsageError: ") else LlmbError)(message)
     if not message or message.startswith("To enable traceback"):
         message = f"exited with code {failure.exitcode}"
     others = sorted(r for r in failures if r != rank)
@@ -222,52 +264,99 @@ def init_process_group(plugin, device: torch.device, world: World, timeout_secon
         world_size=world.world_size,
         timeout=dt.timedelta(seconds=timeout_seconds),
     )
+    Heartbeat.start(world)
     return backend
 
 
 def shutdown() -> None:
+    Heartbeat.stop()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class Heartbeat:
+    """Each rank stamps the time in the job's store every second, so that when a collective fails because a peer
+    went away, the survivor can name the peer that fell silent instead of blaming itself."""
+
+    PERIOD = 1.0
+    SILENT = 3.0  # seconds without a stamp: gone (three missed periods)
+    _current: Heartbeat | None = None
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.store = dist.distributed_c10d._get_default_store()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="llmb-heartbeat", daemon=True)
+
+    @classmethod
+    def start(cls, world: World) -> None:
+        cls.stop()
+        try:
+            cls._current = cls(world)
+        except (RuntimeError, ValueError):
+            return  # no store to stamp: failures are reported without the peer's name
+        cls._current.thread.start()
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls._current is not None:
+            cls._current.stopped.set()
+            cls._current = None
+
+    def _beat(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.store.set(f"llmb/alive/{self.world.rank}", repr(time.time()))
+            except Exception:  # the store went away with its host: the main thread's collective will say so
+                return
+            self.stopped.wait(self.PERIOD)
+
+    @classmethod
+    def silent_peers(cls) -> list[int] | None:
+        """The ranks whose stamps stopped (None when the store itself cannot be reached: its host is gone)."""
+        beat = cls._current
+        if beat is None:
+            return []
+        time.sleep(cls.SILENT)  # a peer that just died stamped at most one period ago
+        silent = []
+        try:
+            now = time.time()
+            for rank in range(beat.world.world_size):
+                key = f"llmb/alive/{rank}"
+                if rank == beat.world.rank or not beat.store.check([key]):
+                    continue
+                if now - float(beat.store.get(key).decode()) > cls.SILENT:
+                    silent.append(rank)
+        except Exception:
+            return None
+        return silent
+
+
+def peer_loss(world: World, exc: BaseException) -> LlmbError | None:
+    """When this rank's error came from a peer that stopped answering, an error naming that peer."""
+    if not dist.is_initialized() or Heartbeat._current is None or not _PEER_LOST.search(str(exc)):
+        return None
+    silent = Heartbeat.silent_peers()
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if silent is None:
+        node = 0
+        return LlmbError(
+            f"rank 0's node (node {node}, the job's store) stopped answering; rank {world.rank} saw: {first[:200]}"
+        )
+    if not silent:
+        return None
+    names = ", ".join(f"rank {r} on node {r // max(1, world.local_world_size)}" for r in silent)
+    return LlmbError(f"{names} stopped answering (rank {world.rank} noticed: {first[:200]})")
 
 
 def barrier() -> None:
     dist.barrier()
 
 
-def parallelize(model: torch.nn.Module, parallel: str, device: torch.device, world: World) -> torch.nn.Module:
-    """torch's own data parallelism around the (post-processed) model: DDP, or FSDP2 with each decoder layer a
-    unit and then the root. FSDP2 replaces the parameters with sharded ones, so build the optimizer afterwards."""
-    if parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        # device_ids=None: the module sits on one device (or the CPU) and DDP uses it where it is.
-        return DistributedDataParallel(model, device_ids=None)
-    if parallel == "fsdp":
-        from llmb.model import DecoderLayer, LlamaModel
-
-        try:
-            from torch.distributed.fsdp import fully_shard
-        except ImportError:
-            raise UsageError(
-                f"--parallel fsdp needs FSDP2 (fully_shard), which torch {torch.__version__} lacks"
-            ) from None
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(device.type, (world.world_size,))
-        # Found by type, so a plugin's wrapper (e.g. torch.compile's) around the model is sharded inside.
-        for module in model.modules():
-            if isinstance(module, DecoderLayer):
-                fully_shard(module, mesh=mesh)
-        roots = [m for m in model.modules() if isinstance(m, LlamaModel)]
-        fully_shard(roots[0] if roots else model, mesh=mesh)
-        return model
-    raise UsageError(f"unknown --parallel {parallel!r} (choose from {', '.join(PARALLEL)})")
-
-
 def grad_scaler(parallel: str, device: torch.device):
     """FSDP's loss scaler for FP16: each rank holds a shard of the gradients, so whether they overflowed is agreed
     across ranks (or one rank would skip a step the others take). DDP's gradients are whole, None keeps torch.amp's."""
-    if parallel != "fsdp":
+    if parallel not in ("fsdp", "hsdp"):
         return None
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -326,6 +415,48 @@ def gradients_after_one_step(runs: list) -> list[dict[str, torch.Tensor]]:
             grads = full_gradients(session.model)
             if session.world.rank == 0:
                 gathered.append(grads)
+    finally:
+        shutdown()
+    return gathered
+
+
+def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's parameters made whole (DTensor shards gathered: a collective on their mesh, so every rank of
+    the mesh calls it), named as in the unwrapped model."""
+    params = {}
+    for name, p in model.named_parameters():
+        value = p.detach()
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        params[name.removeprefix("module.").replace("_orig_mod.", "")] = value.cpu().clone()
+    return params
+
+
+def updates_after_steps(runs: list, steps: int) -> list[dict[str, torch.Tensor]]:
+    """Each rank's entrypoint for the equivalence check: prepare each run exactly as `llmb run` does (its layout,
+    its batches seeded by data-parallel rank), take `steps` harness steps, and return, on rank 0, every parameter's
+    update (after minus before) over the whole model: the pipeline stages' parts gathered into one."""
+    from llmb import runner
+
+    gathered = []
+    try:
+        for options in runs:
+            plugin, device, settings = runner.resolve(options)
+            session = runner.prepare(options, plugin, device, settings)
+            before = full_parameters(session.model)
+            for _ in range(steps):
+                session.trainer.step()
+            after = full_parameters(session.model)
+            mine = {name: after[name] - before[name] for name in after}
+            world = session.world
+            parts = [None] * world.world_size
+            dist.all_gather_object(parts, mine)
+            if world.rank == 0:
+                whole: dict = {}
+                for part in parts:
+                    for name, value in part.items():
+                        whole.setdefault(name, value)
+                gathered.append(whole)
     finally:
         shutdown()
     return gathered

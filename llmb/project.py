@@ -4,20 +4,28 @@ The seed (ALCF 1T LLM training benchmark) models one training step as
 
     t = alpha * b L (36 s d^2 + 6 s^2 d) / (PP * TP)  +  beta * 4 b L s d / PP
 
-alpha is the time per FLOP of one device (1 / its FLOP/s) and beta the time per byte of the intranode all-reduce
-(1 / its bandwidth); the second term reduces an [s, d] activation four times per layer in the TP group. The DP
-all-reduce is left out: it overlaps with the next layer's compute. Here:
+alpha is the time per multiply-add of one device and beta the time per byte of the intranode all-reduce (1 / its
+bandwidth); the second term reduces an [s, d] activation four times per layer in the TP group. The DP all-reduce is
+left out: it overlaps with the next layer's compute. Here:
 
-- alpha = 1 / the achieved model FLOP/s per device of an `llmb run` result (its `tflops`): the projection assumes
-  the big model runs the device as efficiently as the measured one did.
-- beta = 1 / the all-reduce algorithm bandwidth of an `llmb commbench` record: the time of an all-reduce of S bytes
-  is S / algbw by definition (busbw is the link-comparable figure, not a time). The bandwidth is the one measured at
-  the size nearest (log scale) to one [s, d] activation (s x d x bytes per element); beyond the largest measured
-  size, the largest's (bandwidth saturates with size).
+- alpha = 2 / the achieved model FLOP/s per device of an `llmb run` result (its `tflops`). The seed's
+  `36 s d^2 + 6 s^2 d` counts multiply-adds (its modelling report counts an [m,n]x[n,k] matmul as m n k), while
+  llmb's FLOP/s count two FLOPs per multiply-add. The projection assumes the big model runs the device as
+  efficiently as the measured one did.
+- beta = 1 / the all-reduce algorithm bandwidth in the TP group: the time of an all-reduce of S bytes is S / algbw.
+  An `llmb commbench` record measured algbw on its own rank count n; a ring's bus bandwidth busbw = algbw 2 (n-1)/n
+  is the same whatever the count (nccl-tests' point), so the TP group of t ranks gets algbw_t = busbw t / (2 (t-1)).
+  A commbench on another rank count than TP is a warning: links within t ranks may differ from those within n.
+  TP 1 has no TP all-reduce: the beta-term is zero. The bandwidth is the one measured at the size nearest (log
+  scale) to one [s, d] activation (s x d x bytes per element); beyond the largest measured size, the largest's.
 - The terms count elements; bytes per element (default 2, BF16 activations) turns the second into bytes.
 - b: the seed's formula is one model replica (TP x PP devices) working through its batch. With DP replicas each
   works through global batch / DP at the same time, so b = global batch / DP (DP = 1 is the seed's formula as
-  written). The FOM, (6 s d^2 + s^2 d) b L / T (llmb.flops.fom), takes the global batch.
+  written). The FOM, (6 s d^2 + s^2 d) b L / T (llmb.flops.fom), takes the global batch; it is the seed's own figure
+  of merit (a count of its own), not a FLOP/s to compare with a device's peak.
+
+`check` holds the model against reality: the shape, layout and bytes of a measured multi-process run, projected from
+a one-process result and a commbench record, next to the run's measured step time.
 """
 
 from __future__ import annotations
@@ -79,13 +87,22 @@ def project(shape: Shape, result: dict, comm: dict) -> dict:
     s, d, layers = shape.seq, shape.hidden, shape.layers
     b = shape.global_batch // shape.dp
     flop_rate = achieved_flops(result)
-    compute_flops = b * layers * (36 * s * d**2 + 6 * s**2 * d)
-    alpha_term = compute_flops / (shape.pp * shape.tp) / flop_rate
+    multiply_adds = b * layers * (36 * s * d**2 + 6 * s**2 * d)
+    alpha = 2 / flop_rate  # seconds per multiply-add: two FLOPs each
+    alpha_term = multiply_adds / (shape.pp * shape.tp) * alpha
     message_bytes = s * d * shape.bytes_per_element
     row = pick_bandwidth(comm, message_bytes)
-    bandwidth = row["algbw_bytes_per_second"]
-    comm_bytes = 4 * b * layers * s * d * shape.bytes_per_element / shape.pp
-    beta_term = comm_bytes / bandwidth
+    ranks = int(comm.get("world_size") or 2)
+    busbw = row["algbw_bytes_per_second"] * 2 * (ranks - 1) / ranks
+    bandwidth = busbw * shape.tp / (2 * (shape.tp - 1)) if shape.tp > 1 else math.inf
+    comm_bytes = 4 * b * layers * s * d * shape.bytes_per_element / shape.pp if shape.tp > 1 else 0
+    beta_term = comm_bytes / bandwidth if shape.tp > 1 else 0.0
+    warnings = []
+    if shape.tp > 1 and ranks != shape.tp:
+        warnings.append(
+            f"the commbench ran on {ranks} ranks, the TP group has {shape.tp}: its bus bandwidth is carried over "
+            f"as a ring's (algbw = busbw t / (2 (t - 1))), which holds only if the links are alike"
+        )
     step_seconds = alpha_term + beta_term
     config = replace(
         OFFICIAL_CONFIG,
@@ -99,18 +116,54 @@ def project(shape: Shape, result: dict, comm: dict) -> dict:
         "shape": shape.__dict__,
         "batch_per_replica": b,
         "achieved_flops_per_device": flop_rate,
-        "compute_flops": compute_flops,
+        "compute_multiply_adds": multiply_adds,
+        "alpha_seconds_per_multiply_add": alpha,
         "alpha_term_seconds": alpha_term,
         "message_bytes": message_bytes,
         "bandwidth_message_bytes": row["bytes"],
-        "allreduce_algbw_bytes_per_second": bandwidth,
-        "allreduce_ranks": comm.get("world_size"),
+        "commbench_algbw_bytes_per_second": row["algbw_bytes_per_second"],
+        "commbench_busbw_bytes_per_second": busbw,
+        "allreduce_algbw_bytes_per_second": bandwidth if shape.tp > 1 else None,
+        "allreduce_ranks": ranks,
+        "tp_group": shape.tp,
+        "warnings": warnings,
         "comm_bytes": comm_bytes,
         "beta_term_seconds": beta_term,
         "step_seconds": step_seconds,
-        "fom": flops.fom(config, shape.global_batch, step_seconds),
+        "seed_fom": flops.fom(config, shape.global_batch, step_seconds),
         "devices": shape.tp * shape.pp * shape.dp,
     }
+
+
+def shape_of(record: dict) -> Shape:
+    """The shape, layout and activation bytes of a measured `llmb run` record."""
+    config = record.get("config") or {}
+    try:
+        layout = record.get("layout") or {"tp": 1, "pp": 1, "dp": record.get("world_size", 1)}
+        bytes_per_element = {"FP32": 4, "TF32": 4}.get(record["precision"]["effective"], 2)
+        return Shape(
+            layers=config["num_hidden_layers"],
+            hidden=config["hidden_size"],
+            ffn=config["intermediate_size"],
+            seq=config["sequence_length"],
+            global_batch=record["global_batch_size"],
+            tp=layout["tp"],
+            pp=layout["pp"],
+            dp=layout["dp"],
+            heads=config.get("num_attention_heads"),
+            bytes_per_element=bytes_per_element,
+        )
+    except (KeyError, TypeError) as exc:
+        raise UsageError(f"the --check file is not an llmb run result (missing {exc})") from None
+
+
+def check_against(measured: dict, result: dict, comm: dict) -> dict:
+    """A measured run next to the model's projection of it from a (one-process) result and a commbench record."""
+    projection = project(shape_of(measured), result, comm)
+    seconds = measured["timing"]["window_seconds"] / measured["steps"]
+    projection["measured_step_seconds"] = seconds
+    projection["projection_error"] = (projection["step_seconds"] - seconds) / seconds
+    return projection
 
 
 def table(p: dict):
@@ -127,29 +180,44 @@ def table(p: dict):
     )
     out.add_column("what", style="bold")
     out.add_column("value")
+    if tp > 1:
+        beta = (
+            f"1 / {p['allreduce_algbw_bytes_per_second'] / 1e9:.4g} GB/s: algbw in the TP group of {tp} = busbw "
+            f"{p['commbench_busbw_bytes_per_second'] / 1e9:.4g} GB/s x {tp} / (2 ({tp} - 1)); commbench at "
+            f"{p['bandwidth_message_bytes']:,} B on {p['allreduce_ranks']} ranks (message s d x {nbytes} B = "
+            f"{p['message_bytes']:,} B)"
+        )
+        beta_term = (
+            f"{p['comm_bytes']:.6g} / {p['allreduce_algbw_bytes_per_second']:.6g} = {p['beta_term_seconds']:.6g} s"
+        )
+    else:
+        beta, beta_term = "none: TP 1 has no TP all-reduce", "0 s"
     rows = [
         ("b (batch per replica)", f"global batch {shape['global_batch']} / DP {shape['dp']} = {b}"),
-        ("alpha (achieved, per device)", f"1 / {p['achieved_flops_per_device'] / 1e12:.4g} TFLOP/s (from --from)"),
-        ("compute b L (36 s d^2 + 6 s^2 d)", f"{p['compute_flops']:.6g} FLOP"),
+        (
+            "alpha (per multiply-add, per device)",
+            f"2 / {p['achieved_flops_per_device'] / 1e12:.4g} TFLOP/s (from --from): the formula counts "
+            "multiply-adds, TFLOP/s count 2 FLOPs per multiply-add",
+        ),
+        ("compute b L (36 s d^2 + 6 s^2 d)", f"{p['compute_multiply_adds']:.6g} multiply-adds"),
         (
             "alpha-term",
-            f"{p['compute_flops']:.6g} / ({pp} x {tp}) / {p['achieved_flops_per_device']:.6g} "
+            f"{p['compute_multiply_adds']:.6g} / ({pp} x {tp}) x {p['alpha_seconds_per_multiply_add']:.6g} s "
             f"= {p['alpha_term_seconds']:.6g} s",
         ),
-        (
-            "beta (all-reduce algbw)",
-            f"1 / {p['allreduce_algbw_bytes_per_second'] / 1e9:.4g} GB/s at "
-            f"{p['bandwidth_message_bytes']:,} B on {p['allreduce_ranks']} ranks "
-            f"(message s d x {nbytes} B = {p['message_bytes']:,} B)",
-        ),
+        ("beta (TP all-reduce)", beta),
         ("communication 4 b L s d / PP", f"{p['comm_bytes']:.6g} B ({nbytes} B per element)"),
-        (
-            "beta-term",
-            f"{p['comm_bytes']:.6g} / {p['allreduce_algbw_bytes_per_second']:.6g} = {p['beta_term_seconds']:.6g} s",
-        ),
+        ("beta-term", beta_term),
         ("projected step time T", f"{p['step_seconds']:.6g} s"),
-        ("FOM (6 s d^2 + s^2 d) B L / T", f"{p['fom']:.6g} FLOP/s ({p['fom'] / 1e15:.4g} PFLOP/s)"),
+        ("seed FOM (6 s d^2 + s^2 d) B L / T", f"{p['seed_fom']:.6g} (the seed's figure of merit, not a FLOP/s)"),
     ]
+    if "measured_step_seconds" in p:
+        rows.append(
+            (
+                "measured step time",
+                f"{p['measured_step_seconds']:.6g} s; projection error {p['projection_error']:+.1%}",
+            )
+        )
     for row in rows:
         out.add_row(*row)
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, census, distributed, flops, precision
+from llmb import __version__, census, distributed, flops, mesh, precision, ranks
 from llmb.config import official_reasons
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
@@ -45,6 +45,14 @@ class RunOptions:
     # Under torchrun (or `--nproc-per-node`): ddp or fsdp (default ddp); "none" for a single process.
     parallel: str | None = None
     timeout_seconds: float = distributed.DEFAULT_TIMEOUT_SECONDS
+    # The layout on the job's DeviceMesh (llmb.mesh): tensor and pipeline parallel sizes, the pipeline's schedule
+    # and microbatches, gradient accumulation (also in one process), sequence parallel with tensor parallel.
+    tp: int = 1
+    pp: int = 1
+    microbatches: int | None = None
+    pp_schedule: str = "gpipe"
+    grad_accum: int = 1
+    sequence_parallel: bool = False
 
 
 class Progress:
@@ -53,6 +61,9 @@ class Progress:
     def phase(self, name: str, total: int) -> None: ...
 
     def advance(self) -> None: ...
+
+    def note(self, text: str) -> None:
+        """A line worth the console's attention (a straggler); the record holds it too."""
 
 
 def loss_band(vocab_size: int) -> tuple[float, float]:
@@ -92,11 +103,43 @@ def resolve(options: RunOptions) -> tuple[Plugin, torch.device, dict]:
     world = distributed.current_world()
     if world is None and options.parallel not in (None, "none"):
         raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
+    if world is None and (options.tp > 1 or options.pp > 1):
+        raise UsageError("--tp and --pp need several processes: add --nproc-per-node N, or torchrun")
     if world is not None:
         if parallel_strategy(options) not in distributed.PARALLEL:
             raise UsageError(f"--parallel must be one of {', '.join(distributed.PARALLEL)} under torch.distributed")
         device = distributed.rank_device(device, world)
+    mesh.check(layout(options), options.config, options.batch_size)
     return plugin, device, settings
+
+
+def check_launch(options: RunOptions, world_size: int, nodes: int) -> None:
+    """Before any process starts: the request as one process would resolve it, and the layout on the job's size."""
+    single = replace(options, parallel=None, tp=1, pp=1, microbatches=None)
+    resolve(single)
+    plan = replace(layout(single), world_size=world_size, nodes=nodes, tp=options.tp, pp=options.pp)
+    plan = replace(
+        plan,
+        strategy=options.parallel or "ddp",
+        microbatches=options.microbatches or math.gcd(options.pp, options.batch_size),
+    )
+    mesh.check(plan, options.config, options.batch_size)
+
+
+def layout(options: RunOptions) -> mesh.Layout:
+    """The run's layout on the job's mesh (a single process is a layout of one)."""
+    world = distributed.current_world()
+    return mesh.Layout(
+        world_size=world.world_size if world else 1,
+        tp=options.tp,
+        pp=options.pp,
+        strategy=parallel_strategy(options),
+        nodes=world.nodes if world else 1,
+        microbatches=options.microbatches or math.gcd(options.pp, options.batch_size),
+        schedule=options.pp_schedule,
+        grad_accum=options.grad_accum,
+        sequence_parallel=options.sequence_parallel,
+    )
 
 
 def parallel_strategy(options: RunOptions) -> str:
@@ -140,6 +183,8 @@ class Session:
     parameters: int
     invalid: list[str]
     world: distributed.World | None = None
+    layout: mesh.Layout | None = None
+    rows: int = 0  # samples of the global batch this rank contributes per step (0 on a tensor/pipeline peer)
 
 
 def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict) -> Session:
@@ -154,6 +199,7 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
     world = distributed.current_world()
     if world is not None:
         distributed.init_process_group(plugin, device, world, options.timeout_seconds)
+        ranks.check_agreement(agreement_facts(options, plugin, settings))
 
     torch.manual_seed(options.seed)
     model = LlamaModel(config)  # built on the CPU from the seed, so every device starts from the same weights
@@ -175,23 +221,73 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
     )
     model = processed if processed is not None else model
     processed_parameters = count_parameters(model)
+    plan = layout(options)
+    coords = mesh.Coordinates(0, 0, 0)
     if world is not None:
-        # The harness's parallel wrapper goes on after the plugin's post-processing: the plugin sees the whole model,
-        # as in a single-device run, and what communicates is torch's own DDP/FSDP, outside the plugin's reach.
-        # FSDP2 swaps the parameters for sharded ones, so AdamW is built again over them with the same options.
-        model = distributed.parallelize(model, parallel_strategy(options), device, world)
-        if parallel_strategy(options) == "fsdp":
-            optimizer = build_optimizer(model, optimizer_options)
+        # The harness's layout goes on after the plugin's post-processing: the plugin sees the whole model, as in a
+        # single-device run, and what communicates is torch's own DDP/FSDP/TP/pipelining, outside the plugin's reach.
+        # Sharding, tensor plans and pipeline cuts replace or drop parameters, so AdamW is built again over what the
+        # mesh made of them, with the same options (less any the DTensors refuse, recorded).
+        device_mesh = mesh.build_mesh(plan, device.type)
+        coords = mesh.coordinates(plan, world.rank)
+        model = mesh.parallelize(model, plan, device_mesh, coords)
+        if plan.strategy != "ddp" or plan.tp > 1 or plan.pp > 1:
+            usable, dropped = mesh.optimizer_options(model, dict(optimizer_options or {}))
+            optimizer = build_optimizer(model, usable)
+            if dropped:
+                settings = {**settings, "optimizer_fallback": dropped}
     invalid: list[str] = [f"optimizer: {p}" for p in optimizer_problems(optimizer, model)]
     if processed_parameters != parameters:
         invalid.append(f"post-processing changed the parameter count from {parameters} to {processed_parameters}")
-    # Data parallelism: each rank its own batch (seed + rank); the global batch is all of them.
-    rank = world.rank if world is not None else 0
-    batch = synthetic_batch(config, options.batch_size, options.seed + rank, device)
-    trainer = Trainer(model, optimizer, batch, recipe, services, barrier=distributed.barrier if world else None)
+    # Data parallelism: each data-parallel rank its own batch (seed + dp rank), the ranks of a tensor or pipeline
+    # group the same one; with accumulation, K slices of it per step. The global batch is all the dp ranks'.
+    rows = options.batch_size * plan.grad_accum
+    batch = synthetic_batch(config, rows, options.seed + coords.dp, device)
+    barrier = distributed.barrier if world else None
+    common = (model, optimizer, batch, recipe, services)
+    if plan.pp > 1:
+        schedule = mesh.pipeline_schedule(model, plan, coords, device, device_mesh)
+        first, last = coords.pp == 0, coords.pp == plan.pp - 1
+        pp_group = device_mesh["pp"].get_group()
+        trainer = mesh.PipelineTrainer(*common, barrier=barrier, schedule=schedule, first=first, last=last,
+                                       pp_group=pp_group)  # fmt: skip
+    elif plan.grad_accum > 1:
+        trainer = mesh.AccumulatingTrainer(*common, barrier=barrier, accumulation=plan.grad_accum)
+    else:
+        trainer = Trainer(*common, barrier=barrier)
     if world is not None and trainer.scaler is not None:
         trainer.scaler = distributed.grad_scaler(parallel_strategy(options), device) or trainer.scaler
-    return Session(plugin, device, settings, services, recipe, model, optimizer, trainer, parameters, invalid, world)
+    contributes = coords.tp == 0 and coords.pp == 0
+    return Session(
+        plugin,
+        device,
+        settings,
+        services,
+        recipe,
+        model,
+        optimizer,
+        trainer,
+        parameters,
+        invalid,
+        world,
+        plan,
+        rows if contributes else 0,
+    )
+
+
+def agreement_facts(options: RunOptions, plugin: Plugin, settings: dict) -> dict:
+    """What every rank of a job must have the same of: its options (bar the device's index, which is per rank),
+    the model, and the versions of llmb, torch and the plugin."""
+    facts = {f"option {k}": v for k, v in options.__dict__.items() if k not in ("config",)}
+    facts |= {f"shape {k}": v for k, v in options.config.to_dict().items()}
+    facts |= {
+        "model fingerprint": model_fingerprint(),
+        "llmb version": __version__,
+        "torch version": torch.__version__,
+        "plugin": f"{plugin.name} {plugin.version} ({plugin.distribution})",
+        "plugin settings": settings,
+    }
+    return facts
 
 
 def audit_session(session: Session) -> dict:
@@ -208,7 +304,8 @@ def audit_session(session: Session) -> dict:
         sync=session.services.synchronize,
     )
     # What the operators produce: a format that lives only inside the GEMMs (float8) shows up only here.
-    counts = census.forward_dtypes(session.model, session.trainer.batch, session.recipe.autocast_dtype)
+    probe = mesh.stage_input(session.model, session.trainer.batch)  # a later pipeline stage takes hidden states
+    counts = census.forward_dtypes(session.model, probe, session.recipe.autocast_dtype)
     return census.add_evidence(audit, counts)
 
 
@@ -225,10 +322,13 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         trainer.step()
         progress.advance()
 
-    measurements = []
+    measurements, busy = [], []
     for repeat in range(options.repeats):
         progress.phase(f"measure {repeat + 1}/{options.repeats}", options.steps)
+        before = ranks.busy_seconds()
         measurements.append(trainer.measure(options.steps, on_step=progress.advance))
+        after = ranks.busy_seconds()
+        busy.append(after - before if before is not None and after is not None else None)
     peak_memory = services.peak_memory_bytes()
     chosen = median_measurement(measurements)
 
@@ -248,18 +348,51 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
 
     job = None
     if session.world is not None:
-        merged = _merge_ranks(session.world, audit, invalid, measurements)
+        report = ranks.RankReport(
+            effective=audit["effective"],
+            invalid=invalid,
+            windows=[m.window_seconds for m in measurements],
+            own=[m.rank_window_seconds for m in measurements],
+            steps=[m.step_seconds for m in measurements],
+            busy=busy,
+            losses={"initial": initial_loss}
+            | {
+                f"{end}:{k}": getattr(m, f"loss_{end}") for k, m in enumerate(measurements) for end in ("first", "last")
+            },
+            rows=session.rows,
+            threads=ranks.intra_op_threads(),
+            node=session.world.node,
+            stage=mesh.coordinates(session.layout, session.world.rank).pp,
+        )
+        merged = _merge_ranks(session.world, report, measurements)
         if merged is None:
             return None  # only rank 0 writes the run's record
-        audit, invalid, measurements, per_rank = merged
+        audit_ranks, invalid, measurements, reports = merged
+        audit = {**audit, **audit_ranks}
         index = median_index([m.window_seconds for m in measurements])
         chosen = measurements[index]
+        losses = ranks.global_losses(reports)
+        initial_loss = losses["initial"]
+        chosen = replace(chosen, loss_first=losses[f"first:{index}"], loss_last=losses[f"last:{index}"])
+        threads = [r.threads for r in reports]
+        notes = ranks.stragglers(reports, index)
+        if ranks.threads_note(threads):
+            notes.append(ranks.threads_note(threads))
         job = {
             "world_size": session.world.world_size,
             "nodes": session.world.nodes,
             "parallel": parallel_strategy(options),
-            "per_rank": [windows[index] for windows in per_rank],
+            "per_rank": [r.windows[index] for r in reports],
+            "layout": session.layout.to_dict(),
+            "global_batch": sum(r.rows for r in reports),
+            "threads_per_rank": threads,
+            "per_rank_busy_seconds": [r.busy[index] for r in reports],
+            "per_rank_step_seconds": [r.steps[index] for r in reports],
+            "stragglers": notes,
+            "launcher": session.world.launcher,
         }
+        for note in notes:
+            progress.note(f"STRAGGLER: {note}" if not note.startswith("ranks ran") else note)
 
     return build_record(
         options=options,
@@ -279,27 +412,21 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
     )
 
 
-def _merge_ranks(world, audit: dict, invalid: list[str], measurements: list):
-    """On rank 0: every rank's audit, problems and windows in one. The label is the lowest format any rank ran;
-    another rank's problems join the record with its rank named; a repeat's window is the slowest rank's (all
-    waited at the barrier, so they differ by the barrier's skew); per rank, each rank's own window per repeat."""
-    mine = {
-        "effective": audit["effective"],
-        "invalid": invalid,
-        "windows": [m.window_seconds for m in measurements],
-        "own": [m.rank_window_seconds for m in measurements],
-    }
-    ranks = distributed.gather(mine, world)
-    if ranks is None:
+def _merge_ranks(world, report: ranks.RankReport, measurements: list):
+    """On rank 0: every rank's report in one. The label is the lowest format any rank ran; another rank's problems
+    join the record with its rank named; a repeat's window is the slowest rank's (all waited at the barrier, so they
+    differ by the barrier's skew). Returns None on the other ranks."""
+    reports = distributed.gather(report, world)
+    if reports is None:
         return None
-    merged_invalid = list(invalid)
-    for rank, theirs in enumerate(ranks[1:], start=1):
-        merged_invalid += [f"rank {rank}: {reason}" for reason in theirs["invalid"] if reason not in invalid]
-    effective = precision.lowest([r["effective"] for r in ranks])
-    audit = {**audit, "effective": effective, "rank_effective": [r["effective"] for r in ranks]}
-    windows = [max(r["windows"][k] for r in ranks) for k in range(len(measurements))]
+    merged_invalid = list(report.invalid)
+    for rank, theirs in enumerate(reports[1:], start=1):
+        merged_invalid += [f"rank {rank}: {reason}" for reason in theirs.invalid if reason not in report.invalid]
+    effective = precision.lowest([r.effective for r in reports])
+    audit = {"effective": effective, "rank_effective": [r.effective for r in reports]}
+    windows = [max(r.windows[k] for r in reports) for k in range(len(measurements))]
     measurements = [replace(m, window_seconds=w) for m, w in zip(measurements, windows, strict=True)]
-    return audit, merged_invalid, measurements, [r["own"] for r in ranks]
+    return audit, merged_invalid, measurements, reports
 
 
 def loss_problems(config: ModelConfig, initial_loss: float, measurements: list) -> list[str]:
@@ -339,8 +466,19 @@ def build_record(
     config = options.config
     effective = audit["effective"]
     # A single process is a job of one; in a multi-process job the batch size is per device.
-    job = job or {"world_size": 1, "nodes": 1, "parallel": "none", "per_rank": [chosen.window_seconds]}
-    global_batch = options.batch_size * job["world_size"]
+    job = job or {
+        "world_size": 1,
+        "nodes": 1,
+        "parallel": "none",
+        "per_rank": [chosen.window_seconds],
+        "layout": layout(options).to_dict(),
+        "global_batch": options.batch_size * options.grad_accum,
+        "threads_per_rank": [torch.get_num_threads()],
+        "stragglers": [],
+        "launcher": None,
+    }
+    # What the data-parallel ranks really ran (ranks.RankReport.rows), not the options times the world size.
+    global_batch = job["global_batch"]
     tokens = global_batch * config.sequence_length * options.steps
     tokens_per_second = tokens / chosen.window_seconds
     flops_per_token = flops.model_flops_per_token(config, parameters)
@@ -406,6 +544,17 @@ def build_record(
         "parallel": job["parallel"],
         "global_batch_size": global_batch,
         "per_rank": job["per_rank"],
+        "layout": job["layout"],
+        "tp": job["layout"]["tp"],
+        "pp": job["layout"]["pp"],
+        "dp": job["layout"]["dp"],
+        "microbatches": job["layout"]["microbatches"],
+        "grad_accum": job["layout"]["grad_accum"],
+        "threads_per_rank": job["threads_per_rank"],
+        "per_rank_busy_seconds": job.get("per_rank_busy_seconds"),
+        "per_rank_step_seconds": job.get("per_rank_step_seconds"),
+        "stragglers": job["stragglers"],
+        "launcher": job["launcher"],
         "tokens_per_second": tokens_per_second,
         "tokens_per_second_per_device": tokens_per_second / job["world_size"],
         "samples_per_second": global_batch * options.steps / chosen.window_seconds,

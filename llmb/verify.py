@@ -314,7 +314,11 @@ def throughput_problems(b: Bundle, path: str, r: dict) -> list[str]:
     world = r.get("world_size", 1)
     if not (isinstance(world, int) and world >= 1):
         return [f"world_size {world!r} is not a positive integer"]
-    global_batch = r["batch_size"] * world
+    # Tensor and pipeline groups share one batch: the data-parallel ranks' batches (x accumulation) are the global one.
+    dp, accumulation = r.get("dp", world), r.get("grad_accum", 1)
+    if not (isinstance(dp, int) and isinstance(accumulation, int) and 1 <= dp <= world and accumulation >= 1):
+        return [f"layout dp {dp!r} / grad_accum {accumulation!r} is not a layout of {world} processes"]
+    global_batch = r["batch_size"] * accumulation * dp
     tokens_per_second = global_batch * config.sequence_length * r["steps"] / window
     parameters = flops.parameter_count(config)
     per_token = flops.model_flops_per_token(config, parameters)
