@@ -6,6 +6,7 @@ own, and so that one arm's threads, compiled graphs and allocator state cannot h
 Arms:
 - llmb: the harness itself, `llmb.runner.run` with the plugin's settings.
 - hf: HF transformers' LlamaForCausalLM (same shape, SDPA attention, untied head) + torch.optim.AdamW, by hand.
+- torchtitan: torchtitan's Llama3Model (same shape, SDPA attention; see titan.py) + torch.optim.AdamW, by hand.
 - bare: llmb's model and the benchmark's AdamW in a bare loop with one device sync at the end.
 - interleaved: the harness's step and models stepped by hand in one process, alternating step by step.
 """
@@ -96,12 +97,18 @@ def plain_loop(step, device: torch.device, warmup_steps: int, steps: int) -> dic
     }
 
 
-def run_options(spec: dict):
-    from llmb import runner
+def model_config(spec: dict):
+    """The spec's shape: a preset with optional overrides (`shape`, as `llmb run --hidden-size ...`)."""
     from llmb.config import build_config
 
+    return build_config(spec["preset"], **(spec.get("shape") or {}))
+
+
+def run_options(spec: dict):
+    from llmb import runner
+
     return runner.RunOptions(
-        config=build_config(spec["preset"]),
+        config=model_config(spec),
         preset=spec["preset"],
         plugin=spec.get("plugin"),
         device=spec.get("device"),
@@ -139,10 +146,9 @@ def hand_setup(spec: dict, build, loss_of):
     """Build a model from the seed, the benchmark's AdamW, the harness's batch and matmul switches: what a user
     who copies llmb's setup but not its harness would run. Returns (step, optimizer, device)."""
     from llmb import precision
-    from llmb.config import build_config
     from llmb.train import ADAMW_HYPERPARAMETERS, parameter_groups, synthetic_batch
 
-    config = build_config(spec["preset"])
+    config = model_config(spec)
     device = torch.device(spec.get("device") or "cpu")
     recipe = precision.recipe(spec["precision"], spec.get("mode", "pure"))
     precision.apply_backend_recipe(spec["precision"])  # the same matmul switches as the harness sets
@@ -183,21 +189,52 @@ def run_hf(spec: dict) -> dict:
     return result
 
 
-def run_bare(spec: dict) -> dict:
+def llmb_model(config):
     from llmb.model import LlamaModel
 
-    return by_hand(spec, LlamaModel, lambda model, batch: model(batch, labels=batch)[0])
+    return LlamaModel(config)
+
+
+def llmb_loss(model, batch):
+    return model(batch, labels=batch)[0]
+
+
+def titan_model(config):
+    from titan import titan_model
+
+    return titan_model(config)
+
+
+def titan_loss(model, batch):
+    from titan import titan_loss
+
+    return titan_loss(model, batch)
+
+
+# Model-by-hand arms: (build from a ModelConfig, loss of (model, batch)).
+MODELS = {"llmb": (llmb_model, llmb_loss), "hf": (hf_model, hf_loss), "torchtitan": (titan_model, titan_loss)}
+
+
+def run_bare(spec: dict) -> dict:
+    return by_hand(spec, llmb_model, llmb_loss)
+
+
+def run_titan(spec: dict) -> dict:
+    import torchtitan
+
+    result = by_hand(spec, titan_model, titan_loss)
+    result["torchtitan"] = getattr(torchtitan, "__version__", None)
+    return result
 
 
 def run_interleaved(spec: dict) -> dict:
     """The harness's own step (runner.prepare + Trainer.step) and models stepped by hand ("hf": HF's, "llmb": llmb's
-    bare, "same": the harness's own model and optimizer), one process, alternating step by step (the order flips
-    every pair), each step timed between two syncs: load that drifts over seconds hits all alike. The models share
-    the memory here, so it is not compared."""
+    bare, "torchtitan": torchtitan's, "same": the harness's own model and optimizer), one process, alternating step
+    by step (the order flips every pair), each step timed between two syncs: load that drifts over seconds hits all
+    alike. The models share the memory here, so it is not compared."""
     from llmb import runner
-    from llmb.model import LlamaModel
 
-    models = {"hf": (hf_model, hf_loss), "llmb": (LlamaModel, lambda model, batch: model(batch, labels=batch)[0])}
+    models = MODELS
     options = run_options(spec)
     session = runner.prepare(options, *runner.resolve(options))
     steps = {"llmb": session.trainer.step}
@@ -236,7 +273,7 @@ def run_interleaved(spec: dict) -> dict:
     }
 
 
-ARMS = {"llmb": run_llmb, "hf": run_hf, "bare": run_bare, "interleaved": run_interleaved}
+ARMS = {"llmb": run_llmb, "hf": run_hf, "bare": run_bare, "torchtitan": run_titan, "interleaved": run_interleaved}
 
 
 def main(spec: dict) -> dict:
@@ -251,6 +288,9 @@ def main(spec: dict) -> dict:
         import transformers
 
         transformers.LlamaForCausalLM  # noqa: B018 - resolves the lazy import now
+    hand_models = {arm["model"] for arm in (spec.get("by_hand") or {}).values()}
+    if spec["arm"] == "torchtitan" or "torchtitan" in hand_models:
+        import torchtitan.models.llama3  # noqa: F401 - its code is not training memory
     device = torch.device(spec.get("device") or "cpu")
     baseline = rss_bytes() if device.type == "cpu" else 0  # an accelerator's peak counts only its own allocations
     result = ARMS[spec["arm"]](spec)
@@ -269,9 +309,7 @@ def main(spec: dict) -> dict:
 
 
 def _sequence_length(spec: dict) -> int:
-    from llmb.config import build_config
-
-    return build_config(spec["preset"]).sequence_length
+    return model_config(spec).sequence_length
 
 
 if __name__ == "__main__":

@@ -55,6 +55,21 @@ def test_each_arm_measures_tokens_memory_and_a_moving_loss(bench, arm, extra):
         assert bool(result["optimizer"]["fused"]) == bool(extra["optimizer_options"])
 
 
+def test_torchtitan_arm_is_llmbs_shape_and_trains(bench):
+    pytest.importorskip("triton", reason="torchtitan imports only with triton (pip install -e .[bench])")
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e .[bench])")
+    arms, _, _ = bench
+    from llmb.model import LlamaModel, count_parameters
+
+    config = build_config("tiny")
+    assert count_parameters(arms.titan_model(config)) == count_parameters(LlamaModel(config))
+    result = arms.main(
+        {**SPEC, "arm": "torchtitan", "optimizer_options": {"fused": True}, "steps": 2, "warmup_steps": 1}
+    )
+    assert result["loss_first"] != result["loss_last"] and result["optimizer"]["fused"]
+    assert abs(result["loss_first"] - 10.37) < 1.0  # near ln(32000): torchtitan's init, llmb's vocabulary
+
+
 def test_interleaved_arm_times_the_harness_step_and_hf_pair_by_pair(bench):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
     arms, _, _ = bench

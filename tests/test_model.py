@@ -2,10 +2,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmb.config import PRESETS
 from llmb.flops import parameter_count
-from llmb.model import OFFICIAL_CONFIG, LlamaModel, count_parameters
+from llmb.model import OFFICIAL_CONFIG, LlamaModel, causal_lm_loss, count_parameters
 
 
 def test_official_shape_has_exactly_1_433_680_000_parameters():
@@ -54,3 +56,65 @@ def test_installed_model_matches_the_released_fingerprint():
     from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 
     assert model_fingerprint() == RELEASED_MODEL_FINGERPRINT
+
+
+def _sliced_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The released-before loss: slice the logits, then the mean cross-entropy (the semantics to keep)."""
+    return F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_loss_and_gradients_equal_the_sliced_logits_loss(batch):
+    torch.manual_seed(0)
+    config = PRESETS["tiny"]
+    ids = torch.randint(0, config.vocab_size, (batch, config.sequence_length))
+    model = LlamaModel(config)
+    loss, _ = model(ids, labels=ids)
+    loss.backward()
+    ours = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    _, logits = model(ids)
+    reference = _sliced_loss(logits, ids)
+    reference.backward()
+    # The same batch x (seq - 1) terms averaged; only the order of the FP32 sum may differ (a few ulps).
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_loss_ignores_padded_labels_as_hf_does():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    labels = torch.randint(0, 11, (2, 5))
+    labels[1, 3] = -100  # a padded target: left out of the sum and of the count
+    kept = [(b, t) for b in range(2) for t in range(4) if labels[b, t + 1] != -100]
+    expected = torch.stack([F.cross_entropy(logits[b, t], labels[b, t + 1]) for b, t in kept]).mean()
+    assert causal_lm_loss(logits, labels).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+class _LargeOutputs(TorchDispatchMode):
+    """Records the operators whose output has at least `numel` elements (logits-sized tensors)."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.ops = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        if any(isinstance(o, torch.Tensor) and o.numel() >= self.numel for o in outs):
+            self.ops.append(func.__name__)
+        return out
+
+
+@pytest.mark.parametrize("loss_of", [causal_lm_loss, _sliced_loss], ids=["model", "sliced"])
+def test_the_loss_reads_the_logits_without_copying_them(loss_of):
+    batch, seq, vocab = 3, 16, 50
+    logits = torch.randn(batch, seq, vocab, requires_grad=True)
+    labels = torch.randint(0, vocab, (batch, seq))
+    with _LargeOutputs(batch * (seq - 1) * vocab) as seen:
+        loss_of(logits, labels).backward()
+    names = [op.split(".")[0] for op in seen.ops]
+    copies = [op for op in names if op in ("clone", "copy_", "slice_backward", "_to_copy")]
+    # The sliced loss (the check's own control) copies the logits forward and their gradient backward.
+    assert copies == [] if loss_of is causal_lm_loss else copies == ["clone", "slice_backward"]
