@@ -284,12 +284,13 @@ def main(spec: dict) -> dict:
     # its gradients, the optimizer state and the activations, not the size of a library's code.
     from llmb import runner  # noqa: F401
 
-    if spec["arm"] in ("hf", "interleaved"):
+    # import_peers: every arm imports every peer's library first, so peak memories (max RSS) compare like for like.
+    if spec["arm"] in ("hf", "interleaved") or spec.get("import_peers"):
         import transformers
 
         transformers.LlamaForCausalLM  # noqa: B018 - resolves the lazy import now
     hand_models = {arm["model"] for arm in (spec.get("by_hand") or {}).values()}
-    if spec["arm"] == "torchtitan" or "torchtitan" in hand_models:
+    if spec["arm"] == "torchtitan" or "torchtitan" in hand_models or spec.get("import_peers"):
         import torchtitan.models.llama3  # noqa: F401 - its code is not training memory
     device = torch.device(spec.get("device") or "cpu")
     baseline = rss_bytes() if device.type == "cpu" else 0  # an accelerator's peak counts only its own allocations

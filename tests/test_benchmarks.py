@@ -24,6 +24,23 @@ def bench(monkeypatch):
     return arms, common, compile_modes
 
 
+def test_vs_peers_pairs_step_times_into_tokens_per_second_ratios(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import vs_peers
+
+    # Our steps 1 s each; theirs 1.0, 1.2, 1.1, 2.0 s: tokens/s ratios 1.0, 1.2, 1.1, 2.0, pair by pair.
+    r = vs_peers.pair_ratios([1.0, 1.0, 1.0, 1.0], [1.0, 1.2, 1.1, 2.0])
+    assert r["median"] == pytest.approx(1.15) and (r["min"], r["max"]) == (1.0, 2.0)
+    assert r["q1"] <= r["median"] <= r["q3"]
+    rounds = [
+        {"round": 0, "label": "a", "tokens_per_second": 2.0},
+        {"round": 0, "label": "b", "tokens_per_second": 1.0},
+        {"round": 1, "label": "a", "tokens_per_second": 3.0},
+        {"round": 1, "label": "b", "error": "x"},
+    ]
+    assert vs_peers.same_round_ratios(rounds, "a", "b") == [2.0]
+
+
 def _prepared_optimizer(settings: dict) -> torch.optim.Optimizer:
     options = runner.RunOptions(config=build_config("tiny"), preset="tiny", plugin="cpu", settings=settings)
     session = runner.prepare(options, *runner.resolve(options))
