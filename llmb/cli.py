@@ -15,10 +15,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from llmb import __version__, conformance, distributed, mesh, plugins, precision, runner
+from llmb import __version__, bounds, conformance, distributed, mesh, plugins, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
 from llmb.plugins import Plugin, plugin_names
+from llmb.results import check_writable, save_result
 from llmb.settings import parse_options
 
 console = Console()
@@ -66,7 +67,7 @@ def shape_options(func):
         func = click.option(
             f"--{name.replace('_', '-')}",
             name,
-            type=int,
+            type=bounds.SHAPE,
             default=None,
             help="Debug shape override (the run is not official).",
         )(func)
@@ -93,12 +94,15 @@ def launch_options(func):
     """torchrun's launch options; with --nproc-per-node, llmb starts the processes through torch's launcher."""
     options = [
         click.option(
-            "--nproc-per-node", type=int, default=None, help="Processes (devices) per node, launched as torchrun would."
+            "--nproc-per-node",
+            type=bounds.PROCESSES,
+            default=None,
+            help="Processes (devices) per node, launched as torchrun would.",
         ),
-        click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes in the job."),
-        click.option("--node-rank", type=int, default=0, show_default=True, help="This node's rank."),
+        click.option("--nnodes", type=bounds.NODES, default=1, show_default=True, help="Nodes in the job."),
+        click.option("--node-rank", type=bounds.NODE_RANK, default=0, show_default=True, help="This node's rank."),
         click.option("--master-addr", default=None, help="Node rank 0's address (several nodes)."),
-        click.option("--master-port", type=int, default=None, help="Node rank 0's port (default 29500)."),
+        click.option("--master-port", type=bounds.PORT, default=None, help="Node rank 0's port (default 29500)."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -149,13 +153,17 @@ class RichProgress(runner.Progress):
     help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
 )
 @click.option("--strict-precision", is_flag=True, help="Fail when the audited precision is below the requested one.")
-@click.option("--batch-size", default=1, show_default=True, type=int)
-@click.option("--steps", default=50, show_default=True, type=int, help="Measured steps per repeat.")
-@click.option("--warmup-steps", default=5, show_default=True, type=int)
+@click.option("--batch-size", default=1, show_default=True, type=bounds.BATCH)
+@click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help="Measured steps per repeat.")
+@click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP)
 @click.option(
-    "--repeats", default=1, show_default=True, type=int, help="Measurements on the same model; the median is reported."
+    "--repeats",
+    default=1,
+    show_default=True,
+    type=bounds.REPEATS,
+    help="Measurements on the same model; the median is reported.",
 )
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=bounds.SEED)
 @click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
 @shape_options
 @click.option(
@@ -173,15 +181,19 @@ class RichProgress(runner.Progress):
     help="Several processes: DDP, FSDP2 (each decoder layer a unit) or HSDP (replicate x shard); default ddp. "
     "Batch size is per data-parallel rank.",
 )
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (torch's TP plans).")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline stages (torch.distributed.pipelining).")
-@click.option("--microbatches", type=int, default=None, help="Pipeline microbatches per step (default: --pp).")
+@click.option(
+    "--tp", type=bounds.PROCESSES, default=1, show_default=True, help="Tensor-parallel size (torch's TP plans)."
+)
+@click.option(
+    "--pp", type=bounds.PROCESSES, default=1, show_default=True, help="Pipeline stages (torch.distributed.pipelining)."
+)
+@click.option("--microbatches", type=bounds.COUNT, default=None, help="Pipeline microbatches per step (default: --pp).")
 @click.option("--pp-schedule", type=click.Choice(mesh.SCHEDULES), default="gpipe", show_default=True)
-@click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-steps per optimizer step.")
+@click.option("--grad-accum", type=bounds.COUNT, default=1, show_default=True, help="Micro-steps per optimizer step.")
 @click.option("--sequence-parallel", is_flag=True, help="With --tp: shard norms and the residual along the sequence.")
 @click.option(
     "--dist-timeout",
-    type=float,
+    type=bounds.SECONDS,
     default=distributed.DEFAULT_TIMEOUT_SECONDS,
     show_default=True,
     help="Seconds a collective waits for a peer before the run fails.",
@@ -219,6 +231,7 @@ def run(
     """Run the training benchmark and write one result JSON per precision."""
     launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, dist_timeout)
     config = build_config(preset, **shape)
+    check_writable(out)  # before anything is measured, not after
     base = runner.RunOptions(
         config=config,
         preset=preset,
@@ -250,24 +263,41 @@ def run(
                 console.print(f"[yellow]{p}: unsupported by this plugin[/]")
     else:
         names = [requested]
-    records = []
+    records, unsaved = [], []
     runs = [runner.RunOptions(**{**base.__dict__, "precision": name}) for name in names]
     if launch is not None:
         for options_for in runs:  # bad input fails here, before any process starts
             runner.check_launch(options_for, launch.nproc_per_node * launch.nnodes, launch.nnodes)
         for record in distributed.launch_runs(launch, runs):
             records.append(record)
-            _print_record(record, runner.write(record, out))
+            _print_record(record, _save(record, out, unsaved))
     for options_for in runs if launch is None else []:
         record = _run_one(options_for)
         if record is None:
             continue  # another rank of a torchrun job: rank 0 writes the result
-        path = runner.write(record, out)
+        path = _save(record, out, unsaved)
         records.append(record)
         _print_record(record, path)
     distributed.shutdown()
+    if unsaved:
+        sys.exit(1)
     if any(r["invalid_reasons"] for r in records) and strict_precision:
         sys.exit(1)
+
+
+def _save(record: dict, out: Path, unsaved: list[Path]) -> Path:
+    """Write the result; if --out fails after the measurement, it is printed and saved under the temporary folder."""
+    path, problem = save_result(record, out)
+    if problem is not None:
+        click.echo(json.dumps(record, indent=2))
+        err_console.print(
+            f"error: the result could not be written to {out} ({problem}); it is printed above and saved as {path}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        unsaved.append(path)
+    return path
 
 
 def _run_one(options: runner.RunOptions) -> dict | None:
@@ -485,10 +515,14 @@ def new_plugin(name: str, directory: Path | None) -> None:
 @cli.command(name="commbench")
 @click.option("--plugin", default=None, help="Hardware plugin whose process-group backend is measured.")
 @click.option("--device", default=None, help="Device type (default: the plugin's).")
-@click.option("--nproc-per-node", type=int, default=None, help="Processes (default: the host's devices, at least 2).")
+@click.option(
+    "--nproc-per-node", type=bounds.PROCESSES, default=None, help="Processes (default: the host's devices, at least 2)."
+)
 @click.option("--sizes", default=None, help="Message sizes in bytes, e.g. 1K,1M,64M (default 1K to 64M by x16).")
-@click.option("--iters", default=20, show_default=True, type=int, help="Timed all-reduces per size.")
-@click.option("--warmup", default=5, show_default=True, type=int, help="Untimed all-reduces per size.")
+@click.option("--iters", default=20, show_default=True, type=bounds.COUNT, help="Timed all-reduces per size.")
+@click.option(
+    "--warmup", default=5, show_default=True, type=click.IntRange(0, 10**6), help="Untimed all-reduces per size."
+)
 @click.option("--dtype", default="float32", show_default=True, help="Element type of the buffers.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
 @handle_errors
@@ -515,18 +549,21 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
 
 
 @cli.command(name="project")
-@click.option("--layers", type=int, default=None, help="L, transformer layers (1T model: 128).")
-@click.option("--hidden", type=int, default=None, help="d, hidden size (1T model: 25872).")
+@click.option("--layers", type=bounds.PROJECT, default=None, help="L, transformer layers (1T model: 128).")
+@click.option("--hidden", type=bounds.PROJECT, default=None, help="d, hidden size (1T model: 25872).")
 @click.option(
-    "--ffn", type=int, default=None, help="Feed-forward size (1T model: 98304); recorded, not in the formula."
+    "--ffn",
+    type=bounds.PROJECT,
+    default=None,
+    help="Feed-forward size (1T model: 98304); recorded, not in the formula.",
 )
-@click.option("--heads", type=int, default=None, help="Attention heads (checked to divide --hidden).")
-@click.option("--seq", type=int, default=None, help="s, sequence length.")
-@click.option("--global-batch", type=int, default=None, help="b, global batch size.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree.")
-@click.option("--pp", type=int, default=1, show_default=True, help="Pipeline-parallel degree.")
-@click.option("--dp", type=int, default=1, show_default=True, help="Data-parallel degree.")
-@click.option("--bytes-per-element", type=int, default=2, show_default=True, help="Activation element size.")
+@click.option("--heads", type=bounds.PROJECT, default=None, help="Attention heads (checked to divide --hidden).")
+@click.option("--seq", type=bounds.PROJECT, default=None, help="s, sequence length.")
+@click.option("--global-batch", type=bounds.PROJECT, default=None, help="b, global batch size.")
+@click.option("--tp", type=bounds.PROJECT, default=1, show_default=True, help="Tensor-parallel degree.")
+@click.option("--pp", type=bounds.PROJECT, default=1, show_default=True, help="Pipeline-parallel degree.")
+@click.option("--dp", type=bounds.PROJECT, default=1, show_default=True, help="Data-parallel degree.")
+@click.option("--bytes-per-element", type=bounds.PROJECT, default=2, show_default=True, help="Activation element size.")
 @click.option(
     "--from",
     "result_path",
@@ -609,14 +646,22 @@ def project_command(
     show_default=True,
     help="auto (double until out of memory or a plateau, then bisect) or a list like 1,2,4,8.",
 )
-@click.option("--max-batch-size", default=1024, show_default=True, type=int, help="Upper bound for auto.")
-@click.option("--repeats", default=3, show_default=True, type=int, help="Re-runs of the best batch; median = headline.")
-@click.option("--steps", default=50, show_default=True, type=int, help="Measured steps per trial.")
-@click.option("--warmup-steps", default=5, show_default=True, type=int)
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--max-batch-size", default=1024, show_default=True, type=bounds.BATCH, help="Upper bound for auto.")
+@click.option(
+    "--repeats",
+    default=3,
+    show_default=True,
+    type=bounds.SWEEP_REPEATS,
+    help="Re-runs of the best batch; median = headline.",
+)
+@click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help="Measured steps per trial.")
+@click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP)
+@click.option("--seed", default=0, show_default=True, type=bounds.SEED)
 @click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
 @shape_options
-@click.option("--trial-timeout", default=600.0, show_default=True, type=float, help="Seconds before a trial is killed.")
+@click.option(
+    "--trial-timeout", default=600.0, show_default=True, type=bounds.SECONDS, help="Seconds before a trial is killed."
+)
 @click.option(
     "--out",
     default="sweep",
@@ -691,7 +736,10 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
     """Tables and plots from result files, sweep directories and submission bundles."""
     from llmb.report import report
 
-    text = report(list(paths), fmt=fmt, out=out, plot_dir=plot_dir, baseline=baseline, console=console)
+    def warn(line: str) -> None:
+        err_console.print(f"skipped: {line}", markup=False, highlight=False, soft_wrap=True)
+
+    text = report(list(paths), fmt=fmt, out=out, plot_dir=plot_dir, baseline=baseline, console=console, warn=warn)
     if text is not None and out is None:
         click.echo(text, nl=False)
     elif out is not None:
@@ -707,11 +755,11 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
     "--steps",
     default=conformance.DEFAULT_STEPS,
     show_default=True,
-    type=int,
+    type=bounds.STEPS,
     help="Optimizer steps whose results are compared.",
 )
-@click.option("--batch-size", default=conformance.DEFAULT_BATCH_SIZE, show_default=True, type=int)
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--batch-size", default=conformance.DEFAULT_BATCH_SIZE, show_default=True, type=bounds.BATCH)
+@click.option("--seed", default=0, show_default=True, type=bounds.SEED)
 @click.option("--out", default="conformance.json", show_default=True, type=click.Path(dir_okay=False, path_type=Path))
 @handle_errors
 def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
@@ -746,14 +794,18 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
 )
 @click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
 @shape_options
-@click.option("--batch-size", default=1, show_default=True, type=int, help="The batch whose GEMM shapes are measured.")
+@click.option(
+    "--batch-size", default=1, show_default=True, type=bounds.BATCH, help="The batch whose GEMM shapes are measured."
+)
 @click.option(
     "--square",
-    type=int,
+    type=click.IntRange(1, 2**16),
     default=None,
     help="Side of the square GEMM (default: doubled from 256 until one matmul lasts 50 ms, at most 8192).",
 )
-@click.option("--repeats", default=5, show_default=True, type=int, help="Timed batches per GEMM; the median counts.")
+@click.option(
+    "--repeats", default=5, show_default=True, type=bounds.REPEATS, help="Timed batches per GEMM; the median counts."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
 @handle_errors

@@ -72,6 +72,7 @@ from llmb.model import count_parameters
 from llmb.plugins import Plugin
 from llmb.results import write_json_atomic
 from llmb.runner import RunOptions, Session, audit_session, is_out_of_memory, prepare, resolve
+from llmb.settings import recorded
 from llmb.train import optimizer_problems
 
 SCHEMA = "llmb.conformance/1"
@@ -423,7 +424,7 @@ def check_plugin(
             "name": chosen.name,
             "version": chosen.version,
             "distribution": chosen.distribution,
-            "settings": resolved,
+            "settings": recorded(resolved),  # a secret setting's value is never recorded
         },
         "device": device_info,
         "precision": {"requested": options.precision, "effective": candidate.audit["effective"], "mode": mode},

@@ -81,7 +81,7 @@ def load(paths: list[Path]) -> Inputs:
     if not paths:
         raise UsageError("give at least one result file or directory")
     records: dict[str, tuple[dict, Path]] = {}
-    logs = []
+    logs, log_files = [], []
     inputs = Inputs()
     for path in paths:
         path = Path(path)
@@ -93,6 +93,7 @@ def load(paths: list[Path]) -> Inputs:
             if file.suffix == ".jsonl":
                 try:
                     logs.append(read_log(file))
+                    log_files.append(file)
                 except LlmbError as exc:
                     inputs.skipped.append(str(exc))
                 continue
@@ -105,17 +106,36 @@ def load(paths: list[Path]) -> Inputs:
                 continue
             schema = data.get("schema") if isinstance(data, dict) else None
             if schema == SCHEMA:
+                problem = _incomplete(data)
+                if problem and explicit:
+                    raise LlmbError(f"{file}: incomplete llmb result ({problem})")
+                if problem:
+                    inputs.skipped.append(f"{file}: incomplete llmb result ({problem})")
+                    continue
                 records.setdefault(data["run_id"], (data, file))
             elif explicit and schema != SUMMARY_SCHEMA:
                 raise UsageError(f"{file} is not an llmb result (schema {schema!r})")
     phases = {t.run_id: t.phase for _, trials in logs for t in trials if t.run_id}
     for record, file in records.values():
-        inputs.points.append(point_from_record(record, phases.get(record["run_id"]), str(file)))
-    for header, trials in logs:
-        inputs.points.extend(failed_points(header, trials, records))
+        try:
+            inputs.points.append(point_from_record(record, phases.get(record["run_id"]), str(file)))
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a field of the wrong shape
+            inputs.skipped.append(f"{file}: incomplete llmb result ({exc.__class__.__name__}: {exc})")
+    for (header, trials), file in zip(logs, log_files, strict=True):
+        try:
+            inputs.points.extend(failed_points(header, trials, records))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            inputs.skipped.append(f"{file}: incomplete sweep log ({exc.__class__.__name__}: {exc})")
     if not inputs.points:
-        raise LlmbError(f"no llmb results found in {', '.join(map(str, paths))}")
+        skipped = f" (skipped: {'; '.join(inputs.skipped[:3])})" if inputs.skipped else ""
+        raise LlmbError(f"no llmb results found in {', '.join(map(str, paths))}{skipped}")
     return inputs
+
+
+def _incomplete(record: dict) -> str:
+    """What a result record lacks that every table needs ('' when nothing)."""
+    missing = [key for key in ("run_id", "tokens_per_second", "plugin", "precision", "batch_size") if key not in record]
+    return f"no {', '.join(missing)}" if missing else ""
 
 
 def _files(directory: Path) -> list[Path]:
@@ -704,6 +724,7 @@ def report(
     plot_dir: Path | None = None,
     baseline: str | None = None,
     console: Console | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> str | None:
     """Load the inputs, render the report; return the text (None when printed to the console as rich tables)."""
     if fmt is None and out is not None:
@@ -713,6 +734,8 @@ def report(
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
     inputs = load(paths)
+    for line in inputs.skipped if warn is not None else []:  # every file left out is named
+        warn(line)
     tables = build_tables(inputs.points, baseline)
     if baseline and not any(t.name == "methods" for t in tables):
         raise UsageError(f"--baseline {baseline!r}: no comparison table (it needs two methods on the same device)")

@@ -20,6 +20,7 @@ from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import LlamaModel, ModelConfig, count_parameters
 from llmb.plugins import Plugin, select_plugin
 from llmb.results import SCHEMA, median_index
+from llmb.settings import recorded
 from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
 
 # A freshly initialised model predicts near-uniformly: its first loss sits near ln(vocab). Measured here: tiny
@@ -508,7 +509,7 @@ def build_record(
             "name": plugin.name,
             "version": plugin.version,
             "distribution": plugin.distribution,
-            "settings": settings,
+            "settings": recorded(settings),  # a secret setting's value is never recorded
         },
         "device": {
             "type": services.device.type,

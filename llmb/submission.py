@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import __version__, codediff, manifest, sysinfo
+from llmb import __version__, bundle_io, codediff, manifest, sysinfo
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.precision import PRECISIONS
@@ -44,6 +45,17 @@ MIN_RUNS = 3
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 PLUGIN_SOURCE_LIMIT = 64 * 2**20
 SKIP_PARTS = {"__pycache__", "build", "dist", ".git", ".tox", ".venv", "venv", "node_modules"}
+# Installer bookkeeping, not source (direct_url.json holds the absolute path of the project).
+INSTALLER_FILES = {"direct_url.json", "INSTALLER", "REQUESTED"}
+PROJECT_FILES = {"pyproject", "setup", "README", "LICENSE", "COPYING", "NOTICE", "MANIFEST"}
+# Never copied into a public bundle: private keys, credential stores, secrets files.
+SECRET_FILE = re.compile(
+    r"(^|/)(id_(rsa|dsa|ecdsa|ed25519)(\.pub)?|\.env(\..*)?|\.netrc|\.pypirc|\.npmrc|\.htpasswd|\.git-credentials"
+    r")$"
+    r"|\.(pem|key|p12|pfx|jks|keystore|kdbx|ppk|gpg|asc)$"
+    r"|(^|[/_.-])(credentials?|secrets?|passwords?|tokens?)([/_.-]|$)",
+    re.IGNORECASE,
+)
 # File names in a bundle, shared with the verifier.
 SUBMISSION_JSON, SYSTEM_JSON, SUMMARY_MD, MANIFEST_FILE = (
     "submission.json",
@@ -237,6 +249,11 @@ def gather_conformance(records: list[dict], given: list[dict], run_missing: bool
                 f"no conformance record for plugin {name} {requested} {mode} with settings {settings} "
                 f"in the results directory: run `llmb check-plugin` or leave out --no-run-conformance"
             )
+        if sysinfo.REDACTED in json.loads(settings).values():
+            raise UsageError(
+                f"plugin {name} {requested} {mode} used a secret setting, which records never hold: run "
+                "`llmb check-plugin` with it yourself and put its record under --results"
+            )
         from llmb.conformance import check_plugin  # lazy: it builds models
 
         device = next(r["device"]["spec"] for r in records if conformance_key(r) == key)
@@ -275,13 +292,62 @@ def plugin_entries(records: list[dict]) -> list[dict]:
 
 
 def _skipped(relative: Path) -> bool:
-    return any(part in SKIP_PARTS or part.startswith(".") or part.endswith(".egg-info") for part in relative.parts) or (
-        relative.suffix in (".pyc", ".pyo")
+    return (
+        any(part in SKIP_PARTS or part.startswith(".") or part.endswith(".egg-info") for part in relative.parts)
+        or relative.suffix in (".pyc", ".pyo")
+        or relative.name in INSTALLER_FILES
     )
 
 
+def refused_reason(relative: str) -> str | None:
+    """Why a file must never go into a public bundle (a key, a credential, a virtualenv), or None."""
+    if SECRET_FILE.search(relative):
+        return "a key or credential file"
+    parts = relative.split("/")
+    if "pyvenv.cfg" in parts or "site-packages" in parts or relative.endswith(("bin/activate", "Scripts/activate")):
+        return "part of a virtualenv"
+    return None
+
+
+def _git_files(root: Path) -> list[str] | None:
+    """The files git tracks under root (None when root is not in a git checkout or git is missing)."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [git, "-C", str(root), "ls-files", "-z", "--cached", "--", "."],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return sorted(name for name in proc.stdout.decode("utf-8", "replace").split("\0") if name)
+
+
+def _package_files(dist: metadata.Distribution, root: Path) -> list[str]:
+    """An editable install outside git: the distribution's own packages and the project's build files only."""
+    tops = (dist.read_text("top_level.txt") or "").split()
+    tops += [ep.value.split(":")[0].split(".")[0] for ep in dist.entry_points if ep.group == "llmb"]
+    found = [f.name for f in root.iterdir() if f.is_file() and f.name.split(".")[0] in PROJECT_FILES]
+    for top in sorted(set(tops)):
+        for base in (root, root / "src"):
+            if (base / top).is_dir():
+                found += [p.relative_to(root).as_posix() for p in (base / top).rglob("*") if p.is_file()]
+            elif (base / f"{top}.py").is_file():
+                found.append((base / f"{top}.py").relative_to(root).as_posix())
+    return sorted(set(found))
+
+
 def distribution_files(name: str) -> tuple[str, dict[str, Path]]:
-    """Where an installed distribution's source lives, and its files (an editable install: its project folder)."""
+    """How an installed distribution's own files were found (no absolute path: it is published), and the files.
+
+    A wheel install: the files its RECORD lists. An editable install: the files git tracks in its project (else its
+    own packages and build files). Byte code, hidden and installer files are left out; a key, credential or
+    virtualenv file is refused, as is a name a bundle cannot hold."""
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
@@ -290,22 +356,40 @@ def distribution_files(name: str) -> tuple[str, dict[str, Path]]:
     url = urlparse(direct.get("url", ""))
     if "dir_info" in direct and url.scheme == "file":
         root = Path(url2pathname(url.path))
-        files = {
-            path.relative_to(root).as_posix(): path
-            for path in sorted(root.rglob("*"))
-            if path.is_file() and not path.is_symlink() and not _skipped(path.relative_to(root))
-        }
-        return f"local project {root}", files
+        tracked = _git_files(root)
+        origin = "editable install: files tracked by git" if tracked is not None else "editable install: its packages"
+        names = tracked if tracked is not None else _package_files(dist, root)
+        candidates = {relative: root / relative for relative in names}
+    else:
+        origin = "installed distribution"
+        candidates = {}
+        for item in dist.files or []:
+            relative = Path(str(item))
+            if ".." not in relative.parts:  # scripts in bin/ lie outside: not source
+                candidates[relative.as_posix()] = Path(item.locate())
     files = {}
-    for item in dist.files or []:
-        relative = Path(str(item))
-        if ".." in relative.parts or _skipped(relative):
-            continue  # scripts in bin/, byte code: not source
-        files[relative.as_posix()] = Path(item.locate())
-    return "installed distribution", files
+    for relative, path in sorted(candidates.items()):
+        reason = refused_reason(relative)
+        if reason:
+            raise LlmbError(
+                f"plugin distribution {name}: {relative} is {reason}; a bundle is public, so it is not copied "
+                "(remove it from the distribution, or from git, and package again)"
+            )
+        if _skipped(Path(relative)) or not path.is_file() or path.is_symlink():
+            continue
+        try:
+            bundle_io.relative_parts(relative)
+        except ValueError:
+            raise LlmbError(
+                f"plugin distribution {name}: {relative!r} is not a plain file name (letters, digits, ._+@=,~-), "
+                "which `llmb verify` refuses"
+            ) from None
+        files[relative] = path
+    return origin, files
 
 
 def copy_plugin_source(name: str, version: str, dest: Path) -> dict:
+    """Copy a plugin distribution's own files into the bundle; the record lists every file copied, with its hash."""
     origin, files = distribution_files(name)
     total = sum(path.stat().st_size for path in files.values())
     if total > PLUGIN_SOURCE_LIMIT:

@@ -8,6 +8,7 @@ found so far, so a sweep resumed from its log takes the same decisions and rerun
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -27,7 +28,8 @@ from rich.table import Table
 from llmb import precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
-from llmb.results import load_result, median_index, write_json_atomic
+from llmb.results import check_writable, load_result, median_index, write_json_atomic
+from llmb.settings import recorded
 
 LOG_NAME = "sweep.jsonl"
 SUMMARY_NAME = "sweep-summary.json"
@@ -38,6 +40,7 @@ STATUSES = ("ok", "oom", "crash", "timeout", "invalid")
 PLATEAU_GAIN = 0.05
 # Bisection points tried between the last two sizes once doubling stops.
 REFINE_POINTS = 3
+MAX_BATCH_SIZE = 2**20  # the bound of --batch-size and --max-batch-size (llmb.bounds.BATCH)
 # Options that decide what a point measures: a resumed sweep must have the same ones as its log.
 IDENTITY = ("plugin", "device", "settings", "mode", "preset", "config", "steps", "warmup_steps", "seed")
 IDENTITY_SEARCH = ("batch_sizes", "max_batch_size")
@@ -285,6 +288,10 @@ class SweepLog:
                     f"--resume: {path} was written for another sweep ({key} is {logged.get(key)!r} there, "
                     f"{header.get(key)!r} here)"
                 )
+        with open(path, "rb+") as f:  # the sweep holds the folder's lock: cut a torn last line before appending
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
         return cls(path, logged, trials)
 
     def find(self, precision_name: str, phase: str, batch: int, index: int = 0) -> Trial | None:
@@ -302,11 +309,10 @@ class SweepLog:
 
 
 def read_log(path: Path) -> tuple[dict, list[Trial]]:
-    """The header and the trials of a sweep log; a line torn by a kill mid-write is cut off."""
+    """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched)."""
     text = path.read_text()
-    if text and not text.endswith("\n"):
+    if text and not text.endswith("\n"):  # cut here, in memory only: a reader never writes (SweepLog.open repairs)
         text = text[: text.rfind("\n") + 1]
-        path.write_text(text)
     header, trials = {}, []
     for number, line in enumerate(text.splitlines(), 1):
         try:
@@ -351,7 +357,7 @@ class LiveDisplay(Display):
     def __exit__(self, *exc) -> None:
         self.current = ""
         self.live.__exit__(*exc)
-        if not self.console.is_terminal:  # off a terminal, Live leaves its last line open
+        if not self.console.is_terminal and self.rows:  # off a terminal, Live leaves its last line open
             self.console.line()
 
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:
@@ -368,6 +374,8 @@ class LiveDisplay(Display):
             self.bests[precision_name] = trial
 
     def render(self):
+        if not self.rows and not self.current:  # nothing yet: a sweep refused before its first trial draws nothing
+            return Group()
         table = Table(title="llmb sweep", title_justify="left")
         for column in ("precision", "batch", "phase", "status", "tokens/s", "s", "detail"):
             numeric = column in ("batch", "tokens/s", "s")
@@ -401,7 +409,36 @@ def precisions_to_sweep(plugin, requested: str) -> tuple[list[str], list[str]]:
 
 
 def sweep(options: SweepOptions, display: Display | None = None) -> dict:
-    """Run (or resume) a sweep; return its summary, which is also written to SUMMARY_NAME in the out directory."""
+    """Run (or resume) a sweep; return its summary, which is also written to SUMMARY_NAME in the out directory.
+    The sweep holds an exclusive lock on its folder for its whole life: a second sweep there is refused."""
+    out = Path(options.out)
+    created = not out.exists()
+    try:
+        check_writable(out)
+        with _folder_lock(out):
+            return _sweep(options, display)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a sweep refused before its first trial leaves no empty folder behind
+        raise
+
+
+@contextlib.contextmanager
+def _folder_lock(out: Path):
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # close-on-exec: trials never hold it
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LlmbError(
+                f"{out} is in use by another sweep (it holds the folder's lock): wait, or use another --out"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
     display = display or Display()
     for name, value, low in (("repeats", options.repeats, 0), ("max-batch-size", options.max_batch_size, 1)):
         if value < low:
@@ -417,7 +454,7 @@ def sweep(options: SweepOptions, display: Display | None = None) -> dict:
         "schema": LOG_SCHEMA,
         "plugin": plugin.name,
         "device": str(device),
-        "settings": settings,
+        "settings": recorded(settings),
         "mode": run_options.mode,
         "preset": run_options.preset,
         "config": run_options.config.to_dict(),
@@ -547,8 +584,8 @@ def parse_batch_sizes(text: str) -> list[int] | None:
         sizes = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         raise UsageError(f"--batch-sizes expects auto or a list like 1,2,4, got {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise UsageError(f"--batch-sizes must be positive integers, got {text!r}")
+    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_BATCH_SIZE:
+        raise UsageError(f"--batch-sizes must be integers from 1 to {MAX_BATCH_SIZE}, got {text!r}")
     return sizes
 
 

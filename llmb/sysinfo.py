@@ -10,27 +10,46 @@ from pathlib import Path
 import torch
 
 from llmb import __version__
+from llmb.redact import REDACTED, is_secret, scrub, value_for_record
 
-# Only variables that can change how a run behaves; a name holding one of the secret words never has its value kept.
-ENV_PREFIXES = ("CUDA_", "PYTORCH_", "XLA_", "PJRT_", "HIP_", "ROCM_", "ONEAPI_", "ZE_", "OMP_", "KMP_", "TORCH_")
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-REDACTED = "<redacted>"
-# Fields the user completes with --system-file where the machine cannot say.
+__all__ = ["ENV_NAMES", "REDACTED", "collect", "complete", "is_secret", "run_environment"]
+
+# Only variables that can change how a run behaves, by exact name (a prefix would take XLA_PASSWD or TORCH_DSN too);
+# a credential-like name is never kept, and values lose URL passwords, secret pairs and home folders (llmb.redact).
+ENV_NAMES = (
+    # threads and affinity
+    "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_SCHEDULE", "OMP_DYNAMIC", "OMP_WAIT_POLICY",
+    "KMP_AFFINITY", "KMP_BLOCKTIME", "KMP_HW_SUBSET", "MKL_NUM_THREADS", "MKL_ENABLE_INSTRUCTIONS",
+    "OPENBLAS_NUM_THREADS", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+    # NVIDIA
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS",
+    "CUDA_MODULE_LOADING", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE", "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "TORCH_CUDNN_V8_API_ENABLED", "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_NVML_BASED_CUDA_CHECK",
+    # AMD
+    "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "HIP_FORCE_DEV_KERNARG",
+    "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_TUNABLEOP_ENABLED", "PYTORCH_TUNABLEOP_TUNING", "TORCH_BLAS_PREFER_HIPBLASLT",
+    "MIOPEN_FIND_MODE", "ROCBLAS_LAYER",
+    # Intel
+    "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY", "ONEAPI_DEVICE_SELECTOR", "SYCL_CACHE_PERSISTENT",
+    "PYTORCH_XPU_ALLOC_CONF", "IPEX_FP32_MATH_MODE",
+    # XLA / TPU
+    "PJRT_DEVICE", "XLA_FLAGS", "XLA_USE_BF16", "XLA_DOWNCAST_BF16", "XLA_USE_32BIT_LONG", "LIBTPU_INIT_ARGS",
+    "TPU_VISIBLE_CHIPS", "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_NUM_DEVICES",
+    # collectives and torch itself
+    "NCCL_ALGO", "NCCL_PROTO", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_NVLS_ENABLE",
+    "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_BUFFSIZE", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
+    "NCCL_CROSS_NIC", "RCCL_MSCCL_ENABLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_AVOID_RECORD_STREAMS",
+    "TORCH_NCCL_BLOCKING_WAIT", "TORCHINDUCTOR_MAX_AUTOTUNE", "TORCHINDUCTOR_FREEZING", "TORCHDYNAMO_DISABLE",
+    "TORCH_COMPILE_DISABLE", "PYTORCH_JIT", "PYTORCH_ENABLE_MPS_FALLBACK",
+)  # fmt: skip
 TO_COMPLETE = ("status", "accelerator_interconnect", "cooling", "hw_notes")
 
 
-def is_secret(name: str) -> bool:
-    return any(word in name.upper() for word in SECRET_WORDS)
-
-
 def run_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment variables from the allow-list of prefixes, with secret-looking ones redacted."""
+    """The listed environment variables that are set, values scrubbed of anything credential-like."""
     environ = os.environ if environ is None else environ
-    return {
-        name: REDACTED if is_secret(name) else value
-        for name, value in sorted(environ.items())
-        if name.upper().startswith(ENV_PREFIXES)
-    }
+    return {name: value_for_record(name, environ[name]) for name in sorted(ENV_NAMES) if name in environ}
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -145,8 +164,19 @@ def collect(records: list[dict], plugins: list[dict]) -> dict:
 
 def complete(system: dict, given: dict) -> dict:
     """Merge the user's --system-file over what was collected, then list what is still empty."""
-    merged = {**system, **given}
-    if isinstance(merged.get("environment"), dict):  # a user file does not get to record secrets either
-        merged["environment"] = {k: REDACTED if is_secret(k) else v for k, v in merged["environment"].items()}
+    merged = _scrubbed({**system, **given})  # a user file does not get to record secrets or home folders either
+    if isinstance(merged.get("environment"), dict):
+        merged["environment"] = {k: value_for_record(k, v) for k, v in merged["environment"].items()}
     merged["fields_to_complete"] = [name for name in TO_COMPLETE if merged.get(name) in ("", None)]
     return merged
+
+
+def _scrubbed(value):
+    """Every string in a JSON value scrubbed (llmb.redact.scrub): system.json is published."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {k: _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(v) for v in value]
+    return value

@@ -20,6 +20,7 @@ from llmb.config import official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.model import ModelConfig
 from llmb.precision import DTYPE_FORMAT, PRECISIONS, RANK, lowest
+from llmb.redact import value_for_record
 from llmb.results import SCHEMA as RESULT_SCHEMA
 from llmb.results import median_index
 from llmb.runner import loss_band
@@ -39,7 +40,6 @@ from llmb.submission import (
     headlines,
     render_summary,
 )
-from llmb.sysinfo import REDACTED, is_secret
 
 # Recorded figures are full-precision JSON floats, so a recomputation agrees to far better than this.
 REL_TOLERANCE = 1e-6
@@ -187,7 +187,7 @@ def check_system(b: Bundle) -> None:
         problems.append("environment is not an object")
     else:
         problems += [
-            f"secret-looking variable {k} has a value" for k, v in environment.items() if is_secret(k) and v != REDACTED
+            f"variable {k} holds a credential-like value" for k, v in environment.items() if value_for_record(k, v) != v
         ]
     b.add("system.json", problems, system.get("host_processor_model_name", "described"))
 

@@ -1,0 +1,72 @@
+"""What a record must never hold: credentials, passwords in URLs, home-directory paths.
+
+Results, conformance records and system.json are published in submission bundles, so whatever reaches them is
+public. Names that look like credentials lose their value; values lose the user:password part of URLs,
+`key=secret`-style pairs and the home folder of whoever ran the benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+REDACTED = "<redacted>"
+# A name holding one of these words is a credential (XLA_PASSWD, PJRT_AUTH, TORCH_HUB_CREDENTIALS, license_token).
+SECRET_WORDS = (
+    "TOKEN",
+    "KEY",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "PASS",
+    "PWD",
+    "AUTH",
+    "CREDENTIAL",
+    "LICENSE",
+    "LICENCE",
+    "DSN",
+    "COOKIE",
+    "SESSION",
+    "PRIVATE",
+    "SIGNATURE",
+    "CERT",
+)
+_WORDS = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
+# scheme://user:password@host -> scheme://<redacted>@host (also a bare user@, which can be a token).
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+# key=value or key:value pairs inside a value ("--xla_auth_token=abc", "password: hunter2").
+_PAIR = re.compile(rf"(?P<key>[A-Za-z0-9_.-]*(?:{'|'.join(SECRET_WORDS)})[A-Za-z0-9_.-]*\s*[=:]\s*)[^\s,;&]+", re.I)
+# Well-known token shapes (GitHub, Hugging Face, OpenAI-style, Slack, AWS access keys, JWTs).
+_TOKENS = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}"
+    r"|xox[abpr]-[A-Za-z0-9-]{10,}|A[KS]IA[A-Z0-9]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+)"
+)
+_HOME_PATTERN = re.compile(r"(?<![\w.-])(?:/home/[^/\s:;,]+|/Users/[^/\s:;,]+|/root)(?=/|\b|$)")
+
+
+def is_secret(name: str) -> bool:
+    """Whether a variable or setting name looks like it holds a credential."""
+    return bool(_WORDS.search(name))
+
+
+def _homes() -> list[str]:
+    found = {os.path.expanduser("~"), str(Path.home())}
+    return sorted((h for h in found if h and h not in ("/", "~")), key=len, reverse=True)
+
+
+def scrub(value: str) -> str:
+    """A value with URL credentials, secret-looking pairs, known token shapes and home folders taken out."""
+    value = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", value)
+    value = _PAIR.sub(lambda m: f"{m['key']}{REDACTED}", value)
+    value = _TOKENS.sub(REDACTED, value)
+    for home in _homes():
+        value = value.replace(home, "~")
+    return _HOME_PATTERN.sub("~", value)
+
+
+def value_for_record(name: str, value):
+    """What a record keeps of one named value: nothing for a credential's name, a scrubbed text otherwise."""
+    if is_secret(name):
+        return REDACTED
+    return scrub(value) if isinstance(value, str) else value

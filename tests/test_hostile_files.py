@@ -1,0 +1,400 @@
+"""Secrets never recorded, results never lost, files never clobbered, bad numbers refused: hostile environments,
+settings, projects, output paths and record files, each built here."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmb import Setting, hookimpl, results, submission, sysinfo
+from llmb.cli import cli
+from llmb.config import PRESETS
+from llmb.errors import LlmbError, UsageError
+from llmb.redact import REDACTED, scrub
+from llmb.report import load
+from llmb.settings import recorded, resolve_settings
+from llmb.sweep import LOG_NAME, SweepLog, read_log
+
+REFERENCE = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
+TINY = ["--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup-steps", "1"]
+
+
+# Secrets: the environment, system files, settings, plugin sources
+
+
+HOSTILE_ENVIRONMENT = {
+    "XLA_PASSWD": "SECRET-1",
+    "PJRT_AUTH": "SECRET-2",
+    "TORCH_HUB_CREDENTIALS": "SECRET-3",
+    "TORCH_DSN": "postgres://u:SECRET-4@db.example/x",
+    "CUDA_LICENSE_SERVER": "https://user:SECRET-5@license.example",
+    "XLA_FLAGS": "--xla_dump_to=/home/alice/dump --xla_auth_token=SECRET-6 --url=https://bob:SECRET-7@h/x",
+    "LIBTPU_INIT_ARGS": "--key=SECRET-8 ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "OMP_NUM_THREADS": "8",
+    "HF_TOKEN": "SECRET-9",
+}
+
+
+def test_the_environment_keeps_listed_names_and_never_a_secret():
+    kept = sysinfo.run_environment(HOSTILE_ENVIRONMENT)
+    text = json.dumps(kept)
+    assert "SECRET" not in text and "ghp_" not in text, text
+    assert "/home/alice" not in text and "~/dump" in kept["XLA_FLAGS"]
+    assert set(kept) <= set(sysinfo.ENV_NAMES)
+    assert kept["OMP_NUM_THREADS"] == "8" and kept["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "https://<redacted>@h/x" in kept["XLA_FLAGS"]
+
+
+def test_a_system_file_does_not_record_secrets_or_home_folders_either():
+    home = str(Path.home())
+    given = {
+        "environment": dict(HOSTILE_ENVIRONMENT),
+        "hw_notes": f"driver from https://me:SECRET-10@repo.example, logs in {home}/logs and /home/carol/x",
+    }
+    merged = sysinfo.complete({"environment": {}}, given)
+    text = json.dumps(merged)
+    assert "SECRET" not in text and "/home/carol" not in text
+    assert home == "/" or home not in text
+    assert merged["environment"]["TORCH_DSN"] == REDACTED  # a credential-like name loses its value whatever it is
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("https://user:pw@host/x", "https://<redacted>@host/x"),
+        ("s3://AKIAABCDEFGHIJKLMNOP@bucket", "s3://<redacted>@bucket"),
+        ("password=hunter2 rest", "password=<redacted> rest"),
+        ("plain value", "plain value"),
+        ("/root/cache", "~/cache"),
+    ],
+)
+def test_scrub(value, expected):
+    assert scrub(value) == expected
+
+
+class SecretPlugin:
+    """A CPU plugin with a license token (declared secret), an opaque secret blob, and a key by name only."""
+
+    seen: dict = {}
+
+    @hookimpl
+    def device_types(self):
+        return ["cpu"]
+
+    @hookimpl
+    def supported_precisions(self):
+        return ["FP32"]
+
+    @hookimpl
+    def plugin_settings(self):
+        return [
+            Setting("license_token", str, "", "a license token", secret=True),
+            Setting("vendor_blob", str, "default-blob", "opaque, declared secret", secret=True),
+            Setting("api_key", str, "", "secret by its name alone"),
+            Setting("pin", int, 0, "a secret number", secret=True),
+            Setting("threads", int, 0, "an ordinary setting"),
+        ]
+
+    @hookimpl
+    def setup_backend(self, device, precision, settings):
+        SecretPlugin.seen = dict(settings)
+
+
+SECRET_OPTIONS = {"license_token": "SECRET-A", "vendor_blob": "SECRET-B", "api_key": "SECRET-C", "threads": "1"}
+
+
+def test_secret_settings_reach_the_plugin_but_never_a_record(register_plugin):
+    from llmb.conformance import check_plugin
+    from llmb.runner import RunOptions, run
+
+    register_plugin(SecretPlugin(), "licensed")
+    options = RunOptions(
+        config=PRESETS["tiny"], preset="tiny", plugin="licensed", steps=1, warmup_steps=1, settings=SECRET_OPTIONS
+    )
+    record = run(options)
+    assert SecretPlugin.seen["license_token"] == "SECRET-A" and SecretPlugin.seen["vendor_blob"] == "SECRET-B"
+    assert "SECRET" not in json.dumps(record)
+    assert record["plugin"]["settings"] == {
+        "license_token": REDACTED,
+        "vendor_blob": REDACTED,
+        "api_key": REDACTED,
+        "pin": REDACTED,
+        "threads": 1,
+    }
+    conformance = check_plugin("licensed", "cpu", "FP32", settings=SECRET_OPTIONS, steps=2)
+    assert "SECRET" not in json.dumps(conformance)
+    assert conformance["plugin"]["settings"]["vendor_blob"] == REDACTED
+    # The packager matches the two by their (redacted) settings, and will not rerun a check it cannot reproduce.
+    assert submission.conformance_key(record) == submission.conformance_key(conformance)
+    with pytest.raises(UsageError, match="secret setting"):
+        submission.gather_conformance([record], [], run_missing=True)
+
+
+def test_a_bad_secret_value_is_refused_without_echoing_it():
+    declared = SecretPlugin().plugin_settings()
+    with pytest.raises(UsageError) as caught:
+        resolve_settings("licensed", declared, {"pin": "SECRET-D"})
+    assert "SECRET" not in str(caught.value) and REDACTED in str(caught.value)
+    described = {s.describe()["name"]: s.describe() for s in declared}
+    assert described["vendor_blob"]["default"] == REDACTED and described["vendor_blob"]["secret"] is True
+    assert described["threads"]["secret"] is False
+    assert recorded({"license_token": "x", "threads": 2}) == {"license_token": REDACTED, "threads": 2}
+
+
+def fake_distribution(site: Path, name: str, project: Path | None, record: list[str] | None = None) -> None:
+    """A dist-info on sys.path: an editable install of `project`, or a wheel install whose RECORD lists files."""
+    info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    if project is not None:
+        (info / "direct_url.json").write_text(json.dumps({"url": project.as_uri(), "dir_info": {"editable": True}}))
+        (info / "RECORD").write_text("")
+    else:
+        (info / "RECORD").write_text("".join(f"{line},,\n" for line in record or []))
+
+
+def project_with_secrets(root: Path) -> Path:
+    (root / "fakeplug").mkdir(parents=True)
+    (root / "fakeplug" / "__init__.py").write_text("VALUE = 1\n")
+    (root / "pyproject.toml").write_text("[project]\nname = 'fakeplug'\n")
+    (root / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nSECRET\n")
+    (root / "aws-credentials.txt").write_text("SECRET")
+    (root / "secrets.yaml").write_text("token: SECRET")
+    (root / "venv" / "lib").mkdir(parents=True)
+    (root / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
+    (root / "venv" / "lib" / "x.py").write_text("SECRET = 1\n")
+    return root
+
+
+def git(root: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@t"
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, env=env)
+
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed here")
+
+
+@needs_git
+def test_an_editable_git_project_gives_its_tracked_files_only(tmp_path, monkeypatch):
+    project = project_with_secrets(tmp_path / "proj")
+    git(project, "init", "-q")
+    git(project, "add", "fakeplug/__init__.py", "pyproject.toml")
+    fake_distribution(tmp_path / "site", "fakeplug", project)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    record = submission.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
+    assert sorted(record["files"]) == ["fakeplug/__init__.py", "pyproject.toml"]
+    assert record["origin"] == "editable install: files tracked by git"
+    assert str(tmp_path) not in json.dumps(record)
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*") if p.is_file()) == ["__init__.py", "pyproject.toml"]
+
+
+@needs_git
+@pytest.mark.parametrize("tracked", ["id_ed25519", "aws-credentials.txt", "secrets.yaml", "venv/pyvenv.cfg"])
+def test_a_tracked_key_credential_or_virtualenv_file_is_refused(tmp_path, monkeypatch, tracked):
+    project = project_with_secrets(tmp_path / "proj")
+    git(project, "init", "-q")
+    git(project, "add", "-f", "fakeplug/__init__.py", tracked)
+    fake_distribution(tmp_path / "site", "fakeplug", project)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(LlmbError, match="not copied"):
+        submission.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
+
+
+def test_an_editable_project_outside_git_gives_its_packages_only(tmp_path, monkeypatch):
+    project = project_with_secrets(tmp_path / "proj")
+    fake_distribution(tmp_path / "site", "fakeplug", project)
+    (tmp_path / "site" / "fakeplug-1.0.dist-info" / "top_level.txt").write_text("fakeplug\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setattr(submission, "_git_files", lambda root: None)  # as on a machine without git
+    record = submission.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
+    assert sorted(record["files"]) == ["fakeplug/__init__.py", "pyproject.toml"]
+    assert "SECRET" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
+
+
+def test_a_wheel_whose_record_lists_a_secrets_file_is_refused(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "fakewheel").mkdir(parents=True)
+    (site / "fakewheel" / "__init__.py").write_text("")
+    (site / "fakewheel" / "secrets.yaml").write_text("SECRET")
+    fake_distribution(site, "fakewheel", None, ["fakewheel/__init__.py", "fakewheel/secrets.yaml"])
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(LlmbError, match="fakewheel/secrets.yaml is a key or credential file"):
+        submission.copy_plugin_source("fakewheel", "1.0", tmp_path / "out")
+
+
+# Files never clobbered
+
+
+def test_the_atomic_writer_refuses_a_symlink_and_leaves_its_target_alone(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    link = tmp_path / "report.md"
+    link.symlink_to(target)
+    with pytest.raises(UsageError, match="symbolic link"):
+        results.write_bytes_atomic(link, b"clobbered")
+    assert link.is_symlink() and target.read_text() == "keep me"
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(UsageError, match="not a regular file"):
+        results.write_bytes_atomic(tmp_path / "folder", b"x")
+
+
+def test_the_atomic_writer_writes_through_a_device_and_a_pipe_never_replacing_them(tmp_path):
+    results.write_bytes_atomic(Path("/dev/null"), b"into the void")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    results.write_bytes_atomic(fifo, b"through the pipe")
+    reader.join(10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_the_atomic_writer_honours_the_umask(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        path = results.write_bytes_atomic(tmp_path / "a.json", b"{}")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    previous = os.umask(0o002)
+    try:
+        path = results.write_bytes_atomic(tmp_path / "b.json", b"{}")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o664
+
+
+# Results never lost
+
+
+@pytest.mark.parametrize("out", ["/dev/full", "FILE/sub"])
+def test_run_refuses_an_unwritable_out_before_measuring(tmp_path, out):
+    (tmp_path / "FILE").write_text("a file, not a folder")
+    out = out.replace("FILE", str(tmp_path / "FILE"))
+    result = CliRunner().invoke(cli, ["run", *TINY, "--out", out])
+    assert result.exit_code == 2, result.output
+    assert "is not a writable folder" in result.stderr
+    assert "tokens/s" not in result.stdout  # nothing was measured
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_result_whose_write_fails_is_printed_and_saved_under_the_temporary_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "out"
+    real = results.write_result
+
+    def full_disk(record, out_dir):
+        if Path(out_dir) == out:  # the disk fills up during the measurement
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(record, out_dir)
+
+    monkeypatch.setattr(results, "write_result", full_disk)
+    result = CliRunner().invoke(cli, ["run", *TINY, "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "No space left on device" in result.stderr and "saved as" in result.stderr
+    saved = list((tmp_path / "tmp").glob("llmb-unsaved-*/*.json"))
+    assert len(saved) == 1
+    record = json.loads(saved[0].read_text())
+    assert record["tokens_per_second"] > 0
+    assert str(record["run_id"]) in result.stdout  # printed as well
+
+
+# Sweeps: one at a time per folder; readers never write
+
+
+def test_a_second_sweep_on_a_locked_folder_is_refused_with_one_line(tmp_path):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the first sweep, as far as the second can tell
+        result = CliRunner().invoke(cli, ["sweep", *TINY, "--batch-sizes", "1", "--out", str(out)])
+    finally:
+        os.close(fd)
+    assert result.exit_code == 1, result.output
+    assert "in use by another sweep" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert list(out.iterdir()) == []
+
+
+def torn_sweep(folder: Path) -> tuple[Path, bytes]:
+    folder.mkdir()
+    header = {"type": "sweep", "schema": "llmb.sweep/1", "plugin": "cpu", "device": "cpu", "settings": {}}
+    trial = {"type": "trial", "precision": "FP32", "batch_size": 1, "phase": "search", "index": 0, "status": "oom"}
+    data = (json.dumps(header) + "\n" + json.dumps(trial) + "\n" + '{"type": "trial", "prec').encode()
+    (folder / LOG_NAME).write_bytes(data)
+    return folder / LOG_NAME, data
+
+
+def test_report_never_writes_into_its_input(tmp_path):
+    log, data = torn_sweep(tmp_path / "sweep")
+    shutil.copy(next((REFERENCE / "results" / "FP32").glob("*.json")), tmp_path / "sweep" / "r.json")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "sweep").iterdir()}
+    header, trials = read_log(log)
+    assert len(trials) == 1
+    load([tmp_path / "sweep"])
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "sweep").iterdir()} == before
+    # The sweep that resumes it, holding the folder's lock, is the one that cuts the torn line.
+    SweepLog.open(tmp_path / "sweep", header, resume=True)
+    assert log.read_bytes() == data[: data.rfind(b"\n") + 1]
+
+
+def test_report_names_an_incomplete_record_instead_of_a_key_error(tmp_path):
+    source = next((REFERENCE / "results" / "FP32").glob("*.json"))
+    good, bad = json.loads(source.read_text()), json.loads(source.read_text())
+    del bad["tokens_per_second"]
+    bad["run_id"] = "incomplete"
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert f"skipped: {tmp_path / 'bad.json'}: incomplete llmb result (no tokens_per_second)" in result.stderr
+    alone = CliRunner().invoke(cli, ["report", str(tmp_path / "bad.json")])
+    assert alone.exit_code == 1 and "bad.json" in alone.stderr and "KeyError" not in alone.output
+
+
+# Numbers out of range are usage errors, and every bound is in --help
+
+
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        ("sweep", ["--trial-timeout", "nan"]),
+        ("sweep", ["--trial-timeout", "inf"]),
+        ("sweep", ["--trial-timeout", "-1"]),
+        ("run", ["--seed", str(2**70)]),
+        ("run", ["--batch-size", str(10**30)]),
+        ("run", ["--steps", "0"]),
+        ("run", ["--dist-timeout", "nan"]),
+        ("run", ["--hidden-size", str(10**30)]),
+        ("sweep", ["--batch-sizes", f"1,{10**30}"]),
+        ("check-plugin", ["--seed", "-1"]),
+    ],
+)
+def test_numbers_out_of_range_are_usage_errors(command, args):
+    result = CliRunner().invoke(cli, [command, *args, "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, (OverflowError, ValueError))
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "check-plugin"])
+def test_every_bound_shows_in_help(command):
+    text = CliRunner().invoke(cli, [command, "--help"], terminal_width=200).output
+    assert "1<=x<=1048576" in text  # the batch size
+    assert "0<=x<=9223372036854775807" in text  # the seed
