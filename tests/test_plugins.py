@@ -108,6 +108,7 @@ def test_plugins_json_describes_each_plugin(register_plugin):
         "default": "off",
         "help": "a choice",
         "choices": ["off", "on"],
+        "secret": False,
     }
     assert [s["type"] for s in host["settings"]] == ["str", "int", "bool"]
 

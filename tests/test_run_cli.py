@@ -68,7 +68,8 @@ def test_repeats_report_the_median_window(tmp_path):
     "args, code, message",
     [
         (["--precision", "FP64"], 2, "unknown precision"),
-        (["--batch-size", "0"], 2, "--batch-size must be at least 1"),
+        (["--batch-size", "0"], 2, "0 is not in the range 1<=x<=1048576"),
+        (["--batch-size", str(10**30)], 2, "is not in the range 1<=x<=1048576"),
         (["--device", "nosuchdevice"], 2, "cannot parse device"),
         (["--device", "cuda"], 2, "serves cpu, not 'cuda'"),
         (["--hidden-size", "65"], 2, "not divisible"),
@@ -76,7 +77,7 @@ def test_repeats_report_the_median_window(tmp_path):
         (["-O", "nosetting=1"], 2, "has no setting"),
         (["-O", "compile=fast"], 2, "expected one of"),
         (["--precision", "TF32"], 2, "does not support TF32"),
-        (["--batch-size", "100000000"], 1, "out of memory"),
+        (["--batch-size", "1048576", "--sequence-length", "1048576"], 1, "out of memory"),  # 8 TB of token ids
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(args, code, message, tmp_path):
