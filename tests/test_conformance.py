@@ -241,7 +241,7 @@ def test_cli_writes_the_record_and_exits_by_the_verdict(tmp_path, register_plugi
 
 @pytest.mark.parametrize(
     "args, message",
-    [(["--steps", "0"], "--steps must be at least 1"), (["--precision", "TF32"], "does not support TF32")],
+    [(["--steps", "0"], "0 is not in the range 1<=x<=1000000"), (["--precision", "TF32"], "does not support TF32")],
 )
 def test_bad_input_is_one_line(args, message, tmp_path):
     from click.testing import CliRunner
