@@ -241,6 +241,39 @@ def test_a_dead_peer_is_named_not_the_survivor(tmp_path):
 
 # Stragglers, losses, threads
 
+PAUSING_PLUGIN = """
+import os, time
+from llmb import hookimpl
+
+steps = 0
+
+@hookimpl
+def device_types():
+    return ["cpu"]
+
+@hookimpl
+def step_end(device):
+    global steps
+    steps += 1
+    if os.environ.get("RANK") == "1" and steps == 4:  # the third measured step (after one warmup step)
+        time.sleep(4)  # a rank held up inside the window: preempted, throttled, swapping
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_paused_inside_the_window_is_flagged_in_record_and_console(tmp_path):
+    env = install_plugin(tmp_path, "pausing", PAUSING_PLUGIN)
+    args = ["run", *TINY, "--steps", "6", "--plugin", "pausing", "--nproc-per-node", "2", "--out", str(tmp_path)]
+    code, out, err = finish(llmb(args, env=env))
+    assert code == 0, err[-3000:]
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert any("rank 1" in note and "step 3" in note for note in record["stragglers"]), record["stragglers"]
+    assert "STRAGGLER" in out
+    assert len(record["per_rank_step_seconds"]) == 2 and len(record["per_rank_step_seconds"][1]) == 6
+    assert record["threads_per_rank"] == [1, 1]
+
+
 
 def report(steps, busy, rows=1, loss=1.0, stage=0):
     return ranks.RankReport(
