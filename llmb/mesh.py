@@ -7,8 +7,8 @@ node, replicas across nodes (on one node, two replicas). What each axis does to 
 - pp: `torch.distributed.pipelining`. The model is cut into contiguous blocks of decoder layers (the first stage
   also holds the embedding, the last the final norm, lm_head and the loss); the schedule is GPipe or 1F1B over
   `--microbatches` slices of each rank's batch. The stage runs the fixed model's own submodules in the order
-  LlamaModel.forward runs them, and the loss is the same cross-entropy on shifted labels (model.py, checked equal to
-  one process by the tests).
+  LlamaModel.forward runs them, and the loss is the model's own `causal_lm_loss` (checked equal to one process by
+  the tests).
 - tp: torch's tensor-parallel plans, Colwise on q/k/v and gate/up, Rowwise on o and down, each attention instance's
   `num_heads` divided by tp (its heads are split across ranks). With sequence parallel the norms and the residual
   stream are sharded along the sequence between the blocks.
@@ -25,11 +25,10 @@ import copy
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from llmb.errors import UsageError
-from llmb.model import DecoderLayer, LlamaModel, ModelConfig
+from llmb.model import DecoderLayer, LlamaModel, ModelConfig, causal_lm_loss
 from llmb.train import Trainer
 
 STRATEGIES = ("ddp", "fsdp", "hsdp")
@@ -161,11 +160,6 @@ class Stage(nn.Module):
         if self.lm_head is not None:
             x = self.lm_head(self.norm(x)).float()
         return x
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """LlamaModel's loss: cross-entropy of each position against the next token."""
-    return F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
 
 
 def stage_layers(layers: int, stages: int, stage: int) -> range:
