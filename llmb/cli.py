@@ -851,3 +851,31 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         if result.model_gemm_flops:
             line += f"; the model's GEMMs together {result.model_gemm_flops / 1e12:.4g} TFLOP/s"
         console.print(line, highlight=False)
+
+
+@cli.command(name="features")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--markdown", is_flag=True, help="Print markdown tables instead.")
+@handle_errors
+def features_command(paths, markdown) -> None:
+    """The feature matrix from result, conformance and attempt records: each feature by single device, DDP and
+    FSDP, and each pair of features (yes only where a run exists and conformed)."""
+    from llmb import features
+
+    records = features.load_records(paths)
+    if markdown:
+        click.echo(features.markdown(records), nl=False)
+        return
+    table = Table(title="Feature support (from records)", title_justify="left")
+    for column in ("Feature", *features.PARALLEL.values()):
+        table.add_column(column)
+    for row in features.support_table(records):
+        table.add_row(*(Text(c) for c in row))  # Text: failure reasons come from records
+    console.print(table)
+    for parallel, title in features.PARALLEL.items():
+        pairs = Table(title=f"Feature compatibility: {title}", title_justify="left")
+        for column in ("", *features.FEATURES.values()):
+            pairs.add_column(column)
+        for row in features.pair_table(records, parallel):
+            pairs.add_row(*(Text(c) for c in row))
+        console.print(pairs)
