@@ -9,7 +9,7 @@ backed by the single-process conformance of the same settings plus its own multi
 wrapper is torch's own, applied by the harness, not by the plugin).
 
 FP8 is below every benchmark precision by design, so an FP8 run fails conformance's precision check by definition:
-there, "conformed" means every other check passed (the numerics tolerances of the requested precision included).
+there, "conformed" means every other check passed (conformance holds FP8 to the BF16 tolerances).
 
 This module reads records only; it never runs a plugin.
 """
