@@ -221,3 +221,19 @@ def peak(
         gemms = model_gemms(config, batch_size) + [square_gemm(services, MATMUL_DTYPE[name], square)]
         results.append(measure(services, name, gemms, repeats))
     return results
+
+
+def compile_seconds(warmup_step_seconds: list[float], steady_step_seconds: float) -> float:
+    """What the warmup steps cost beyond steady-state steps: tracing, compilation, autotuning, first-touch."""
+    return max(0.0, sum(warmup_step_seconds) - len(warmup_step_seconds) * steady_step_seconds)
+
+
+def for_run(
+    services: Device, precision: str, config: ModelConfig, batch_size: int, repeats: int = 3
+) -> Roofline | None:
+    """The roofline of a finished run, in its own backend state, at its own GEMM shapes; None for a format with no
+    matmul dtype of its own (FP8: its GEMMs are not dense matmuls of one of the four precisions)."""
+    if precision not in MATMUL_DTYPE:
+        return None
+    dtype = MATMUL_DTYPE[precision]
+    return measure(services, precision, model_gemms(config, batch_size) + [square_gemm(services, dtype)], repeats)

@@ -126,6 +126,15 @@ class Trainer:
         self.harness_steps += 1
         return loss.detach()
 
+    def timed_step(self) -> tuple[torch.Tensor, float]:
+        """One step between two device synchronisations: the warmup's steps, where compilers trace and compile,
+        timed apart from the measured window."""
+        self.device.synchronize()
+        start = time.perf_counter()
+        loss = self.step()
+        self.device.synchronize()
+        return loss, time.perf_counter() - start
+
     def measure(self, steps: int, on_step: Callable[[], None] | None = None) -> Measurement:
         """Time `steps` steps in one window synchronised on the device at both ends, plus per-step times."""
         device = self.device

@@ -119,3 +119,15 @@ def test_peak_command_refuses_bad_input_in_one_line(args, message):
     result = CliRunner().invoke(cli, ["peak", "--preset", "tiny", *args])
     assert result.exit_code != 0
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_compile_seconds_is_the_warmups_excess_over_steady_steps():
+    assert roofline.compile_seconds([5.0, 1.5, 1.0], 1.0) == pytest.approx(4.5)
+    assert roofline.compile_seconds([0.9, 1.0], 1.0) == 0.0  # faster warmup than the window: no negative cost
+
+
+def test_for_run_measures_the_runs_precision_and_none_for_fp8():
+    services = Device(Plugin("cpu"), torch.device("cpu"))
+    assert roofline.for_run(services, "FP8", TINY, 1) is None
+    result = roofline.for_run(services, "FP32", TINY, 1, repeats=1)
+    assert result.precision == "FP32" and result.rates[-1].gemm.name == "square" and result.peak_flops > 0
