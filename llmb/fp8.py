@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import io
+import logging
 import warnings
 
 import torch
@@ -30,15 +31,18 @@ KEEP_HIGH_PRECISION = ("lm_head",)
 
 
 def _import_float8():
-    # torchao prints a line per CUDA extension it cannot load (every one, on a CPU build of torch) and warns about
-    # its pytree registrations: neither concerns float8 training, so they are kept out of llmb's output.
-    with (
-        contextlib.redirect_stdout(io.StringIO()),
-        contextlib.redirect_stderr(io.StringIO()),
-        warnings.catch_warnings(),
-    ):
-        warnings.simplefilter("ignore")
-        import torchao.float8 as float8
+    # torchao prints a line per CUDA extension it cannot load (every one, on a CPU build of torch) and logs a warning
+    # about its pytree registrations: neither concerns float8 training, so they are kept out of llmb's output.
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import torchao.float8 as float8
+    finally:
+        pytree_log.setLevel(level)
     return float8
 
 
