@@ -111,7 +111,8 @@ def test_peak_command_table():
     "args, message",
     [
         (["--precision", "TF32"], "does not support TF32"),
-        (["--batch-size", "0"], "at least 1"),
+        (["--batch-size", "0"], "not in the range"),
+        (["--square", "0"], "not in the range"),
         (["--device", "cuda"], "serves cpu"),
     ],
 )
