@@ -144,6 +144,25 @@ def read_bytes(root: Path, name: str, max_bytes: int) -> bytes:
     return data
 
 
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """A file someone else may have put in place (a result, a log, a system file): refused unless it is a regular
+    file of at most max_bytes, and never waited on (a FIFO named x.json would hang a plain open())."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadFile(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise BadFile(f"{path}: not a regular file")
+        if info.st_size > max_bytes:
+            raise BadFile(f"{path}: {info.st_size} bytes (limit {max_bytes})")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BadFile(f"{path}: over {max_bytes} bytes (limit {max_bytes})")
+    return data
+
+
 def sha256_file(path: Path, max_bytes: int | None = None) -> str:
     """sha256 of a file read in chunks (a large file never sits in memory whole), never through a link."""
     digest = hashlib.sha256()
@@ -163,46 +182,44 @@ def sha256_file(path: Path, max_bytes: int | None = None) -> str:
 # Folders
 
 
-def scan_folder(root: Path, limits: Limits = Limits()) -> dict[str, int]:
+def scan_folder(root: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, int]:
     """Every file of a bundle folder (relative path -> size), refused unless each entry is a plain folder or a
     singly linked regular file with a plain name, within the limits. Nothing is read."""
-    root = Path(root)
     files: dict[str, int] = {}
     total = entries = 0
-    pending = [(root, ())]
+    pending: list[tuple[Path, tuple[str, ...]]] = [(Path(root), ())]
     while pending:
         folder, parts = pending.pop()
         try:
-            listing = sorted(os.scandir(folder), key=lambda e: e.name)
+            listing = os.scandir(folder)  # iterated, never listed whole: a million entries stop at the limit
         except OSError as exc:
             raise Refused(f"cannot list {'/'.join(parts) or '.'} ({exc.__class__.__name__})") from None
-        for entry in listing:
-            rel = "/".join((*parts, entry.name))
-            entries += 1
-            if entries > limits.members:
-                raise Refused(f"more than {limits.members} members")
-            try:
-                check_part(entry.name)
-            except BadFile:
-                raise Refused(f"name {rel[:120]!r} is not a plain file name") from None
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(info.st_mode):
-                raise Refused(f"symlink {rel}")
-            if stat.S_ISDIR(info.st_mode):
-                if len(parts) + 1 > limits.depth:
-                    raise Refused(f"{rel} is more than {limits.depth} folders deep")
-                pending.append((Path(entry.path), (*parts, entry.name)))
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                raise Refused(f"special file {rel} (device, fifo or other)")
-            if info.st_nlink > 1:
-                raise Refused(f"hard-linked file {rel} ({info.st_nlink} links)")
-            if info.st_size > limits.member_bytes:
-                raise Refused(f"member {rel!r} is {info.st_size} bytes (limit {limits.member_bytes})")
-            total += info.st_size
-            if total > limits.total_bytes:
-                raise Refused(f"members total more than {limits.total_bytes} bytes")
-            files[rel] = info.st_size
+        with listing:
+            for entry in listing:
+                rel = "/".join((*parts, entry.name))
+                entries += 1
+                if entries > limits.members:
+                    raise Refused(f"more than {limits.members} members")
+                if not PART_PATTERN.match(entry.name):
+                    raise Refused(f"name {rel[:120]!r} is not a plain file name")
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):
+                    raise Refused(f"symlink {rel}")
+                if stat.S_ISDIR(info.st_mode):
+                    if len(parts) + 1 > limits.depth:
+                        raise Refused(f"{rel} is more than {limits.depth} folders deep")
+                    pending.append((Path(entry.path), (*parts, entry.name)))
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    raise Refused(f"special file {rel} (device, fifo or other)")
+                if info.st_nlink > 1:
+                    raise Refused(f"hard-linked file {rel} ({info.st_nlink} links)")
+                if info.st_size > limits.member_bytes:
+                    raise Refused(f"member {rel!r} is {info.st_size} bytes (limit {limits.member_bytes})")
+                total += info.st_size
+                if total > limits.total_bytes:
+                    raise Refused(f"members total more than {limits.total_bytes} bytes")
+                files[rel] = info.st_size
     return files
 
 
@@ -247,7 +264,7 @@ def _refuse_importable(top: Path, root: Path) -> None:
 
 
 @contextlib.contextmanager
-def open_bundle(path: Path, limits: Limits = Limits()) -> Iterator[Path]:
+def open_bundle(path: Path, limits: Limits = DEFAULT_LIMITS) -> Iterator[Path]:
     """The checked root folder of a bundle folder or a .tar.gz of one; a temporary unpacking is removed after."""
     path = Path(path)
     if path.is_dir():
@@ -506,7 +523,7 @@ def child_command(archive: Path, dest: Path, limits: Limits) -> list[str]:
     ]
 
 
-def unpack(archive: Path, dest: Path, limits: Limits = Limits()) -> int:
+def unpack(archive: Path, dest: Path, limits: Limits = DEFAULT_LIMITS) -> int:
     """Unpack a .tar.gz into dest (an empty folder) in a child process under the limits; Refused otherwise."""
     command = child_command(archive, dest, limits)
     try:

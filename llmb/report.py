@@ -22,10 +22,11 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from llmb import __version__, flops, precision
+from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
 from llmb.plugins import Plugin
 from llmb.results import SCHEMA, median_index, write_bytes_atomic
-from llmb.sweep import LOG_NAME, SUMMARY_SCHEMA, read_log
+from llmb.sweep import LOG_NAME, RECORD_LIMIT, SUMMARY_SCHEMA, read_log
 
 FORMATS = ("md", "html", "csv", "json")
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".csv": "csv", ".json": "json"}
@@ -98,8 +99,8 @@ def load(paths: list[Path]) -> Inputs:
                     inputs.skipped.append(str(exc))
                 continue
             try:
-                data = json.loads(file.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                data = json.loads(read_regular(file, RECORD_LIMIT))  # a FIFO or a giant file never hangs it
+            except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, not a plain file of sane size
                 if explicit:
                     raise LlmbError(f"{file}: not readable JSON ({exc})") from None
                 inputs.skipped.append(f"{file}: not readable JSON")

@@ -167,8 +167,8 @@ def check_name(value: str, what: str) -> str:
 
 def read_json_file(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(bundle_io.read_regular(path, 64 * 2**20))  # never waits on a FIFO
+    except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a JSON object")

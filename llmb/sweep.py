@@ -26,12 +26,14 @@ from rich.spinner import Spinner
 from rich.table import Table
 
 from llmb import precision, runner
+from llmb.bundle_io import read_regular
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
 from llmb.results import check_writable, load_result, median_index, write_json_atomic
 from llmb.settings import recorded
 
 LOG_NAME = "sweep.jsonl"
+RECORD_LIMIT = 64 * 2**20  # a result or a log larger than this is not one llmb wrote: refused unread
 SUMMARY_NAME = "sweep-summary.json"
 LOG_SCHEMA = "llmb.sweep/1"
 SUMMARY_SCHEMA = "llmb.sweep-summary/1"
@@ -310,7 +312,10 @@ class SweepLog:
 
 def read_log(path: Path) -> tuple[dict, list[Trial]]:
     """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched)."""
-    text = path.read_text()
+    try:
+        text = read_regular(path, RECORD_LIMIT).decode("utf-8")
+    except ValueError as exc:  # not a plain file, too large, not UTF-8
+        raise LlmbError(f"{path}: not a readable sweep log ({exc})") from None
     if text and not text.endswith("\n"):  # cut here, in memory only: a reader never writes (SweepLog.open repairs)
         text = text[: text.rfind("\n") + 1]
     header, trials = {}, []

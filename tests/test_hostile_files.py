@@ -398,3 +398,22 @@ def test_every_bound_shows_in_help(command):
     text = CliRunner().invoke(cli, [command, "--help"], terminal_width=200).output
     assert "1<=x<=1048576" in text  # the batch size
     assert "0<=x<=9223372036854775807" in text  # the seed
+
+
+def test_report_skips_a_fifo_and_a_giant_file_without_hanging(tmp_path, monkeypatch):
+    import llmb.report
+
+    shutil.copy(next((REFERENCE / "results" / "FP32").glob("*.json")), tmp_path / "good.json")
+    os.mkfifo(tmp_path / "pipe.json")
+    os.mkfifo(tmp_path / LOG_NAME)
+    limit = (tmp_path / "good.json").stat().st_size + 100  # the real record fits; the giant one does not
+    monkeypatch.setattr(llmb.report, "RECORD_LIMIT", limit)
+    (tmp_path / "giant.json").write_text(json.dumps({"schema": "llmb.result/1", "x": "y" * limit}))
+    done = []
+    worker = threading.Thread(target=lambda: done.append(load([tmp_path])), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert done, "report hung on a FIFO"
+    skipped = "\n".join(done[0].skipped)
+    for name in ("pipe.json", LOG_NAME, "giant.json"):
+        assert str(tmp_path / name) in skipped, skipped
