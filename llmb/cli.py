@@ -532,6 +532,8 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
     from llmb.results import write_json_atomic
 
     options = commbench.CommOptions(plugin=plugin, device=device, iters=iters, warmup=warmup, dtype=dtype)
+    if out is not None:
+        check_writable(out.parent)  # before anything is measured
     if sizes:
         options.sizes = commbench.parse_sizes(sizes)
     if distributed.current_world() is not None:  # under torchrun: every rank measures, rank 0 reports
@@ -764,6 +766,7 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
 @handle_errors
 def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
     """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
+    check_writable(out.parent)  # before the check runs, not after
     with err_console.status("running the candidate and the reference"):
         record = conformance.check_plugin(
             plugin,

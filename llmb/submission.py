@@ -44,6 +44,7 @@ PLUGIN_SOURCE_SCHEMA = "llmb.plugin-source/1"
 MIN_RUNS = 3
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 PLUGIN_SOURCE_LIMIT = 64 * 2**20
+PLUGIN_SOURCE_FILES = 1_500  # of the 2,000 entries llmb/bundle_io.py lets a bundle hold
 SKIP_PARTS = {"__pycache__", "build", "dist", ".git", ".tox", ".venv", "venv", "node_modules"}
 # Installer bookkeeping, not source (direct_url.json holds the absolute path of the project).
 INSTALLER_FILES = {"direct_url.json", "INSTALLER", "REQUESTED"}
@@ -391,6 +392,11 @@ def distribution_files(name: str) -> tuple[str, dict[str, Path]]:
 def copy_plugin_source(name: str, version: str, dest: Path) -> dict:
     """Copy a plugin distribution's own files into the bundle; the record lists every file copied, with its hash."""
     origin, files = distribution_files(name)
+    if len(files) > PLUGIN_SOURCE_FILES:
+        raise LlmbError(
+            f"plugin distribution {name} has {len(files)} files; a bundle holds at most {PLUGIN_SOURCE_FILES} of a "
+            f"plugin's ({bundle_io.DEFAULT_LIMITS.members} entries in all, the limit of `llmb verify`)"
+        )
     total = sum(path.stat().st_size for path in files.values())
     if total > PLUGIN_SOURCE_LIMIT:
         raise LlmbError(f"plugin distribution {name} has {total / 2**20:.0f} MiB of files; the limit is 64 MiB")

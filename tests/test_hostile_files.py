@@ -417,3 +417,9 @@ def test_report_skips_a_fifo_and_a_giant_file_without_hanging(tmp_path, monkeypa
     skipped = "\n".join(done[0].skipped)
     for name in ("pipe.json", LOG_NAME, "giant.json"):
         assert str(tmp_path / name) in skipped, skipped
+
+
+def test_check_plugin_refuses_an_unwritable_out_before_running(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    result = CliRunner().invoke(cli, ["check-plugin", "--plugin", "cpu", "--out", str(tmp_path / "file" / "c.json")])
+    assert result.exit_code == 2 and "is not a writable folder" in result.stderr, result.output
