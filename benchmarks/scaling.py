@@ -75,13 +75,12 @@ def main(preset, steps, warmup_steps, batch_size, rounds, sizes):
         base_path.write_text(json.dumps(medians["1"]))
         checks = {}
         for name, record in medians.items():
-            if record["world_size"] == 1:
-                continue
+            # The one-process run projected onto itself: how far the seed's FLOP count is from the model's.
             measured = Path(tmp) / f"measured-{name.replace(' ', '-')}.json"
             measured.write_text(json.dumps(record))
             done = subprocess.run(
                 [sys.executable, "-m", "llmb", "project", "--from", str(base_path), "--comm",
-                 str(Path(tmp) / f"comm-{record['world_size']}.json"), "--check", str(measured), "--json"],
+                 str(Path(tmp) / f"comm-{max(2, record['world_size'])}.json"), "--check", str(measured), "--json"],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             checks[name] = json.loads(done.stdout)
