@@ -417,7 +417,8 @@ def walk_headers(reader: CountingReader, limits: Limits) -> list[Member]:
                 raise Refused(f"sparse member {pax.get('path', name)!r}")
             continue
         if kind in TYPE_REFUSALS:
-            raise Refused(f"{TYPE_REFUSALS[kind]} {name!r}")
+            hint = " (archive names over 100 characters with `tar --format=pax`)" if kind in (b"L", b"K") else ""
+            raise Refused(f"{TYPE_REFUSALS[kind]} {name!r}{hint}")
         if kind == b"\0" and name.endswith("/"):
             kind = b"5"  # an old-style folder, as tarfile reads it
         if kind not in (b"0", b"\0", b"5"):

@@ -378,3 +378,20 @@ def test_an_archive_inflating_far_past_text_ratios_is_cut_short(sandbox):
             f.write(header(f"bundle/z{index}", 30 * 2**20) + zeros(30 * 2**20))
         f.write(end())
     assert "decompresses to more than" in refused(archive)
+
+
+def test_pax_archives_with_long_names_verify(sandbox, tmp_path):
+    # Long names the way Python's tarfile and `tar --format=pax` write them: a small pax header, accepted.
+    folder = tmp_path / "long"
+    shutil.copytree(REFERENCE, folder)
+    deep = folder / "code" / ("a" * 90) / ("b" * 90)
+    deep.mkdir(parents=True)
+    (deep / "note.txt").write_text("a file with a path of over 200 characters\n")
+    submission.write_manifest(folder)
+    with tarfile.open(sandbox / "long.tar.gz", "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(folder, arcname="bundle")
+    rows = verify.verify(sandbox / "long.tar.gz", accept_debug=True)
+    assert all(r.passed for r in rows), [r for r in rows if not r.passed]
+    with tarfile.open(sandbox / "gnu.tar.gz", "w:gz", format=tarfile.GNU_FORMAT) as tar:
+        tar.add(folder, arcname="bundle")
+    assert "tar --format=pax" in refused(sandbox / "gnu.tar.gz")
