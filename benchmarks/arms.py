@@ -126,7 +126,7 @@ def run_llmb(spec: dict) -> dict:
     from llmb import runner
 
     options = run_options(spec)
-    record = runner.run(options)
+    record = runner.run(options).to_dict()
     return {
         "window_seconds": record["timing"]["window_seconds"],
         "step_seconds": record["timing"]["step_seconds"],
@@ -139,6 +139,7 @@ def run_llmb(spec: dict) -> dict:
         "effective_precision": record["precision"]["effective"],
         "device_name": record["device"]["name"],
         "invalid_reasons": record["invalid_reasons"],
+        "host": record["host"],
     }
 
 

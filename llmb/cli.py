@@ -281,15 +281,15 @@ def run(
     distributed.shutdown()
     if unsaved:
         sys.exit(1)
-    if any(r["invalid_reasons"] for r in records) and strict_precision:
+    if any(r.invalid_reasons for r in records) and strict_precision:
         sys.exit(1)
 
 
-def _save(record: dict, out: Path, unsaved: list[Path]) -> Path:
+def _save(record: runner.Result, out: Path, unsaved: list[Path]) -> Path:
     """Write the result; if --out fails after the measurement, it is printed and saved under the temporary folder."""
     path, problem = save_result(record, out)
     if problem is not None:
-        click.echo(json.dumps(record, indent=2))
+        click.echo(json.dumps(record.to_dict(), indent=2))
         err_console.print(
             f"error: the result could not be written to {out} ({problem}); it is printed above and saved as {path}",
             markup=False,
@@ -300,7 +300,7 @@ def _save(record: dict, out: Path, unsaved: list[Path]) -> Path:
     return path
 
 
-def _run_one(options: runner.RunOptions) -> dict | None:
+def _run_one(options: runner.RunOptions) -> runner.Result | None:
     world = distributed.current_world()
     if world is not None and world.rank != 0:
         return runner.run(options)
@@ -309,56 +309,69 @@ def _run_one(options: runner.RunOptions) -> dict | None:
         return runner.run(options, RichProgress(progress, options.precision))
 
 
-def _print_record(record: dict, path: Path) -> None:
-    prec = record["precision"]
-    table = Table(title=f"llmb {record['plugin']['name']} on {record['device']['name']}", show_header=False)
+def _print_record(record: runner.Result, path: Path) -> None:
+    from rich.text import Text
+
+    prec = record.precision
+    table = Table(title=Text(f"llmb {record.plugin.name} on {record.device.name}"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
-    mfu = record["mfu"]
+    mfu = record.mfu
+    repeats = record.repeat_throughputs()
     rows = [
-        ("precision", f"{prec['effective']} (requested {prec['requested']}, mode {prec['mode']})"),
-        ("shape", f"{record['preset']}, {record['parameters']:,} parameters"),
-        ("batch size", str(record["batch_size"])),
-        ("tokens/s", f"{record['tokens_per_second']:,.1f}"),
-        ("samples/s", f"{record['samples_per_second']:,.2f}"),
-        ("TFLOP/s per device", f"{record['tflops']:.3f}"),
+        ("precision", f"{prec.effective} (requested {prec.requested}, mode {prec.mode})"),
+        ("shape", record.shape),
+        ("settings", record.plugin.settings_label()),
+        ("batch size", str(record.batch_size)),
+        ("tokens/s", f"{record.tokens_per_second:,.1f}"),
+        ("samples/s", f"{record.samples_per_second:,.2f}"),
+        ("TFLOP/s per device", f"{record.tflops:.3f}"),
         ("MFU", f"{mfu:.1%}" if mfu is not None else "n/a (peak unknown)"),
-        ("peak memory", f"{record['peak_memory_bytes'] / 2**30:.2f} GiB" if record["peak_memory_bytes"] else "n/a"),
-        ("loss", f"{record['loss']['initial']:.4f} -> {record['loss']['last']:.4f}"),
-        ("timing", f"{record['timing']['window_seconds']:.3f} s window, {record['timing']['method']}"),
+        ("peak memory", f"{record.peak_memory_bytes / 2**30:.2f} GiB" if record.peak_memory_bytes else "n/a"),
+        ("loss", f"{record.loss.initial:.4f} -> {record.loss.last:.4f}"),
+        ("timing", f"{record.timing.window_seconds:.3f} s window, {record.timing.method}"),
         ("result", str(path)),
     ]
-    if record.get("world_size", 1) > 1:
-        rows[2:3] = [
-            ("devices", f"{record['world_size']} on {record['nodes']} node(s), {record['parallel']}"),
-            ("batch size", f"{record['batch_size']} per data-parallel rank, {record['global_batch_size']} global"),
-            ("tokens/s per device", f"{record['tokens_per_second_per_device']:,.1f}"),
-            ("per-rank window", ", ".join(f"{w:.3f} s" for w in record["per_rank"])),
+    if len(repeats) > 1:
+        rows.insert(5, ("repeats", f"{len(repeats)}, tokens/s {min(repeats):,.1f}-{max(repeats):,.1f} (median shown)"))
+    if record.host is not None and record.host.load_average_end:
+        cpus = len(record.host.cpu_affinity) if record.host.cpu_affinity else record.host.cpu_count
+        rows.insert(-1, ("host load", f"{record.host.load_average_end[0]:.2f} (1 min) on {cpus} CPUs"))
+    if record.world_size > 1:
+        rows[3:4] = [
+            ("devices", f"{record.world_size} on {record.nodes} node(s), {record.parallel}"),
+            ("batch size", f"{record.batch_size} per data-parallel rank, {record.global_batch_size} global"),
+            ("tokens/s per device", f"{record.tokens_per_second_per_device:,.1f}"),
+            ("per-rank window", ", ".join(f"{w:.3f} s" for w in record.per_rank or [])),
         ]
-        layout = record.get("layout") or {}
-        rows.insert(
-            3,
-            (
-                "layout",
-                f"tp {layout.get('tp')} x pp {layout.get('pp')} x dp {layout.get('dp')}, "
-                f"{layout.get('microbatches')} microbatch(es), accumulation {layout.get('grad_accum')}",
-            ),
-        )
-        rows.insert(4, ("threads per rank", ", ".join(map(str, record.get("threads_per_rank") or []))))
-    for row in rows:
-        table.add_row(*row)
+        layout = record.layout
+        if layout is not None:
+            rows.insert(
+                4,
+                (
+                    "layout",
+                    f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp}, "
+                    f"{layout.microbatches} microbatch(es), accumulation {layout.grad_accum}",
+                ),
+            )
+        rows.insert(5, ("threads per rank", ", ".join(map(str, record.threads_per_rank or []))))
+    for name, value in rows:
+        table.add_row(name, Text(value))  # plugin names and settings are text, never rich markup
     console.print(table)
-    if prec["effective"] != prec["requested"]:
+    warning = record.repeat_spread_warning()
+    if warning:
+        console.print(Text(f"NOISY: {warning}", style="bold yellow"))
+    if prec.effective != prec.requested:
         console.print(
-            f"[bold red]PRECISION: requested {prec['requested']} but the audit found {prec['effective']} running; "
-            f"the result is labelled {prec['effective']}.[/]"
+            f"[bold red]PRECISION: requested {prec.requested} but the audit found {prec.effective} running; "
+            f"the result is labelled {prec.effective}.[/]"
         )
-    if not record["official"]:
-        console.print("[bold yellow]DEBUG RUN, NOT A VALID RESULT: " + "; ".join(record["debug_reasons"]) + "[/]")
-    for reason in record["invalid_reasons"]:
-        console.print(f"[bold red]INVALID: {escape(reason)}[/]", highlight=False)
-    for note in record.get("stragglers") or []:
-        console.print(f"[bold yellow]STRAGGLER: {escape(note)}[/]", highlight=False)
+    if not record.official:
+        console.print(Text("DEBUG RUN, NOT A VALID RESULT: " + "; ".join(record.debug_reasons), style="bold yellow"))
+    for reason in record.invalid_reasons:
+        console.print(Text(f"INVALID: {reason}", style="bold red"))
+    for note in record.stragglers or []:
+        console.print(Text(f"STRAGGLER: {note}", style="bold yellow"))
 
 
 @cli.command(name="plugins")
@@ -456,6 +469,7 @@ def package_submission(
         release_sources=list(release_sources),
         note=note,
         force=force,
+        check_plugin=conformance.check_plugin,
     )
     with err_console.status("packaging (runs check-plugin where no conformance record is given)"):
         root, skipped = submission.package(options)
@@ -546,7 +560,7 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
         return
     console.print(commbench.table(record))
     if out is not None:
-        write_json_atomic(out, record)
+        write_json_atomic(out, record.to_dict())
         console.print(f"written to {out}", highlight=False)
 
 
@@ -782,7 +796,7 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     path = conformance.write(record, out)
     conformance.print_table(record, console)
     console.print(f"conformance record written to {path}", highlight=False)
-    if not record["passed"]:
+    if not record.passed:
         sys.exit(1)
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from llmb import manifest
 from llmb.errors import LlmbError
 
-CODE_SCHEMA = "llmb.code/1"
 NO_NEWLINE = "\\ No newline at end of file"
 GIT_HISTORY_LIMIT = 500
 

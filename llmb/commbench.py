@@ -7,7 +7,6 @@ device synchronisation, and a loop's time is the slowest rank's.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import time
 from dataclasses import dataclass
@@ -15,12 +14,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from llmb import __version__, distributed
+from llmb import distributed
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
 from llmb.plugins import select_plugin
+from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
 
-SCHEMA = "llmb.commbench/1"
 # 1 KiB to 64 MiB by x16: latency-bound to bandwidth-bound (nccl-tests sweeps 8 B to 128 MiB by x2).
 DEFAULT_SIZES = tuple(2**k for k in range(10, 27, 4))
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20}
@@ -63,7 +62,7 @@ def check(options: CommOptions) -> None:
         raise UsageError(f"unknown dtype {options.dtype!r}")
 
 
-def run(options: CommOptions) -> dict | None:
+def run(options: CommOptions) -> Commbench | None:
     """On every rank of a torch.distributed job: the all-reduce sweep. Rank 0 returns the record, others None."""
     check(options)
     world = distributed.current_world()
@@ -73,14 +72,15 @@ def run(options: CommOptions) -> dict | None:
         return _sweep(options, world)
 
 
-def _sweep(options: CommOptions, world: distributed.World) -> dict | None:
+def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
     plugin = select_plugin(options.plugin)
     types = plugin.device_types()
     device = parse_device(options.device or (types[0] if types else "cpu"))
     if types and device.type not in types:
         raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
     device = distributed.rank_device(device, world)
-    plugin.call("setup_backend", device=device, precision="FP32", settings=plugin.resolve_settings({}))
+    settings = plugin.resolve_settings({})
+    plugin.call("setup_backend", device=device, precision="FP32", settings=settings)
     check_device_present(device)
     services = Device(plugin, device)
     backend = distributed.init_process_group(plugin, device, world, options.timeout_seconds)
@@ -110,36 +110,39 @@ def _sweep(options: CommOptions, world: distributed.World) -> dict | None:
         nbytes = count * element
         algbw = nbytes / seconds
         rows.append(
-            {
-                "bytes": nbytes,
-                "elements": count,
-                "seconds": seconds,
-                "algbw_bytes_per_second": algbw,
-                "busbw_bytes_per_second": bus_bandwidth(algbw, n),
-            }
+            CommRow(
+                bytes=nbytes,
+                elements=count,
+                seconds=seconds,
+                algbw_bytes_per_second=algbw,
+                busbw_bytes_per_second=bus_bandwidth(algbw, n),
+            )
         )
     if world.rank != 0:
         return None
-    return {
-        "schema": SCHEMA,
-        "llmb_version": __version__,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "operation": "all_reduce",
-        "plugin": {"name": plugin.name, "version": plugin.version, "distribution": plugin.distribution},
-        "device": {"type": device.type, "name": services.name()},
-        "backend": backend,
-        "world_size": n,
-        "nodes": world.nodes,
-        "dtype": options.dtype,
-        "iters": options.iters,
-        "warmup": options.warmup,
-        "timing": "host clock around the loop, closed by the plugin's device synchronisation; the slowest rank's",
-        "results": rows,
-        "torch": torch.__version__,
-    }
+    return Commbench(
+        operation="all_reduce",
+        plugin=PluginRef(
+            name=plugin.name,
+            version=plugin.version,
+            distribution=plugin.distribution,
+            settings=settings,
+            defaults=settings,
+        ),
+        device=DeviceRef(type=device.type, name=services.name()),
+        backend=backend,
+        world_size=n,
+        nodes=world.nodes,
+        dtype=options.dtype,
+        iters=options.iters,
+        warmup=options.warmup,
+        timing="host clock around the loop, closed by the plugin's device synchronisation; the slowest rank's",
+        results=rows,
+        torch=torch.__version__,
+    )
 
 
-def run_job(options: CommOptions) -> dict | None:
+def run_job(options: CommOptions) -> Commbench | None:
     """Each rank's entrypoint under llmb's launcher."""
     try:
         return run(options)
@@ -147,7 +150,7 @@ def run_job(options: CommOptions) -> dict | None:
         distributed.shutdown()
 
 
-def launch(spec: distributed.LaunchSpec, options: CommOptions) -> dict | None:
+def launch(spec: distributed.LaunchSpec, options: CommOptions) -> Commbench | None:
     check(options)
     return distributed.launch(spec, run_job, options).get(0)
 
@@ -160,22 +163,21 @@ def default_nproc(options: CommOptions) -> int:
     return max(2, int(plugin.call("device_count", device=device) or 1))
 
 
-def table(record: dict):
+def table(record: Commbench):
     """The sweep as nccl-tests prints it: size, time, algbw, busbw (GB/s = 1e9 bytes/s)."""
     from rich.table import Table
+    from rich.text import Text
 
-    title = (
-        f"all-reduce, {record['backend']} on {record['world_size']} x {record['device']['name']} ({record['dtype']})"
-    )
-    out = Table(title=title)
+    title = f"all-reduce, {record.backend} on {record.world_size} x {record.device.name} ({record.dtype})"
+    out = Table(title=Text(title))
     for column in ("size (B)", "elements", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
         out.add_column(column, justify="right")
-    for row in record["results"]:
+    for row in record.results:
         out.add_row(
-            f"{row['bytes']:,}",
-            f"{row['elements']:,}",
-            f"{row['seconds'] * 1e6:,.1f}",
-            f"{row['algbw_bytes_per_second'] / 1e9:.4g}",
-            f"{row['busbw_bytes_per_second'] / 1e9:.4g}",
+            f"{row.bytes:,}",
+            f"{row.elements:,}",
+            f"{row.seconds * 1e6:,.1f}",
+            f"{row.algbw_bytes_per_second / 1e9:.4g}",
+            f"{row.busbw_bytes_per_second / 1e9:.4g}",
         )
     return out

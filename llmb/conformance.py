@@ -55,7 +55,6 @@ reports it. The loss-curve and trained-parameters errors grow with K; the table 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import gc
 import math
 from collections.abc import Iterator
@@ -64,18 +63,18 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, precision
+from llmb import precision
 from llmb.config import PRESETS
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import count_parameters
 from llmb.plugins import Plugin
+from llmb.records import Check, Conformance, DeviceRef, PluginRef, Precision
 from llmb.results import write_json_atomic
 from llmb.runner import RunOptions, Session, audit_session, is_out_of_memory, prepare, resolve
 from llmb.settings import recorded
 from llmb.train import optimizer_problems
 
-SCHEMA = "llmb.conformance/1"
 DEFAULT_STEPS = 5
 DEFAULT_BATCH_SIZE = 2
 CONFORMANCE_PRESETS = ("tiny", "small")
@@ -194,27 +193,6 @@ def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     if scale == 0:
         return 0.0 if difference == 0 else math.inf
     return difference / scale
-
-
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    detail: str
-    measured: float | int | str | None = None
-    tolerance: float | int | str | None = None
-
-    def to_dict(self) -> dict:
-        measured = self.measured
-        if isinstance(measured, float) and not math.isfinite(measured):
-            measured = str(measured)  # JSON has no inf or nan
-        return {
-            "name": self.name,
-            "passed": self.passed,
-            "detail": self.detail,
-            "measured": measured,
-            "tolerance": self.tolerance,
-        }
 
 
 def _within(name: str, error: float, tolerance: float, what: str) -> Check:
@@ -380,7 +358,7 @@ def check_plugin(
     steps: int = DEFAULT_STEPS,
     batch_size: int = DEFAULT_BATCH_SIZE,
     seed: int = 0,
-) -> dict:
+) -> Conformance:
     """Run the candidate and the reference, compare them, and return the conformance record."""
     if preset not in CONFORMANCE_PRESETS:
         raise UsageError(f"conformance runs on a small shape: preset {preset!r} is not one of tiny, small")
@@ -403,7 +381,7 @@ def check_plugin(
         with _restored_global_state():
             session = prepare(options, chosen, torch_device, resolved)
             mode = session.recipe.mode
-            device_info = {"type": torch_device.type, "spec": str(torch_device), "name": session.services.name()}
+            device_info = DeviceRef(type=torch_device.type, spec=str(torch_device), name=session.services.name())
             candidate = trace(session, steps)
             del session
             gc.collect()  # the trainer and its optimizer hold each other (the step hook): free the model now
@@ -415,35 +393,34 @@ def check_plugin(
             raise LlmbError(f"out of memory at batch size {batch_size} on {torch_device}") from exc
         raise
     checks = compare(candidate, reference, options.precision, mode)
-    return {
-        "schema": SCHEMA,
-        "llmb_version": __version__,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "passed": all(c.passed for c in checks),
-        "plugin": {
-            "name": chosen.name,
-            "version": chosen.version,
-            "distribution": chosen.distribution,
-            "settings": recorded(resolved),  # a secret setting's value is never recorded
-        },
-        "device": device_info,
-        "precision": {"requested": options.precision, "effective": candidate.audit["effective"], "mode": mode},
-        "preset": preset,
-        "config": options.config.to_dict(),
-        "seed": seed,
-        "steps": steps,
-        "batch_size": batch_size,
-        "model_fingerprint": model_fingerprint(),
-        "checks": [c.to_dict() for c in checks],
-    }
+    return Conformance(
+        passed=all(c.passed for c in checks),
+        plugin=PluginRef(
+            name=chosen.name,
+            version=chosen.version,
+            distribution=chosen.distribution,
+            settings=recorded(resolved),  # a secret setting's value is never recorded
+            defaults=recorded(chosen.resolve_settings({})),
+            precisions=chosen.precisions(),
+        ),
+        device=device_info,
+        precision=Precision(requested=options.precision, effective=candidate.audit["effective"], mode=mode),
+        preset=preset,
+        config=options.config,
+        seed=seed,
+        steps=steps,
+        batch_size=batch_size,
+        model_fingerprint=model_fingerprint(),
+        checks=checks,
+    )
 
 
-def failed_checks(record: dict) -> list[str]:
-    return [c["name"] for c in record["checks"] if not c["passed"]]
+def failed_checks(record: Conformance) -> list[str]:
+    return record.failed()
 
 
-def write(record: dict, path: Path) -> Path:
-    return write_json_atomic(Path(path), record)
+def write(record: Conformance, path: Path) -> Path:
+    return write_json_atomic(Path(path), record.to_dict())
 
 
 def _figure(value) -> str:
@@ -452,23 +429,25 @@ def _figure(value) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def print_table(record: dict, console) -> None:
+def print_table(record: Conformance, console) -> None:
     """One row per check, then the verdict (the CLI's view of the record)."""
     from rich.table import Table
+    from rich.text import Text
 
-    prec = record["precision"]
+    prec = record.precision
     title = (
-        f"llmb check-plugin {record['plugin']['name']} on {record['device']['spec']}: requested {prec['requested']} "
-        f"{prec['mode']}, audited {prec['effective']}, {record['preset']} preset, {record['steps']} steps"
+        f"llmb check-plugin {record.plugin.name} on {record.device.spec}: requested {prec.requested} "
+        f"{prec.mode}, audited {prec.effective}, {record.preset} preset, {record.steps} steps"
     )
-    table = Table(title=title)
+    table = Table(title=Text(title))
     for column in ("check", "result", "measured", "tolerance", "detail"):
         table.add_column(column)
-    for check in record["checks"]:
-        verdict = "[green]PASS[/]" if check["passed"] else "[bold red]FAIL[/]"
-        table.add_row(check["name"], verdict, _figure(check["measured"]), _figure(check["tolerance"]), check["detail"])
+    for check in record.checks:
+        verdict = "[green]PASS[/]" if check.passed else "[bold red]FAIL[/]"
+        # The detail quotes parameter names and plugin text: plain text, never rich markup.
+        table.add_row(check.name, verdict, _figure(check.measured), _figure(check.tolerance), Text(check.detail))
     console.print(table)
-    if record["passed"]:
+    if record.passed:
         console.print("[bold green]CONFORMS: every check passed[/]")
     else:
         console.print(f"[bold red]DOES NOT CONFORM: failed {', '.join(failed_checks(record))}[/]")

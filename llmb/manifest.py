@@ -16,8 +16,8 @@ from pathlib import Path
 
 from llmb import __version__
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
+from llmb.records import RELEASE_MANIFEST_SCHEMA
 
-SCHEMA = "llmb.release-manifest/1"
 MANIFEST_NAME = "release_manifest.json"
 PACKAGE_DIR = Path(__file__).resolve().parent
 MODEL_PATH = "llmb/model.py"
@@ -56,7 +56,7 @@ def package_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
 def compute(package_dir: Path = PACKAGE_DIR) -> dict:
     """The manifest of the package as it is on disk now."""
     return {
-        "schema": SCHEMA,
+        "schema": RELEASE_MANIFEST_SCHEMA,
         "llmb_version": __version__,
         "files": {name: sha256_file(path) for name, path in package_files(package_dir).items()},
     }

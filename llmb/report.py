@@ -1,9 +1,11 @@
 """Reports from result files, sweeps and submission bundles: tables (console, markdown, HTML, CSV, JSON) and plots.
 
-Every figure comes from a result record or a sweep log as written; the report measures nothing. The headline of a
-group (method, device, precision, mode, devices) is the median run at its best batch size: where a sweep re-ran its
-best batch, that batch and its re-runs decide (the search trial that picked it is not counted again); otherwise the
-batch whose median run is fastest.
+Every figure comes from a result record or a sweep log as written; the report measures nothing and never asks an
+installed plugin (a record names its plugin's settings and defaults). Runs are grouped by plugin, settings, device,
+precision, mode, shape and job layout (devices, nodes, strategy), and within a group by batch size; runs that differ
+in any of these are never pooled. A batch's figure is its median run (records.median_index: a run that happened);
+the headline of a group is its best batch's: where a sweep re-ran its best batch, that batch and its re-runs decide
+(the search trials that picked it are not counted again); otherwise the batch whose median run is fastest.
 """
 
 from __future__ import annotations
@@ -20,27 +22,41 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from llmb import __version__, flops, precision
 from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
-from llmb.plugins import Plugin
-from llmb.results import SCHEMA, median_index, write_bytes_atomic
-from llmb.sweep import LOG_NAME, RECORD_LIMIT, SUMMARY_SCHEMA, read_log
+from llmb.records import (
+    RECORD_LIMIT,
+    REPORT_SCHEMA,
+    RESULT_SCHEMA,
+    SPREAD_WARNING,
+    SWEEP_LOG_NAME,
+    SWEEP_SUMMARY_SCHEMA,
+    PluginRef,
+    RecordError,
+    Result,
+    envelope,
+    median_index,
+    read_sweep_log,
+)
+from llmb.results import write_bytes_atomic
 
 FORMATS = ("md", "html", "csv", "json")
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".csv": "csv", ".json": "json"}
-REPORT_SCHEMA = "llmb.report/1"
 
 
 @dataclass
 class Point:
     """One run (or one failed sweep trial) as the report sees it."""
 
-    method: str
+    method: str  # the plugin
+    settings: str  # its settings that differ from its defaults ("defaults" when none)
     device: str
     precision: str
     mode: str
+    shape: str  # the preset or its dimensions, and the parameter count
     batch_size: int
     status: str = "ok"
     phase: str | None = None  # "search" or "repeat" for sweep trials, None for plain runs
@@ -53,6 +69,7 @@ class Point:
     mfu: float | None = None
     peak_memory_bytes: int | None = None
     step_seconds: float | None = None
+    load_average: float | None = None  # the host's 1-minute load when the run ended
     validity: str = ""
     detail: str = ""
     run_id: str | None = None
@@ -64,7 +81,22 @@ class Point:
 
     @property
     def group(self) -> tuple:
-        return (self.method, self.device, self.precision, self.mode, self.world_size, self.parallel)
+        """What runs must share to be compared at all (the batch size varies within a group)."""
+        return (
+            self.method,
+            self.settings,
+            self.device,
+            self.precision,
+            self.mode,
+            self.shape,
+            self.world_size,
+            self.nodes,
+            self.parallel,
+        )
+
+    @property
+    def label(self) -> str:
+        return self.method if self.settings == "defaults" else f"{self.method} {self.settings}"
 
 
 # Loading
@@ -81,7 +113,7 @@ def load(paths: list[Path]) -> Inputs:
     """Result JSON files, directories of them, sweep directories and submission bundles (searched recursively)."""
     if not paths:
         raise UsageError("give at least one result file or directory")
-    records: dict[str, tuple[dict, Path]] = {}
+    records: dict[str, tuple[Result, Path]] = {}
     logs, log_files = [], []
     inputs = Inputs()
     for path in paths:
@@ -91,41 +123,36 @@ def load(paths: list[Path]) -> Inputs:
         inputs.sources.append(str(path))
         explicit = path.is_file()
         for file in [path] if explicit else _files(path):
-            if file.suffix == ".jsonl":
-                try:
-                    logs.append(read_log(file))
-                    log_files.append(file)
-                except LlmbError as exc:
-                    inputs.skipped.append(str(exc))
-                continue
             try:
+                if file.suffix == ".jsonl":
+                    logs.append(read_sweep_log(file, RECORD_LIMIT))
+                    log_files.append(file)
+                    continue
                 data = json.loads(read_regular(file, RECORD_LIMIT))  # a FIFO or a giant file never hangs it
-            except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, not a plain file of sane size
+            except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, not a plain file, a bad log line
                 if explicit:
-                    raise LlmbError(f"{file}: not readable JSON ({exc})") from None
-                inputs.skipped.append(f"{file}: not readable JSON")
+                    raise LlmbError(f"{file}: not readable ({exc})") from None
+                inputs.skipped.append(f"{file}: not readable ({exc})")
                 continue
             schema = data.get("schema") if isinstance(data, dict) else None
-            if schema == SCHEMA:
-                problem = _incomplete(data)
-                if problem and explicit:
-                    raise LlmbError(f"{file}: incomplete llmb result ({problem})")
-                if problem:
-                    inputs.skipped.append(f"{file}: incomplete llmb result ({problem})")
+            if schema == RESULT_SCHEMA:
+                try:
+                    record = Result.from_dict(data)
+                except RecordError as exc:  # read strictly: the first bad field is named
+                    if explicit:
+                        raise LlmbError(f"{file}: incomplete llmb result ({exc})") from None
+                    inputs.skipped.append(f"{file}: incomplete llmb result ({exc})")
                     continue
-                records.setdefault(data["run_id"], (data, file))
-            elif explicit and schema != SUMMARY_SCHEMA:
+                records.setdefault(record.run_id, (record, file))
+            elif explicit and schema != SWEEP_SUMMARY_SCHEMA:
                 raise UsageError(f"{file} is not an llmb result (schema {schema!r})")
     phases = {t.run_id: t.phase for _, trials in logs for t in trials if t.run_id}
     for record, file in records.values():
-        try:
-            inputs.points.append(point_from_record(record, phases.get(record["run_id"]), str(file)))
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a field of the wrong shape
-            inputs.skipped.append(f"{file}: incomplete llmb result ({exc.__class__.__name__}: {exc})")
+        inputs.points.append(point_from_record(record, phases.get(record.run_id), str(file)))
     for (header, trials), file in zip(logs, log_files, strict=True):
         try:
             inputs.points.extend(failed_points(header, trials, records))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the header is not typed
             inputs.skipped.append(f"{file}: incomplete sweep log ({exc.__class__.__name__}: {exc})")
     if not inputs.points:
         skipped = f" (skipped: {'; '.join(inputs.skipped[:3])})" if inputs.skipped else ""
@@ -133,70 +160,68 @@ def load(paths: list[Path]) -> Inputs:
     return inputs
 
 
-def _incomplete(record: dict) -> str:
-    """What a result record lacks that every table needs ('' when nothing)."""
-    missing = [key for key in ("run_id", "tokens_per_second", "plugin", "precision", "batch_size") if key not in record]
-    return f"no {', '.join(missing)}" if missing else ""
-
-
 def _files(directory: Path) -> list[Path]:
-    found = [*directory.rglob("*.json"), *directory.rglob(LOG_NAME)]
+    found = [*directory.rglob("*.json"), *directory.rglob(SWEEP_LOG_NAME)]
     # Hidden paths hold a sweep's scratch (a trial in flight) and temporary files of atomic writes.
     return sorted(f for f in found if not any(part.startswith(".") for part in f.relative_to(directory).parts))
 
 
-_defaults: dict[str, dict | None] = {}
-
-
-def method_label(plugin: str, settings: dict) -> str:
-    """The plugin plus the settings that differ from its defaults (all settings when it is not installed here)."""
-    if plugin not in _defaults:
-        try:
-            _defaults[plugin] = {s.name: s.default for s in Plugin(plugin).settings()}
-        except LlmbError:
-            _defaults[plugin] = None
-    defaults = _defaults[plugin]
-    changed = {k: v for k, v in settings.items() if defaults is None or defaults.get(k, object()) != v}
-    return " ".join([plugin, *(f"{k}={v}" for k, v in sorted(changed.items()))])
-
-
-def point_from_record(record: dict, phase: str | None, source: str) -> Point:
-    world_size = int(record.get("world_size") or 1)
-    per_device = record.get("tokens_per_second_per_device") or record["tokens_per_second"] / world_size
-    if record["valid"]:
+def point_from_record(record: Result, phase: str | None, source: str) -> Point:
+    world_size = record.world_size
+    per_device = record.tokens_per_second_per_device or record.tokens_per_second / world_size
+    if record.valid:
         validity = "valid"
     else:
-        validity = "invalid" if record["invalid_reasons"] else "debug"
+        validity = "invalid" if record.invalid_reasons else "debug"
     return Point(
-        method=method_label(record["plugin"]["name"], record["plugin"].get("settings") or {}),
-        device=record["device"]["name"],
-        precision=record["precision"]["effective"],
-        mode=record["precision"]["mode"],
-        batch_size=record["batch_size"],
+        method=record.plugin.name,
+        settings=record.plugin.settings_label(),
+        device=record.device.name,
+        precision=record.precision.effective,
+        mode=record.precision.mode,
+        shape=record.shape,
+        batch_size=record.batch_size,
         phase=phase,
         world_size=world_size,
-        nodes=int(record.get("nodes") or 1),
-        parallel=None if record.get("parallel") in (None, "none") else record["parallel"],
-        tokens_per_second=record["tokens_per_second"],
+        nodes=record.nodes,
+        parallel=None if record.parallel == "none" else record.parallel,
+        tokens_per_second=record.tokens_per_second,
         tokens_per_second_per_device=per_device,
-        tflops_per_device=flops.achieved_tflops(per_device, record["model_flops_per_token"]),
-        mfu=record.get("mfu"),
-        peak_memory_bytes=record.get("peak_memory_bytes"),
-        step_seconds=record["timing"]["window_seconds"] / record["steps"],
+        tflops_per_device=flops.achieved_tflops(per_device, record.model_flops_per_token),
+        mfu=record.mfu,
+        peak_memory_bytes=record.peak_memory_bytes,
+        step_seconds=record.timing.window_seconds / record.steps,
+        load_average=record.host.load_average_end[0] if record.host and record.host.load_average_end else None,
         validity=validity,
-        detail="; ".join(record["invalid_reasons"]),
-        run_id=record["run_id"],
+        detail="; ".join(record.invalid_reasons),
+        run_id=record.run_id,
         source=source,
     )
 
 
 def failed_points(header: dict, trials: list, records: dict) -> list[Point]:
     """Points for a sweep's failed trials, named like its successful runs so they land in the same group."""
-    method = method_label(header["plugin"], header.get("settings") or {})
-    names = [records[t.run_id][0]["device"]["name"] for t in trials if t.run_id in records]
-    device = names[0] if names else header["device"]
+    made = [records[t.run_id][0] for t in trials if t.run_id in records]
+    if made:  # the sweep's own results name the device, settings and shape as the report shows them
+        like = point_from_record(made[0], None, "")
+        method, settings, device, shape = like.method, like.settings, like.device, like.shape
+    else:
+        plugin = PluginRef(name=str(header.get("plugin")), version="", distribution="", settings=header.get("settings"))
+        method, settings, device = plugin.name, plugin.settings_label(), str(header.get("device"))
+        shape = str(header.get("preset"))
     return [
-        Point(method, device, t.precision, header["mode"], t.batch_size, t.status, t.phase, detail=t.detail)
+        Point(
+            method,
+            settings,
+            device,
+            t.precision,
+            str(header.get("mode")),
+            shape,
+            t.batch_size,
+            t.status,
+            t.phase,
+            detail=t.detail,
+        )
         for t in trials
         if not t.ok
     ]
@@ -210,32 +235,59 @@ def by_group(points: list[Point]) -> dict[tuple, list[Point]]:
     for p in points:
         groups.setdefault(p.group, []).append(p)
     order = {name: i for i, name in enumerate(precision.PRECISIONS)}
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 9), kv[0][3:5])))
+
+    def key(item):
+        method, settings, device, prec, mode, shape, world_size, nodes, parallel = item[0]
+        return (method, settings, device, order.get(prec, 9), prec, mode, shape, world_size, nodes, parallel or "")
+
+    return dict(sorted(groups.items(), key=key))
 
 
 def median_run(runs: list[Point]) -> Point:
     return runs[median_index([r.tokens_per_second for r in runs])]
 
 
-def batch_medians(points: list[Point]) -> dict[int, Point]:
-    """Per batch size, the median run over the runs that count: a sweep's re-runs where the batch has any."""
+def batch_runs(points: list[Point]) -> dict[int, list[Point]]:
+    """Per batch size, the runs that count: a sweep's re-runs where the batch has any, else all its runs."""
     ok: dict[int, list[Point]] = {}
     for p in points:
         if p.ok:
             ok.setdefault(p.batch_size, []).append(p)
-    return {b: median_run([p for p in runs if p.phase == "repeat"] or runs) for b, runs in sorted(ok.items())}
+    return {b: [p for p in runs if p.phase == "repeat"] or runs for b, runs in sorted(ok.items())}
 
 
-def headline(points: list[Point]) -> tuple[Point | None, int]:
-    """(the headline run, how many runs its median is over) for one group."""
+def batch_medians(points: list[Point]) -> dict[int, Point]:
+    """Per batch size, the median run over the runs that count."""
+    return {b: median_run(runs) for b, runs in batch_runs(points).items()}
+
+
+def headline(points: list[Point]) -> tuple[Point | None, list[Point]]:
+    """(the headline run, the runs its median is over) for one group."""
     ok = [p for p in points if p.ok]
     repeated = {p.batch_size for p in ok if p.phase == "repeat"}
-    medians = {b: p for b, p in batch_medians(ok).items() if b in repeated or not repeated}
-    if not medians:
-        return None, 0
-    best = max(medians.values(), key=lambda p: p.tokens_per_second)
-    runs = [p for p in ok if p.batch_size == best.batch_size]
-    return best, len([p for p in runs if p.phase == "repeat"] or runs)
+    counted = {b: runs for b, runs in batch_runs(ok).items() if b in repeated or not repeated}
+    if not counted:
+        return None, []
+    best = max((median_run(runs) for runs in counted.values()), key=lambda p: p.tokens_per_second)
+    return best, counted[best.batch_size]
+
+
+def spread(best: Point, runs: list[Point]) -> tuple[float, float, float]:
+    """(lowest, highest, (highest - lowest) / headline) tokens/s of a headline's runs."""
+    values = [r.tokens_per_second for r in runs]
+    return min(values), max(values), (max(values) - min(values)) / best.tokens_per_second
+
+
+def noisy_warning(best: Point, runs: list[Point]) -> str | None:
+    low, high, ratio = spread(best, runs)
+    if ratio <= SPREAD_WARNING:
+        return None
+    loads = [r.load_average for r in runs if r.load_average is not None]
+    load = f"; host load up to {max(loads):.2f}" if loads else ""
+    return (
+        f"{best.label}, {best.precision} {best.mode}, {best.shape}, batch {best.batch_size}: the {len(runs)} runs "
+        f"spread {ratio:.1%} ({low:,.1f}-{high:,.1f} tokens/s, more than {SPREAD_WARNING:.0%}){load}"
+    )
 
 
 # Tables
@@ -263,6 +315,10 @@ def _percent(v) -> str:
     return "n/a" if v is None else f"{v:.1%}"
 
 
+def _range(v) -> str:
+    return "" if v is None else f"{v[0]:,.1f}-{v[1]:,.1f}"
+
+
 @dataclass
 class Column:
     key: str
@@ -279,97 +335,125 @@ class Table:
     columns: list[Column]
     rows: list[dict]
     note: str = ""
+    warnings: list[str] = field(default_factory=list)
 
     def cells(self) -> list[list[str]]:
         return [[c.missing if row.get(c.key) is None else c.fmt(row[c.key]) for c in self.columns] for row in self.rows]
 
     def to_json(self) -> dict:
-        return {"name": self.name, "title": self.title, "note": self.note, "rows": self.rows}
+        return {"name": self.name, "title": self.title, "note": self.note, "warnings": self.warnings, "rows": self.rows}
 
 
 TOKENS = Column("tokens_per_second", "Tokens/s", _num(",.1f"), True)
+SPREAD = Column("spread", "Spread (min-max)", _range, True)
 TFLOPS = Column("tflops_per_device", "TFLOP/s", _num(".3g"), True)
 MFU = Column("mfu", "MFU", _percent, True, "n/a")
 MEMORY = Column("peak_memory_bytes", "Peak memory", _memory, True)
+METHOD = Column("method", "Method")
+SETTINGS = Column("settings", "Settings")
+SHAPE = Column("shape", "Shape")
 
 
 def best_table(points: list[Point]) -> Table:
     multi = any(p.world_size > 1 for p in points)
-    rows = []
-    for (method, device, prec, mode, world_size, parallel), group in by_group(points).items():
+    rows, warnings = [], []
+    for (method, settings, device, prec, mode, shape, world_size, nodes, parallel), group in by_group(points).items():
         best, runs = headline(group)
         failed = sorted({p.status for p in group if not p.ok})
-        row = {"method": method, "device": device, "precision": prec, "mode": mode}
+        row = {
+            "method": method,
+            "settings": settings,
+            "device": device,
+            "precision": prec,
+            "mode": mode,
+            "shape": shape,
+        }
         if multi:
-            row.update(devices=world_size, parallel=parallel or "")
+            row.update(devices=world_size, nodes=nodes, parallel=parallel or "")
         if best is None:
             row.update(status="no run finished" + (f" ({', '.join(failed)})" if failed else ""))
         else:
+            low, high, _ = spread(best, runs)
+            warning = noisy_warning(best, runs)
+            if warning:
+                warnings.append(warning)
             row.update(
                 best_batch_size=best.batch_size,
                 tokens_per_second=best.tokens_per_second,
+                spread=[low, high],
                 tflops_per_device=best.tflops_per_device,
                 mfu=best.mfu,
                 peak_memory_bytes=best.peak_memory_bytes,
-                runs=runs,
-                status=best.validity + (f"; larger batches: {', '.join(failed)}" if failed else ""),
+                runs=len(runs),
+                status=best.validity
+                + ("; noisy" if warning else "")
+                + (f"; larger batches: {', '.join(failed)}" if failed else ""),
             )
         rows.append(row)
-    columns = [
-        Column("method", "Method"),
-        Column("device", "Device"),
-        Column("precision", "Precision"),
-        Column("mode", "Mode"),
-    ]
+    columns = [METHOD, SETTINGS, Column("device", "Device"), Column("precision", "Precision"), Column("mode", "Mode")]
+    columns.append(SHAPE)
     if multi:
-        columns += [Column("devices", "Devices", str, True), Column("parallel", "Strategy")]
-    columns += [Column("best_batch_size", "Best batch", str, True), TOKENS, TFLOPS, MFU, MEMORY]
+        columns += [
+            Column("devices", "Devices", str, True),
+            Column("nodes", "Nodes", str, True),
+            Column("parallel", "Strategy"),
+        ]
+    columns += [Column("best_batch_size", "Best batch", str, True), TOKENS, SPREAD, TFLOPS, MFU, MEMORY]
     columns += [Column("runs", "Runs", str, True), Column("status", "Result")]
     note = (
-        "Tokens/s is the median run at the best batch size (over a sweep's re-runs where it made them); "
-        "TFLOP/s and MFU per device, MFU n/a where the device's peak is not known."
+        "Tokens/s is the median run at the best batch size (over a sweep's re-runs where it made them), a run that "
+        "happened; the spread is the lowest and highest tokens/s of those runs. TFLOP/s, MFU and peak memory are the "
+        "median run's, TFLOP/s and MFU per device, MFU n/a where the device's peak is not known."
     )
-    return Table("best", "Best batch size per precision", columns, rows, note)
+    return Table("best", "Best batch size per precision", columns, rows, note, warnings)
 
 
 def comparison_tables(points: list[Point], baseline: str | None = None) -> list[Table]:
-    """lit-gpt style: per device and precision, each method's best time, memory and speed-up over the baseline."""
-    sets: dict[tuple, list[Point]] = {}
-    for (_method, device, prec, mode, world_size, _), group in by_group(points).items():
-        best, _runs = headline(group)
+    """lit-gpt style: per device, precision and shape, each method's best time, memory and speed-up over the
+    baseline."""
+    sets: dict[tuple, list[tuple[Point, list[Point]]]] = {}
+    for (_method, _settings, device, prec, mode, shape, world_size, _nodes, _), group in by_group(points).items():
+        best, runs = headline(group)
         if best is not None and world_size == 1:
-            sets.setdefault((device, prec, mode), []).append(best)
+            sets.setdefault((device, prec, mode, shape), []).append((best, runs))
     tables = []
-    for (device, prec, mode), bests in sets.items():
+    for (device, prec, mode, shape), bests in sets.items():
         if len(bests) < 2:
             continue
-        methods = {b.method: b for b in bests}
-        base = methods.get(baseline) if baseline else next((b for b in bests if " " not in b.method), None)
+        methods = {b.label: b for b, _ in bests}
+        base = methods.get(baseline) if baseline else next((b for b, _ in bests if b.settings == "defaults"), None)
         rows = []
-        for b in sorted(bests, key=lambda b: -b.tokens_per_second):
+        for b, runs in sorted(bests, key=lambda item: -item[0].tokens_per_second):
+            low, high, _ = spread(b, runs)
             rows.append(
                 {
                     "method": b.method,
+                    "settings": b.settings,
+                    "shape": b.shape,
                     "batch_size": b.batch_size,
                     "step_seconds": b.step_seconds,
                     "tokens_per_second": b.tokens_per_second,
+                    "spread": [low, high],
                     "peak_memory_bytes": b.peak_memory_bytes,
                     "speedup": b.tokens_per_second / base.tokens_per_second if base else None,
                 }
             )
         columns = [
-            Column("method", "Method"),
+            METHOD,
+            SETTINGS,
+            SHAPE,
             Column("batch_size", "Batch", str, True),
             Column("step_seconds", "Time/step ↓", _seconds, True),
             Column("tokens_per_second", "Tokens/s ↑", TOKENS.fmt, True),
+            SPREAD,
             Column("peak_memory_bytes", "Memory ↓", _memory, True),
             Column("speedup", "Speed-up ↑", _ratio, True),
         ]
         if base:
-            note = f"Speed-up in tokens/s over {base.method} (each method at its best batch size)."
+            note = f"Speed-up in tokens/s over {base.label} (each method at its best batch size)."
         else:
             note = f"No baseline: no run of {baseline!r}" if baseline else "No baseline: no run with default settings"
-        title = f"Methods on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "")
+        title = f"Methods on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "") + f", {shape}"
         tables.append(Table("methods", title, columns, rows, note))
     return tables
 
@@ -378,35 +462,46 @@ def scaling_tables(points: list[Point]) -> list[Table]:
     """nanotron style: devices -> tokens/s, per device, efficiency against one device, when there is more than one."""
     if not any(p.world_size > 1 for p in points):
         return []
-    sets: dict[tuple, dict[tuple, Point]] = {}
-    for (method, device, prec, mode, world_size, parallel), group in by_group(points).items():
-        best, _runs = headline(group)
+    sets: dict[tuple, dict[tuple, tuple[Point, list[Point]]]] = {}
+    for (method, settings, device, prec, mode, shape, world_size, nodes, parallel), group in by_group(points).items():
+        best, runs = headline(group)
         if best is not None:
-            sets.setdefault((method, device, prec, mode), {})[(world_size, parallel or "")] = best
+            sets.setdefault((method, settings, device, prec, mode, shape), {})[(world_size, nodes, parallel or "")] = (
+                best,
+                runs,
+            )
     tables = []
-    for (method, device, prec, mode), runs in sets.items():
-        if not any(ws > 1 for ws, _ in runs):
+    for (method, settings, device, prec, mode, shape), layouts in sets.items():
+        if not any(ws > 1 for ws, _, _ in layouts):
             continue
-        singles = [p for (ws, _), p in runs.items() if ws == 1]
-        smallest = min(runs.values(), key=lambda p: p.world_size)
+        singles = [p for (ws, _, _), (p, _) in layouts.items() if ws == 1]
+        smallest = min((p for p, _ in layouts.values()), key=lambda p: p.world_size)
         base = singles[0] if singles else smallest
         rows = []
-        for (ws, parallel), p in sorted(runs.items()):
+        for (ws, nodes, parallel), (p, runs) in sorted(layouts.items()):
             ideal = base.tokens_per_second_per_device
+            low, high, _ = spread(p, runs)
             rows.append(
                 {
+                    "method": method,
+                    "settings": settings,
+                    "shape": shape,
                     "devices": ws,
-                    "nodes": p.nodes,
+                    "nodes": nodes,
                     "parallel": parallel or "single",
                     "batch_size": p.batch_size,
                     "global_batch_size": p.batch_size * ws,
                     "tflops_per_device": p.tflops_per_device,
                     "tokens_per_second_per_device": p.tokens_per_second_per_device,
                     "tokens_per_second": p.tokens_per_second,
+                    "spread": [low, high],
                     "efficiency": p.tokens_per_second_per_device / ideal if ideal else None,
                 }
             )
         columns = [
+            METHOD,
+            SETTINGS,
+            SHAPE,
             Column("devices", "Devices", str, True),
             Column("nodes", "Nodes", str, True),
             Column("parallel", "Strategy"),
@@ -415,19 +510,14 @@ def scaling_tables(points: list[Point]) -> list[Table]:
             TFLOPS,
             Column("tokens_per_second_per_device", "Tokens/s per device", TOKENS.fmt, True),
             TOKENS,
+            SPREAD,
             Column("efficiency", "Efficiency", _percent, True),
         ]
         against = "1 device" if singles else f"{base.world_size} devices (no 1-device run in the inputs)"
         note = f"Efficiency: tokens/s per device against {against}; each row at its best batch size per device."
-        tables.append(
-            Table(
-                "scaling",
-                f"Scaling: {method} on {device}, {prec}" + (f" ({mode})" if mode != "pure" else ""),
-                columns,
-                rows,
-                note,
-            )
-        )
+        label = method if settings == "defaults" else f"{method} {settings}"
+        title = f"Scaling: {label} on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "") + f", {shape}"
+        tables.append(Table("scaling", title, columns, rows, note))
     return tables
 
 
@@ -438,15 +528,19 @@ def failure_table(points: list[Point]) -> Table | None:
     rows = [
         {
             "method": p.method,
+            "settings": p.settings,
+            "shape": p.shape,
             "precision": p.precision,
             "batch_size": p.batch_size,
             "status": p.status,
             "detail": p.detail,
         }
-        for p in sorted(failed, key=lambda p: (p.method, p.precision, p.batch_size))
+        for p in sorted(failed, key=lambda p: (p.method, p.settings, p.shape, p.precision, p.batch_size))
     ]
     columns = [
-        Column("method", "Method"),
+        METHOD,
+        SETTINGS,
+        SHAPE,
         Column("precision", "Precision"),
         Column("batch_size", "Batch", str, True),
         Column("status", "Failure"),
@@ -482,9 +576,14 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+def _method(group: tuple) -> str:
+    method, settings = group[:2]
+    return method if settings == "defaults" else f"{method} {settings}"
+
+
 def _label(group: tuple) -> str:
-    method, _device, prec, mode = group[:4]
-    return f"{prec}{' ' + mode if mode != 'pure' else ''} · {method}"
+    prec, mode, shape = group[3], group[4], group[5]
+    return f"{prec}{' ' + mode if mode != 'pure' else ''} · {shape} · {_method(group)}"
 
 
 def _batch_axis(ax, batches: set[int]) -> None:
@@ -497,7 +596,7 @@ def _batch_axis(ax, batches: set[int]) -> None:
 
 
 def _versus_batch(points: list[Point], value: Callable, ylabel: str, title: str) -> bytes | None:
-    groups = {g: ps for g, ps in by_group(points).items() if g[4] == 1}
+    groups = {g: ps for g, ps in by_group(points).items() if g[6] == 1}
     if not any(value(p) is not None for ps in groups.values() for p in ps if p.ok):
         return None
     fig, ax = _figure()
@@ -548,8 +647,8 @@ def methods_plot(points: list[Point]) -> bytes | None:
     bests: dict[str, dict[str, Point]] = {}
     for group, ps in by_group(points).items():
         best, _ = headline(ps)
-        if best is not None and group[4] == 1:
-            bests.setdefault(_label(group).split(" · ")[0], {})[group[0]] = best
+        if best is not None and group[6] == 1:
+            bests.setdefault(" · ".join(_label(group).split(" · ")[:2]), {})[_method(group)] = best
     if not bests:
         return None
     methods = sorted({m for per in bests.values() for m in per})
@@ -638,6 +737,7 @@ def to_markdown(tables: list[Table], plots: dict[str, str]) -> str:
         for cells in table.cells():
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         lines += ["", f"_{table.note}_" if table.note else "", ""]
+        lines += [f"**Noisy:** {w.replace('|', '/')}" for w in table.warnings] + ([""] if table.warnings else [])
     for name, path in plots.items():
         lines += [f"![{name}]({path})", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -648,7 +748,8 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; 
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-p.note { color: #666; font-size: 0.85em; } img { max-width: 100%; display: block; margin: 1em 0; }
+p.note { color: #666; font-size: 0.85em; } p.warn { color: #a60; }
+img { max-width: 100%; display: block; margin: 1em 0; }
 """
 
 
@@ -675,6 +776,7 @@ def to_html(tables: list[Table], plots: dict[str, bytes], inputs: Inputs) -> str
         parts.append("</tbody></table>")
         if table.note:
             parts.append(f"<p class='note'>{e(table.note)}</p>")
+        parts += [f"<p class='warn'><b>Noisy:</b> {e(w)}</p>" for w in table.warnings]
     if plots:
         parts.append("<h2>Plots</h2>")
     for name, png in plots.items():
@@ -697,8 +799,7 @@ def to_csv(points: list[Point]) -> str:
 def to_json(tables: list[Table], inputs: Inputs) -> str:
     return json.dumps(
         {
-            "schema": REPORT_SCHEMA,
-            "llmb_version": __version__,
+            **envelope(REPORT_SCHEMA),
             "inputs": inputs.sources,
             "tables": [t.to_json() for t in tables],
             "points": [asdict(p) for p in inputs.points],
@@ -709,13 +810,18 @@ def to_json(tables: list[Table], inputs: Inputs) -> str:
 
 
 def print_tables(tables: list[Table], console: Console) -> None:
+    # Titles and cells quote the records (plugin names, settings, devices): plain text, never rich markup.
     for table in tables:
-        rich_table = RichTable(title=table.title, title_justify="left", caption=table.note, caption_justify="left")
+        rich_table = RichTable(
+            title=Text(table.title), title_justify="left", caption=Text(table.note), caption_justify="left"
+        )
         for c in table.columns:
             rich_table.add_column(c.header, justify="right" if c.numeric else "left")
         for cells in table.cells():
-            rich_table.add_row(*cells)
+            rich_table.add_row(*map(Text, cells))
         console.print(rich_table)
+        for warning in table.warnings:
+            console.print(Text(f"NOISY: {warning}", style="bold yellow"))
 
 
 def report(

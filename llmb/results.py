@@ -1,4 +1,4 @@
-"""The results record: schema, atomic writes, loading."""
+"""Result files: their names, atomic writes, loading (the record itself is llmb.records.Result)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,12 @@ import tempfile
 from pathlib import Path
 
 from llmb.errors import UsageError
-
-SCHEMA = "llmb.result/1"
-
-
-def median_index(values: list[float]) -> int:
-    """Index of the median value (the lower middle for an even count), so a headline is always a run that happened."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    return order[(len(order) - 1) // 2]
+from llmb.records import Result
 
 
-def result_filename(record: dict) -> str:
-    stamp = record["created"].replace(":", "").replace("-", "").split(".")[0]
-    label = record["precision"]["effective"]
-    return f"{stamp}-{record['plugin']['name']}-{label}-b{record['batch_size']}-{record['run_id']}.json"
+def result_filename(record: Result) -> str:
+    stamp = record.created.replace(":", "").replace("-", "").split(".")[0]
+    return f"{stamp}-{record.plugin.name}-{record.precision.effective}-b{record.batch_size}-{record.run_id}.json"
 
 
 def write_json_atomic(path: Path, data: dict) -> Path:
@@ -78,8 +70,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
     return path
 
 
-def write_result(record: dict, out_dir: Path) -> Path:
-    return write_json_atomic(Path(out_dir) / result_filename(record), record)
+def write_result(record: Result, out_dir: Path) -> Path:
+    return write_json_atomic(Path(out_dir) / result_filename(record), record.to_dict())
 
 
 def check_writable(out_dir: Path, what: str = "--out") -> None:
@@ -99,7 +91,7 @@ def check_writable(out_dir: Path, what: str = "--out") -> None:
         raise UsageError(f"{what} {out_dir} is not a writable folder ({exc.strerror or exc})") from None
 
 
-def save_result(record: dict, out_dir: Path) -> tuple[Path, str | None]:
+def save_result(record: Result, out_dir: Path) -> tuple[Path, str | None]:
     """Write a result into out_dir; if that fails (a full disk, a folder gone), write it under the temporary folder
     instead. Returns where it is and, after a failure, why it is not in out_dir: a measurement is never lost."""
     try:
@@ -116,3 +108,8 @@ def save_result(record: dict, out_dir: Path) -> tuple[Path, str | None]:
 def load_result(path: Path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def read_result(path: Path) -> Result:
+    """A result file as a Result; RecordError (a ValueError) names the bad field, ValueError a file that is not JSON."""
+    return Result.from_dict(load_result(path))

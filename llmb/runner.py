@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
 import math
+import os
 import platform
 import uuid
 from dataclasses import dataclass, field, replace
@@ -12,20 +12,16 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, census, distributed, flops, mesh, precision, ranks
+from llmb import __version__, census, distributed, flops, mesh, precision, ranks, records, sysinfo
 from llmb.config import official_reasons
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import LlamaModel, ModelConfig, count_parameters
 from llmb.plugins import Plugin, select_plugin
-from llmb.results import SCHEMA, median_index
+from llmb.records import Result, loss_band
 from llmb.settings import recorded
 from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
-
-# A freshly initialised model predicts near-uniformly: its first loss sits near ln(vocab). Measured here: tiny
-# preset 10.38, small 10.40, official ~11.0 (logit std 0.02 x sqrt(hidden)); a scaled or broken model leaves the band.
-LOSS_BAND = (0.8, 1.3)
 
 
 @dataclass
@@ -65,10 +61,6 @@ class Progress:
 
     def note(self, text: str) -> None:
         """A line worth the console's attention (a straggler); the record holds it too."""
-
-
-def loss_band(vocab_size: int) -> tuple[float, float]:
-    return LOSS_BAND[0] * math.log(vocab_size), LOSS_BAND[1] * math.log(vocab_size)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -150,7 +142,7 @@ def parallel_strategy(options: RunOptions) -> str:
     return options.parallel if options.parallel not in (None, "none") else "ddp"
 
 
-def run(options: RunOptions, progress: Progress | None = None) -> dict | None:
+def run(options: RunOptions, progress: Progress | None = None) -> Result | None:
     """Run the benchmark once for one precision and return its result record (None on ranks other than 0)."""
     progress = progress or Progress()
     with distributed.errors_name_the_rank():
@@ -310,7 +302,7 @@ def audit_session(session: Session) -> dict:
     return census.add_evidence(audit, counts)
 
 
-def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress) -> dict:
+def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress) -> Result:
     session = prepare(options, plugin, device, settings)
     trainer, services, invalid = session.trainer, session.services, session.invalid
 
@@ -324,12 +316,19 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         progress.advance()
 
     measurements, busy = [], []
+    load_start = sysinfo.load_average()
     for repeat in range(options.repeats):
         progress.phase(f"measure {repeat + 1}/{options.repeats}", options.steps)
         before = ranks.busy_seconds()
         measurements.append(trainer.measure(options.steps, on_step=progress.advance))
         after = ranks.busy_seconds()
         busy.append(after - before if before is not None and after is not None else None)
+    host = records.Host(
+        load_average_start=load_start,
+        load_average_end=sysinfo.load_average(),
+        cpu_affinity=sysinfo.cpu_affinity(),
+        cpu_count=os.cpu_count(),
+    )
     peak_memory = services.peak_memory_bytes()
     chosen = median_measurement(measurements)
 
@@ -370,7 +369,7 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
             return None  # only rank 0 writes the run's record
         audit_ranks, invalid, measurements, reports = merged
         audit = {**audit, **audit_ranks}
-        index = median_index([m.window_seconds for m in measurements])
+        index = records.median_index([1 / m.window_seconds for m in measurements])  # by throughput, as run
         chosen = measurements[index]
         losses = ranks.global_losses(reports)
         initial_loss = losses["initial"]
@@ -410,6 +409,7 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         fingerprint=fingerprint,
         trainer=trainer,
         job=job,
+        host=host,
     )
 
 
@@ -463,7 +463,8 @@ def build_record(
     fingerprint,
     trainer,
     job=None,
-) -> dict:
+    host=None,
+) -> Result:
     config = options.config
     effective = audit["effective"]
     # A single process is a job of one; in a multi-process job the batch size is per device.
@@ -486,87 +487,92 @@ def build_record(
     tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
     peak = services.peak_flops(effective) if effective in precision.PRECISIONS else None
     debug = official_reasons(config)
-    return {
-        "schema": SCHEMA,
-        "llmb_version": __version__,
-        "run_id": uuid.uuid4().hex[:8],
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "official": not debug,
-        "valid": not debug and not invalid,
-        "debug_reasons": debug,
-        "invalid_reasons": invalid,
-        "model_fingerprint": fingerprint,
-        "preset": options.preset,
-        "config": config.to_dict(),
-        "parameters": parameters,
-        "batch_size": options.batch_size,
-        "sequence_length": config.sequence_length,
-        "warmup_steps": options.warmup_steps,
-        "steps": options.steps,
-        "repeats": options.repeats,
-        "seed": options.seed,
-        "plugin": {
-            "name": plugin.name,
-            "version": plugin.version,
-            "distribution": plugin.distribution,
-            "settings": recorded(settings),  # a secret setting's value is never recorded
-        },
-        "device": {
-            "type": services.device.type,
-            "spec": str(services.device),
-            "name": services.name(),
-            "count": services.count(),
-        },
-        "software": {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform()},
-        "facts": _merge(plugin.call("run_facts", device=services.device)),
-        "optimizer": {
-            "class": f"{type(trainer.optimizer).__module__}.{type(trainer.optimizer).__qualname__}",
-            "defaults": {
-                k: trainer.optimizer.defaults.get(k)
+    optimizer = trainer.optimizer
+    return Result(
+        run_id=uuid.uuid4().hex[:8],
+        official=not debug,
+        valid=not debug and not invalid,
+        debug_reasons=debug,
+        invalid_reasons=invalid,
+        model_fingerprint=fingerprint,
+        preset=options.preset,
+        config=config,
+        parameters=parameters,
+        batch_size=options.batch_size,
+        sequence_length=config.sequence_length,
+        warmup_steps=options.warmup_steps,
+        steps=options.steps,
+        repeats=options.repeats,
+        seed=options.seed,
+        plugin=records.PluginRef(
+            name=plugin.name,
+            version=plugin.version,
+            distribution=plugin.distribution,
+            settings=recorded(settings),  # a secret setting's value is never recorded
+            defaults=recorded(plugin.resolve_settings({})),
+            precisions=plugin.precisions(),
+        ),
+        device=records.DeviceRef(
+            type=services.device.type, spec=str(services.device), name=services.name(), count=services.count()
+        ),
+        software=records.Software(
+            python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
+        ),
+        facts=_merge(plugin.call("run_facts", device=services.device)),
+        optimizer=records.OptimizerInfo(
+            class_name=f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
+            defaults={
+                k: _jsonable(optimizer.defaults.get(k))
                 for k in ("lr", "betas", "eps", "weight_decay", "foreach", "fused", "capturable")
             },
-            "harness_steps": trainer.harness_steps,
-            "optimizer_steps": trainer.optimizer_steps,
-        },
-        "precision": {
-            "requested": options.precision,
-            "effective": effective,
-            "mode": trainer.recipe.mode,
-            "audit": audit,
-        },
-        "timing": {
-            "window_seconds": chosen.window_seconds,
-            "step_seconds": chosen.step_seconds,
-            "method": chosen.method,
-            "repeat_window_seconds": [m.window_seconds for m in measurements],
-        },
-        "world_size": job["world_size"],
-        "nodes": job["nodes"],
-        "parallel": job["parallel"],
-        "global_batch_size": global_batch,
-        "per_rank": job["per_rank"],
-        "layout": job["layout"],
-        "tp": job["layout"]["tp"],
-        "pp": job["layout"]["pp"],
-        "dp": job["layout"]["dp"],
-        "microbatches": job["layout"]["microbatches"],
-        "grad_accum": job["layout"]["grad_accum"],
-        "threads_per_rank": job["threads_per_rank"],
-        "per_rank_busy_seconds": job.get("per_rank_busy_seconds"),
-        "per_rank_step_seconds": job.get("per_rank_step_seconds"),
-        "stragglers": job["stragglers"],
-        "launcher": job["launcher"],
-        "tokens_per_second": tokens_per_second,
-        "tokens_per_second_per_device": tokens_per_second / job["world_size"],
-        "samples_per_second": global_batch * options.steps / chosen.window_seconds,
-        "model_flops_per_token": flops_per_token,
-        "tflops": tflops,
-        "peak_flops": peak,
-        "mfu": flops.mfu(tflops, peak),
-        "fom": flops.fom(config, global_batch, chosen.window_seconds / options.steps),
-        "peak_memory_bytes": peak_memory,
-        "loss": {"initial": initial_loss, "first": chosen.loss_first, "last": chosen.loss_last},
-    }
+            harness_steps=trainer.harness_steps,
+            optimizer_steps=trainer.optimizer_steps,
+        ),
+        precision=records.Precision(
+            requested=options.precision,
+            effective=effective,
+            mode=trainer.recipe.mode,
+            audit=records.Audit.from_dict(audit),
+        ),
+        timing=records.Timing(
+            window_seconds=chosen.window_seconds,
+            step_seconds=chosen.step_seconds,
+            method=chosen.method,
+            repeat_window_seconds=[m.window_seconds for m in measurements],
+        ),
+        world_size=job["world_size"],
+        nodes=job["nodes"],
+        parallel=job["parallel"],
+        global_batch_size=global_batch,
+        per_rank=job["per_rank"],
+        layout=records.JobLayout.from_dict(job["layout"]),
+        tp=job["layout"]["tp"],
+        pp=job["layout"]["pp"],
+        dp=job["layout"]["dp"],
+        microbatches=job["layout"]["microbatches"],
+        grad_accum=job["layout"]["grad_accum"],
+        threads_per_rank=job["threads_per_rank"],
+        per_rank_busy_seconds=job.get("per_rank_busy_seconds"),
+        per_rank_step_seconds=job.get("per_rank_step_seconds"),
+        stragglers=job["stragglers"],
+        launcher=job["launcher"],
+        tokens_per_second=tokens_per_second,
+        tokens_per_second_per_device=tokens_per_second / job["world_size"],
+        samples_per_second=global_batch * options.steps / chosen.window_seconds,
+        model_flops_per_token=flops_per_token,
+        tflops=tflops,
+        peak_flops=peak,
+        mfu=flops.mfu(tflops, peak),
+        fom=flops.fom(config, global_batch, chosen.window_seconds / options.steps),
+        peak_memory_bytes=peak_memory,
+        loss=records.Loss(initial=initial_loss, first=chosen.loss_first, last=chosen.loss_last),
+        host=host,
+    )
+
+
+def _jsonable(value):
+    """What JSON holds: tuples as lists (AdamW's betas), so a record reads back equal to what was built."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _merge(dicts) -> dict:
@@ -578,7 +584,7 @@ def _merge(dicts) -> dict:
     }
 
 
-def write(record: dict, out_dir: Path) -> Path:
+def write(record: Result, out_dir: Path) -> Path:
     from llmb.results import write_result
 
     return write_result(record, out_dir)

@@ -16,31 +16,41 @@ Layout of ``<out>/<ORG>/<NAME>/`` (the verifier in llmb/verify.py reads the same
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import __version__, bundle_io, codediff, manifest, sysinfo
+from llmb import bundle_io, codediff, manifest, sysinfo
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.precision import PRECISIONS
-from llmb.results import SCHEMA as RESULT_SCHEMA
+from llmb.records import (
+    CODE_SCHEMA,
+    CONFORMANCE_SCHEMA,
+    PLUGIN_SOURCE_SCHEMA,
+    RESULT_SCHEMA,
+    SUBMISSION_SCHEMA,
+    Conformance,
+    Headline,
+    RecordError,
+    Result,
+    envelope,
+    group_runs,
+    headline,
+    spread_warning,
+)
 from llmb.results import result_filename, write_json_atomic
 
-SCHEMA = "llmb.submission/1"
-CONFORMANCE_SCHEMA = "llmb.conformance/1"
-PLUGIN_SOURCE_SCHEMA = "llmb.plugin-source/1"
 MIN_RUNS = 3
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 PLUGIN_SOURCE_LIMIT = 64 * 2**20
@@ -82,46 +92,53 @@ class PackageOptions:
     note: str = ""
     force: bool = False
     package_dir: Path = manifest.PACKAGE_DIR
+    # Runs `llmb check-plugin` where the results need a conformance record that is not given; the CLI passes
+    # llmb.conformance.check_plugin (this module never imports what runs a plugin). None: refuse instead.
+    check_plugin: Callable[..., Conformance] | None = None
 
 
 # Headlines and the summary (used by both the packager and the verifier, so they agree by construction)
 
 
-def run_group(record: dict) -> tuple[str, str, int]:
-    return record["plugin"]["name"], record["precision"]["mode"], record["batch_size"]
-
-
-def headlines(records: list[dict]) -> dict[str, dict]:
-    """Per effective precision, the group (plugin, mode, batch) with the best median tokens/s over its valid runs,
-    among the groups with at least MIN_RUNS runs where there are any."""
-    groups: dict[tuple, list[dict]] = {}
-    for record in records:
-        if not record["invalid_reasons"]:
-            groups.setdefault((record["precision"]["effective"], *run_group(record)), []).append(record)
-    best: dict[str, dict] = {}
-    for (label, plugin, mode, batch), runs in sorted(groups.items(), key=lambda item: item[0][3]):
-        mfus = [r["mfu"] for r in runs]
-        row = {
-            "plugin": plugin,
-            "mode": mode,
-            "batch_size": batch,
-            "runs": runs,
-            "tokens_per_second": statistics.median(r["tokens_per_second"] for r in runs),
-            "tflops": statistics.median(r["tflops"] for r in runs),
-            "mfu": statistics.median(mfus) if None not in mfus else None,
-            "peak_memory_bytes": max((r["peak_memory_bytes"] or 0) for r in runs) or None,
-        }
+def headlines(records: list[Result]) -> dict[str, Headline]:
+    """Per effective precision, the headline of the group with the best median tokens/s over its valid runs, among
+    the groups with at least MIN_RUNS runs where there are any. Runs differing in plugin, settings, mode, shape,
+    batch, device or job layout are separate groups, never pooled."""
+    best: dict[str, Headline] = {}
+    for group, runs in group_runs([r for r in records if not r.invalid_reasons]).items():
+        h = headline(runs)
         # A group with enough runs for a median beats a faster one without (a sweep's single search trials).
-        rank = (len(runs) >= MIN_RUNS, row["tokens_per_second"])
-        if label not in best or rank > (len(best[label]["runs"]) >= MIN_RUNS, best[label]["tokens_per_second"]):
-            best[label] = row
+        rank = (len(runs) >= MIN_RUNS, h.run.tokens_per_second)
+        held = best.get(group.precision)
+        if held is None or rank > (len(held.runs) >= MIN_RUNS, held.run.tokens_per_second):
+            best[group.precision] = h
     return best
 
 
-def render_summary(submission: dict, records: list[dict]) -> str:
+SUMMARY_COLUMNS = (
+    "Precision",
+    "Plugin",
+    "Settings",
+    "Mode",
+    "Shape",
+    "Best batch",
+    "Tokens/s (median)",
+    "Spread (min-max)",
+    "TFLOP/s",
+    "MFU",
+    "Peak memory",
+    "Runs",
+)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def render_summary(submission: dict, records: list[Result]) -> str:
     """summary.md: one row per benchmark precision, from the bundle's results and its plugins' capabilities."""
     best = headlines(records)
-    supported = {p for plugin in submission["plugins"] for p in plugin["precisions"]}
+    supported = {p for plugin in submission["plugins"] for p in plugin.get("precisions") or []}
     plugin_names = ", ".join(p["name"] for p in submission["plugins"])
     lines = [f"# llmb submission: {submission['submitter']} / {submission['system_name']}", ""]
     if submission["debug"]["is_debug"]:
@@ -132,28 +149,45 @@ def render_summary(submission: dict, records: list[dict]) -> str:
         ]
     if submission.get("note"):
         lines += [submission["note"], ""]
-    lines += [
-        "| Precision | Plugin | Mode | Best batch | Tokens/s (median) | TFLOP/s | MFU | Peak memory | Runs |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines += ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
+    blank = " |" * (len(SUMMARY_COLUMNS) - 2)
+    warnings = []
     for label in PRECISIONS:
-        row = best.get(label)
-        if row is None:
-            why = "not submitted" if label in supported else f"not supported by {plugin_names}"
-            lines.append(f"| {label} | {why} | | | | | | | |")
+        h = best.get(label)
+        if h is None:
+            why = "not supported by " + plugin_names if supported and label not in supported else "not submitted"
+            lines.append(f"| {label} | {why} |{blank}")
             continue
-        mfu = f"{row['mfu']:.2%}" if row["mfu"] is not None else "n/a"
-        memory = f"{row['peak_memory_bytes'] / 2**30:.2f} GiB" if row["peak_memory_bytes"] else "n/a"
-        lines.append(
-            f"| {label} | {row['plugin']} | {row['mode']} | {row['batch_size']} | {row['tokens_per_second']:,.1f} "
-            f"| {row['tflops']:.4f} | {mfu} | {memory} | {len(row['runs'])} |"
-        )
-    shapes = sorted({r["preset"] for r in records})
+        r = h.run
+        mfu = f"{r.mfu:.2%}" if r.mfu is not None else "n/a"
+        memory = f"{r.peak_memory_bytes / 2**30:.2f} GiB" if r.peak_memory_bytes else "n/a"
+        cells = [
+            label,
+            r.plugin.name,
+            r.plugin.settings_label(),
+            r.precision.mode,
+            r.shape,
+            str(r.batch_size),
+            f"{r.tokens_per_second:,.1f}",
+            f"{h.low:,.1f}-{h.high:,.1f}",
+            f"{r.tflops:.4f}",
+            mfu,
+            memory,
+            str(len(h.runs)),
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        warning = spread_warning(h)
+        if warning:
+            warnings.append(f"- **Noisy:** {warning}")
     lines += [
         "",
-        f"Shape: {', '.join(shapes)} preset. Tokens/s is the median of the runs at the best batch size; "
-        "MFU is against the plugin's dense peak for the effective precision; peak memory is the largest of those runs.",
+        "Each row is one group of runs (same plugin, settings, mode, shape, batch, device and job layout; groups are "
+        "never pooled). Tokens/s, TFLOP/s, MFU and peak memory are the median run's (a run that happened: the slower "
+        "middle one for an even count); the spread is the lowest and highest tokens/s of the group's runs. MFU is "
+        "against the plugin's dense peak for the effective precision.",
     ]
+    if warnings:
+        lines += ["", *warnings]
     return "\n".join(lines) + "\n"
 
 
@@ -176,8 +210,8 @@ def read_json_file(path: Path) -> dict:
     return data
 
 
-def load_inputs(results_dir: Path) -> tuple[list[dict], list[dict]]:
-    """Every result and conformance record under a directory."""
+def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance]]:
+    """Every result and conformance record under a directory, read strictly (a bad one names its file and field)."""
     if not results_dir.is_dir():
         raise UsageError(f"--results {results_dir} is not a directory")
     results, conformance = [], []
@@ -185,38 +219,41 @@ def load_inputs(results_dir: Path) -> tuple[list[dict], list[dict]]:
         if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
             continue
         data = read_json_file(path)
-        if data.get("schema") == RESULT_SCHEMA:
-            results.append(data)
-        elif data.get("schema") == CONFORMANCE_SCHEMA:
-            conformance.append(data)
+        try:
+            if data.get("schema") == RESULT_SCHEMA:
+                results.append(Result.from_dict(data))
+            elif data.get("schema") == CONFORMANCE_SCHEMA:
+                conformance.append(Conformance.from_dict(data))
+        except RecordError as exc:
+            raise UsageError(f"{path}: {exc}") from None
     return results, conformance
 
 
-def debug_reasons(record: dict) -> list[str]:
+def debug_reasons(record: Result) -> list[str]:
     """Why a result is not a valid official run (empty when it is)."""
-    reasons = [] if record["official"] else ["debug shape"]
-    return reasons + list(record["invalid_reasons"])
+    reasons = [] if record.official else ["debug shape"]
+    return reasons + list(record.invalid_reasons)
 
 
-def select_results(records: list[dict], options: PackageOptions) -> tuple[list[dict], list[str]]:
+def select_results(records: list[Result], options: PackageOptions) -> tuple[list[Result], list[str]]:
     """The results the bundle takes, and one line for each it leaves out."""
     kept, skipped, seen = [], [], set()
     for record in records:
         reasons = debug_reasons(record)
         shape_only = reasons == ["debug shape"]
-        if record["run_id"] in seen:
-            skipped.append(f"{record['run_id']}: a copy of a run already taken")
+        if record.run_id in seen:
+            skipped.append(f"{record.run_id}: a copy of a run already taken")
         elif not reasons or options.include_debug or (shape_only and options.allow_debug_shapes):
             kept.append(record)
-            seen.add(record["run_id"])
+            seen.add(record.run_id)
         else:
             hint = "--allow-debug-shapes" if shape_only else "--include-debug"
-            skipped.append(f"{record['run_id']}: {'; '.join(reasons)} (left out; {hint} keeps it)")
+            skipped.append(f"{record.run_id}: {'; '.join(reasons)} (left out; {hint} keeps it)")
     if not kept:
         raise UsageError("no results to submit: " + ("; ".join(skipped) or "no result files found"))
     if not options.include_debug:
         best = headlines(kept)
-        short = [f"{label}: {len(row['runs'])}" for label, row in best.items() if len(row["runs"]) < MIN_RUNS]
+        short = [f"{label}: {len(h.runs)}" for label, h in best.items() if len(h.runs) < MIN_RUNS]
         if short:
             raise UsageError(
                 f"at least {MIN_RUNS} runs per precision at the best batch size are needed ({', '.join(short)})"
@@ -229,23 +266,25 @@ def settings_as_options(settings: dict) -> dict[str, str]:
     return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in settings.items()}
 
 
-def conformance_key(record: dict) -> tuple:
+def conformance_key(record: Result | Conformance) -> tuple:
     """What a conformance record must match: plugin, version, requested precision, mode, settings."""
-    plugin, prec = record["plugin"], record["precision"]
-    settings = json.dumps(settings_as_options(plugin.get("settings") or {}), sort_keys=True)
-    return plugin["name"], plugin["version"], prec["requested"], prec["mode"], settings
+    plugin, prec = record.plugin, record.precision
+    settings = json.dumps(settings_as_options(plugin.settings), sort_keys=True)
+    return plugin.name, plugin.version, prec.requested, prec.mode, settings
 
 
-def gather_conformance(records: list[dict], given: list[dict], run_missing: bool) -> list[dict]:
+def gather_conformance(
+    records: list[Result], given: list[Conformance], check_plugin: Callable[..., Conformance] | None
+) -> list[Conformance]:
     """One conformance record per key the results use: a given one (a passing one first), else a fresh check."""
     chosen = []
     for key in sorted({conformance_key(r) for r in records}):
-        found = sorted((c for c in given if conformance_key(c) == key), key=lambda c: not c.get("passed"))
+        found = sorted((c for c in given if conformance_key(c) == key), key=lambda c: not c.passed)
         if found:
             chosen.append(found[0])
             continue
         name, version, requested, mode, settings = key
-        if not run_missing:
+        if check_plugin is None:
             raise UsageError(
                 f"no conformance record for plugin {name} {requested} {mode} with settings {settings} "
                 f"in the results directory: run `llmb check-plugin` or leave out --no-run-conformance"
@@ -255,40 +294,46 @@ def gather_conformance(records: list[dict], given: list[dict], run_missing: bool
                 f"plugin {name} {requested} {mode} used a secret setting, which records never hold: run "
                 "`llmb check-plugin` with it yourself and put its record under --results"
             )
-        from llmb.conformance import check_plugin  # lazy: it builds models
-
-        device = next(r["device"]["spec"] for r in records if conformance_key(r) == key)
+        device = next(r.device.spec or r.device.type for r in records if conformance_key(r) == key)
         record = check_plugin(name, device, requested, mode=mode, settings=json.loads(settings))
         if conformance_key(record) != key:
             raise LlmbError(
-                f"check-plugin ran {name} with settings {record['plugin']['settings']}, the results recorded "
+                f"check-plugin ran {name} with settings {record.plugin.settings}, the results recorded "
                 f"{settings}: the installed plugin is not the one that made the results"
             )
         chosen.append(record)
     return chosen
 
 
-def plugin_entries(records: list[dict]) -> list[dict]:
-    from llmb.plugins import Plugin
-
-    entries = {}
+def plugin_entries(records: list[Result]) -> list[dict]:
+    """submission.json's plugins, from what the results recorded; the installed distribution must be the one that
+    made them, since its source goes into the bundle."""
+    entries: dict[str, dict] = {}
     for record in records:
-        p = record["plugin"]
-        if p["name"] not in entries:
-            installed = Plugin(p["name"])
-            if (installed.distribution, installed.version) != (p["distribution"], p["version"]):
-                raise LlmbError(
-                    f"plugin {p['name']}: the results were made by {p['distribution']} {p['version']}, "
-                    f"but {installed.distribution} {installed.version} is installed; its source would not match"
-                )
-            source = CODE_DIFF if p["distribution"] == "llmb" else f"code/plugins/{p['distribution']}"
-            entries[p["name"]] = {
-                "name": p["name"],
-                "distribution": p["distribution"],
-                "version": p["version"],
-                "precisions": installed.precisions(),
-                "source": source,
-            }
+        p = record.plugin
+        if p.name in entries:
+            continue
+        try:
+            installed = metadata.version(p.distribution)
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed != p.version:
+            raise LlmbError(
+                f"plugin {p.name}: the results were made by {p.distribution} {p.version}, "
+                f"but {p.distribution} {installed or '(not installed)'} is installed; its source would not match"
+            )
+        precisions = sorted(
+            {q for r in records if r.plugin.name == p.name for q in r.plugin.precisions or []},
+            key=lambda q: PRECISIONS.index(q) if q in PRECISIONS else len(PRECISIONS),
+        )
+        source = CODE_DIFF if p.distribution == "llmb" else f"code/plugins/{p.distribution}"
+        entries[p.name] = {
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "precisions": precisions,
+            "source": source,
+        }
     return list(entries.values())
 
 
@@ -460,17 +505,16 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     results, given_conformance = load_inputs(Path(options.results))
     try:
         records, skipped = select_results(results, options)
-        wrong = [r["run_id"] for r in records if r["model_fingerprint"] != RELEASED_MODEL_FINGERPRINT]
+        wrong = [r.run_id for r in records if r.model_fingerprint != RELEASED_MODEL_FINGERPRINT]
         if wrong:
             raise LlmbError(f"results made with a changed model definition cannot be submitted: {', '.join(wrong)}")
         status, diff = codediff.code_diff(released, package_dir, list(options.release_sources))
         plugins = plugin_entries(records)
-        for record in records + given_conformance:
-            conformance_key(record)  # raises on a record that lacks what the match needs
     except (KeyError, TypeError) as exc:
         raise LlmbError(f"a result or conformance record under {options.results} is incomplete ({exc!r})") from None
-    conformance = gather_conformance(records, given_conformance, options.run_conformance)
-    failed = [f"{c['plugin']['name']} {c['precision']['requested']}" for c in conformance if not c.get("passed")]
+    check = options.check_plugin if options.run_conformance else None
+    conformance = gather_conformance(records, given_conformance, check)
+    failed = [f"{c.plugin.name} {c.precision.requested}" for c in conformance if not c.passed]
     if failed and not options.include_debug:
         raise LlmbError(f"conformance failed for {', '.join(failed)}: the plugin does not preserve the model")
 
@@ -493,17 +537,17 @@ def _write_bundle(root, org, name, options, records, conformance, plugins, relea
     result_paths = []
     debug = []
     for record in records:
-        path = f"results/{record['precision']['effective']}/{result_filename(record)}"
-        write_json_atomic(root / path, record)
+        path = f"results/{record.precision.effective}/{result_filename(record)}"
+        write_json_atomic(root / path, record.to_dict())
         result_paths.append(path)
         reasons = debug_reasons(record)
         if reasons:
             debug.append({"result": path, "reasons": reasons})
     conformance_paths = []
     for index, record in enumerate(conformance):
-        p = record["plugin"]
-        path = f"conformance/{p['name']}-{record['precision']['requested']}-{record['precision']['mode']}-{index}.json"
-        write_json_atomic(root / path, record)
+        prec = record.precision
+        path = f"conformance/{record.plugin.name}-{prec.requested}-{prec.mode}-{index}.json"
+        write_json_atomic(root / path, record.to_dict())
         conformance_paths.append(path)
     for plugin in plugins:
         if plugin["distribution"] != "llmb":
@@ -512,14 +556,12 @@ def _write_bundle(root, org, name, options, records, conformance, plugins, relea
                 dest.with_suffix(".json"), copy_plugin_source(plugin["distribution"], plugin["version"], dest)
             )
     write_json_atomic(root / RELEASE_MANIFEST, released)
-    write_json_atomic(root / CODE_STATUS, {"schema": codediff.CODE_SCHEMA, "package": "llmb", "files": status})
+    write_json_atomic(root / CODE_STATUS, {"schema": CODE_SCHEMA, "package": "llmb", "files": status})
     write_text(root / CODE_DIFF, diff)
     changed = [e["path"] for e in status if e["status"] != "unchanged"]
     reasons = sorted({reason.split(":")[0] for entry in debug for reason in entry["reasons"]})
     submission = {
-        "schema": SCHEMA,
-        "llmb_version": __version__,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **envelope(SUBMISSION_SCHEMA),
         "submitter": org,
         "system_name": name,
         "division": "open" if changed else "closed",
@@ -537,7 +579,7 @@ def _write_bundle(root, org, name, options, records, conformance, plugins, relea
         "conformance": conformance_paths,
     }
     write_json_atomic(root / SUBMISSION_JSON, submission)
-    system = sysinfo.complete(sysinfo.collect(records, plugins), given_system)
+    system = sysinfo.complete(sysinfo.collect([r.to_dict() for r in records], plugins), given_system)
     system.update(submitter=org, system_name=name, division=submission["division"])
     write_json_atomic(root / SYSTEM_JSON, system)
     write_text(root / SUMMARY_MD, render_summary(submission, records))

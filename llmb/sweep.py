@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console, Group
@@ -26,20 +26,28 @@ from rich.spinner import Spinner
 from rich.table import Table
 
 from llmb import precision, runner
-from llmb.bundle_io import read_regular
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
-from llmb.results import check_writable, load_result, median_index, write_json_atomic
+from llmb.records import (
+    RECORD_LIMIT,
+    SPREAD_WARNING,
+    SWEEP_LOG_SCHEMA,
+    SWEEP_SUMMARY_SCHEMA,
+    RecordError,
+    envelope,
+    median_index,
+    read_sweep_log,
+)
+from llmb.records import SWEEP_LOG_NAME as LOG_NAME
+from llmb.records import SweepTrial as Trial
+from llmb.results import check_writable, read_result, write_json_atomic
 from llmb.settings import recorded
 
-LOG_NAME = "sweep.jsonl"
-RECORD_LIMIT = 64 * 2**20  # a result or a log larger than this is not one llmb wrote: refused unread
 SUMMARY_NAME = "sweep-summary.json"
-LOG_SCHEMA = "llmb.sweep/1"
-SUMMARY_SCHEMA = "llmb.sweep-summary/1"
-STATUSES = ("ok", "oom", "crash", "timeout", "invalid")
 # A doubling that gains less than this is a plateau: a larger batch only costs memory.
 PLATEAU_GAIN = 0.05
+# Trials of a batch size before it may end the search or be declared the best (its figure is their median).
+CONFIRM_TRIALS = 2
 # Bisection points tried between the last two sizes once doubling stops.
 REFINE_POINTS = 3
 MAX_BATCH_SIZE = 2**20  # the bound of --batch-size and --max-batch-size (llmb.bounds.BATCH)
@@ -68,50 +76,60 @@ class SweepOptions:
     resume: bool = False
 
 
-@dataclass
-class Trial:
-    """One finished point: a `llmb run` subprocess at one precision and batch size."""
+# The search: pure functions of the points found so far. A batch size's points are its search trials (the first,
+# then its confirmations); its figure is their median trial's (records.median_index: a run that happened).
 
-    precision: str
-    batch_size: int
-    phase: str  # "search", or "repeat" for the re-runs of the best batch
-    index: int  # which repeat (0 for search points)
-    status: str  # one of STATUSES
-    tokens_per_second: float | None = None
-    peak_memory_bytes: int | None = None
-    result: str | None = None  # the result JSON's file name in the sweep directory
-    run_id: str | None = None
-    seconds: float = 0.0
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def key(self) -> tuple:
-        return (self.precision, self.phase, self.batch_size, self.index)
+Points = dict[int, list[Trial]]
 
 
-# The search: pure functions of the points found so far.
+def failure(trials: list[Trial]) -> Trial | None:
+    """The first failed trial of a batch size (one failure fails the size: it does not reliably run)."""
+    return next((t for t in trials if not t.ok), None)
 
 
-def next_batch(points: dict[int, Trial], max_batch_size: int) -> tuple[int | None, str]:
-    """The next batch size the automatic search tries (None when done) and why it stopped growing."""
+def median_trial(trials: list[Trial]) -> Trial:
+    """The median trial by tokens/s (the slower middle one for an even count) of a batch size that ran."""
+    return trials[median_index([t.tokens_per_second for t in trials])]
+
+
+def _tps(points: Points, batch: int) -> float:
+    return median_trial(points[batch]).tokens_per_second
+
+
+def _unconfirmed(points: Points, batches: list[int]) -> int | None:
+    """The first of these sizes that has fewer than CONFIRM_TRIALS trials (each is measured again before it decides
+    anything: one noisy trial must not pick or end the search)."""
+    return next((b for b in batches if len(points[b]) < CONFIRM_TRIALS), None)
+
+
+def next_batch(points: Points, max_batch_size: int) -> tuple[int | None, str]:
+    """The next batch size the automatic search measures (None when done) and why it stopped growing."""
     batch, previous = 1, None
     while True:
-        point = points.get(batch)
-        if point is None:
+        trials = points.get(batch)
+        if not trials:
             return batch, "growing"
-        if not point.ok:
+        failed = failure(trials)
+        if failed is not None:
             if previous is None:
-                return None, f"batch 1 failed ({point.status})"
-            lo, hi, failed, reason = previous, batch, True, f"{point.status} at batch {batch}"
+                return None, f"batch 1 failed ({failed.status})"
+            lo, hi, failed_above, reason = previous, batch, True, f"{failed.status} at batch {batch}"
             break
-        if previous is not None and point.tokens_per_second < points[previous].tokens_per_second * (1 + PLATEAU_GAIN):
-            lo, hi, failed = previous, batch, False
-            reason = f"plateau: batch {previous} -> {batch} gained less than {PLATEAU_GAIN:.0%}"
-            break
+        if previous is not None and _tps(points, batch) < _tps(points, previous) * (1 + PLATEAU_GAIN):
+            # Before a plateau is declared, both sides are measured again; the medians decide.
+            again = _unconfirmed(points, [previous, batch])
+            if again is not None:
+                return again, f"confirming batch {previous} -> {batch}"
+            now, before = _tps(points, batch), _tps(points, previous)
+            if now < before * (1 + PLATEAU_GAIN):
+                lo, hi, failed_above = previous, batch, False
+                if now < before:
+                    reason = f"slower: batch {previous} -> {batch} lost {1 - now / before:.1%} (medians)"
+                else:
+                    reason = (
+                        f"plateau: batch {previous} -> {batch} gained {now / before - 1:.1%}, under {PLATEAU_GAIN:.0%}"
+                    )
+                break
         if batch >= max_batch_size:
             return None, f"--max-batch-size {max_batch_size} reached"
         previous, batch = batch, min(batch * 2, max_batch_size)
@@ -120,21 +138,21 @@ def next_batch(points: dict[int, Trial], max_batch_size: int) -> tuple[int | Non
         if hi - lo <= 1:
             break
         mid = (lo + hi) // 2
-        point = points.get(mid)
-        if point is None:
+        trials = points.get(mid)
+        if not trials:
             return mid, reason
-        if not point.ok:
-            hi, failed = mid, True
-        elif failed or points[hi].tokens_per_second >= points[lo].tokens_per_second:
+        if failure(trials) is not None:
+            hi, failed_above = mid, True
+        elif failed_above or _tps(points, hi) >= _tps(points, lo):
             lo = mid
         else:
             hi = mid
     return None, reason
 
 
-def next_listed_batch(points: dict[int, Trial], sizes: list[int]) -> tuple[int | None, str]:
+def next_listed_batch(points: Points, sizes: list[int]) -> tuple[int | None, str]:
     """The next size of an explicit list; sizes above one that ran out of memory are skipped."""
-    oom = [b for b, p in points.items() if p.status == "oom"]
+    oom = [b for b, trials in points.items() if any(t.status == "oom" for t in trials)]
     for size in sizes:
         if size in points:
             continue
@@ -144,9 +162,42 @@ def next_listed_batch(points: dict[int, Trial], sizes: list[int]) -> tuple[int |
     return None, "every listed size ran"
 
 
-def best_point(points: dict[int, Trial]) -> Trial | None:
-    ok = [p for p in points.values() if p.ok]
-    return max(ok, key=lambda p: (p.tokens_per_second, -p.batch_size)) if ok else None
+def best_batch(points: Points) -> int | None:
+    """The batch size whose median trial is fastest (the smaller one on a tie), among those that ran."""
+    ran = [b for b, trials in points.items() if trials and failure(trials) is None]
+    return max(ran, key=lambda b: (_tps(points, b), -b)) if ran else None
+
+
+def confirming(points: Points) -> int | None:
+    """Before a best batch is declared, it and its measured neighbours that ran have CONFIRM_TRIALS trials each."""
+    best = best_batch(points)
+    if best is None:
+        return None
+    ran = sorted(b for b, trials in points.items() if trials and failure(trials) is None)
+    at = ran.index(best)
+    return _unconfirmed(points, [best, *ran[max(at - 1, 0) : at], *ran[at + 1 : at + 2]])
+
+
+def next_point(points: Points, search) -> tuple[int | None, str]:
+    """The search's next size, else a confirmation of the best size and its neighbours, else None and the reason the
+    search stopped. Each size gets at most CONFIRM_TRIALS trials, so this ends."""
+    batch, reason = search(points)
+    if batch is not None:
+        return batch, reason
+    again = confirming(points)
+    return (again, "confirming the best batch") if again is not None else (None, reason)
+
+
+def headline_of(points: Points, repeats: list[Trial]) -> tuple[Trial, list[Trial]] | None:
+    """(the headline trial, the trials its median is over): the re-runs of the best batch where any ran, else its
+    search trials. The live best-so-far line and the summary both show this."""
+    measured = [t for t in repeats if t.ok]
+    if not measured:
+        best = best_batch(points)
+        if best is None:
+            return None
+        measured = points[best]
+    return median_trial(measured), measured
 
 
 # Trials: a subprocess each, classified from its exit code, stderr and result JSON.
@@ -246,7 +297,10 @@ def run_trial(options: SweepOptions, precision_name: str, batch: int, phase: str
         seconds = time.monotonic() - start
         stderr = (scratch / "stderr.txt").read_text(errors="replace")
         results = sorted(scratch.glob("*.json"))
-        record = load_result(results[0]) if results and returncode == 0 else None
+        try:
+            record = read_result(results[0]).to_dict() if results and returncode == 0 else None
+        except ValueError as exc:  # a result that does not read as one (RecordError names the field)
+            record, returncode, stderr = None, 1, f"{stderr}\nunreadable result: {exc}"
         status, detail = classify(returncode, stderr, record, options.trial_timeout)
         if returncode == 2:
             raise UsageError(f"{precision_name} batch {batch}: llmb run refused the trial: {_last_line(stderr)}")
@@ -300,7 +354,7 @@ class SweepLog:
         return self.trials.get((precision_name, phase, batch, index))
 
     def add(self, trial: Trial) -> None:
-        self._append({"type": "trial", **asdict(trial)})
+        self._append({"type": "trial", **trial.to_dict()})
         self.trials[trial.key] = trial
 
     def _append(self, entry: dict) -> None:
@@ -311,27 +365,12 @@ class SweepLog:
 
 
 def read_log(path: Path) -> tuple[dict, list[Trial]]:
-    """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched)."""
+    """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched:
+    a reader never writes; SweepLog.open repairs)."""
     try:
-        text = read_regular(path, RECORD_LIMIT).decode("utf-8")
-    except ValueError as exc:  # not a plain file, too large, not UTF-8
-        raise LlmbError(f"{path}: not a readable sweep log ({exc})") from None
-    if text and not text.endswith("\n"):  # cut here, in memory only: a reader never writes (SweepLog.open repairs)
-        text = text[: text.rfind("\n") + 1]
-    header, trials = {}, []
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            raise LlmbError(f"{path}:{number}: not JSON") from None
-        kind = entry.pop("type", None)
-        if kind == "sweep":
-            header = entry
-        elif kind == "trial":
-            trials.append(Trial(**entry))
-    if header.get("schema") != LOG_SCHEMA:
-        raise LlmbError(f"{path}: not a sweep log (schema {header.get('schema')!r})")
-    return header, trials
+        return read_sweep_log(path, RECORD_LIMIT)
+    except RecordError as exc:  # not a plain file, too large, not UTF-8, not a log line: named
+        raise LlmbError(str(exc)) from None
 
 
 # Display: what a sweep reports while it works; the CLI draws it live, tests ignore it.
@@ -342,7 +381,7 @@ class Display:
 
     def finished(self, trial: Trial, reused: bool) -> None: ...
 
-    def best(self, precision_name: str, trial: Trial | None) -> None: ...
+    def best(self, precision_name: str, headline: tuple[Trial, list[Trial]] | None) -> None: ...
 
 
 @dataclass
@@ -351,7 +390,7 @@ class LiveDisplay(Display):
     current: str = ""
     started: float = 0.0
     rows: list[Trial] = field(default_factory=list)
-    bests: dict[str, Trial] = field(default_factory=dict)
+    bests: dict[str, tuple[Trial, list[Trial]]] = field(default_factory=dict)
     live: Live | None = None
 
     def __enter__(self) -> LiveDisplay:
@@ -366,7 +405,7 @@ class LiveDisplay(Display):
             self.console.line()
 
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:
-        what = "search" if phase == "search" else f"repeat {number}"
+        what = ("search" if number == 1 else f"confirm {number}") if phase == "search" else f"repeat {number}"
         self.current = f"{precision_name}  batch {batch}  {what}  (trial {len(self.rows) + 1})"
         self.started = time.monotonic()
 
@@ -374,9 +413,9 @@ class LiveDisplay(Display):
         self.rows.append(replace(trial, detail=("from the log; " if reused else "") + trial.detail))
         self.current = ""
 
-    def best(self, precision_name: str, trial: Trial | None) -> None:
-        if trial is not None:
-            self.bests[precision_name] = trial
+    def best(self, precision_name: str, headline: tuple[Trial, list[Trial]] | None) -> None:
+        if headline is not None:
+            self.bests[precision_name] = headline
 
     def render(self):
         if not self.rows and not self.current:  # nothing yet: a sweep refused before its first trial draws nothing
@@ -388,11 +427,18 @@ class LiveDisplay(Display):
         for t in self.rows[-12:]:
             style = "green" if t.ok else "red"
             tps = f"{t.tokens_per_second:,.0f}" if t.tokens_per_second else ""
-            phase = t.phase if t.phase == "search" else f"repeat {t.index + 1}"
+            if t.phase == "search":
+                phase = "search" if t.index == 0 else f"confirm {t.index + 1}"
+            else:
+                phase = f"repeat {t.index + 1}"
             table.add_row(
                 t.precision, str(t.batch_size), phase, f"[{style}]{t.status}[/]", tps, f"{t.seconds:.1f}", t.detail
             )
-        best = "  ".join(f"{p}: b{t.batch_size} {t.tokens_per_second:,.0f} tok/s" for p, t in self.bests.items())
+        # The same figure the summary will show: the median trial of the runs that decide (records.median_index).
+        best = "  ".join(
+            f"{p}: b{t.batch_size} {t.tokens_per_second:,.1f} tok/s (median of {len(runs)})"
+            for p, (t, runs) in self.bests.items()
+        )
         parts = [table, f"best so far: {best or '-'}"]
         if self.current:
             spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s")
@@ -456,7 +502,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         runner.resolve(replace(options.run, precision=name))
     run_options = replace(options.run, plugin=plugin.name, device=str(device))
     header = {
-        "schema": LOG_SCHEMA,
+        "schema": SWEEP_LOG_SCHEMA,
         "plugin": plugin.name,
         "device": str(device),
         "settings": recorded(settings),
@@ -470,13 +516,14 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         "max_batch_size": options.max_batch_size,
         "plateau_gain": PLATEAU_GAIN,
         "refine_points": REFINE_POINTS,
+        "confirm_trials": CONFIRM_TRIALS,
     }
     options = replace(options, run=run_options, out=Path(options.out))
     log = SweepLog.open(options.out, header, options.resume)
     for stale in options.out.glob(".trial-*"):  # scratch left by a killed sweep
         shutil.rmtree(stale, ignore_errors=True)
     summary = {
-        "schema": SUMMARY_SCHEMA,
+        **envelope(SWEEP_SUMMARY_SCHEMA),
         "log": LOG_NAME,
         **{k: header[k] for k in ("plugin", "device", "settings", "mode", "preset", "steps", "warmup_steps")},
         "repeats": options.repeats,
@@ -517,46 +564,53 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
 
 
 def _sweep_precision(options: SweepOptions, name: str, point, display: Display) -> dict:
-    points: dict[int, Trial] = {}
+    points: Points = {}
+    search = (
+        (lambda p: next_listed_batch(p, options.batch_sizes))
+        if options.batch_sizes
+        else (lambda p: next_batch(p, options.max_batch_size))
+    )
     while True:
-        if options.batch_sizes:
-            batch, reason = next_listed_batch(points, options.batch_sizes)
-        else:
-            batch, reason = next_batch(points, options.max_batch_size)
+        batch, reason = next_point(points, search)
         if batch is None:
             break
-        points[batch] = point(name, batch, "search", 0)
-        display.best(name, best_point(points))
-    best = best_point(points)
+        trials = points.setdefault(batch, [])
+        trials.append(point(name, batch, "search", len(trials)))
+        display.best(name, headline_of(points, []))
+    best = best_batch(points)
     entry = {
         "stop": reason,
-        "search": [_brief(points[b]) for b in sorted(points)],
+        "search": [_brief(t) for b in sorted(points) for t in points[b]],
     }
     if best is None:
         return {"status": "no batch size ran", **entry}
-    repeats = [point(name, best.batch_size, "repeat", i) for i in range(options.repeats)]
-    measured = [t for t in repeats if t.ok] or ([best] if not options.repeats else [])
-    entry.update(best_batch_size=best.batch_size, repeats=[_brief(t) for t in repeats])
-    if not measured:
-        return {"status": f"every re-run of batch {best.batch_size} failed", **entry}
-    headline = measured[median_index([t.tokens_per_second for t in measured])]
-    record = load_result(options.out / headline.result)
+    repeats = []
+    for i in range(options.repeats):
+        repeats.append(point(name, best, "repeat", i))
+        display.best(name, headline_of(points, repeats))
+    entry.update(best_batch_size=best, repeats=[_brief(t) for t in repeats])
+    if options.repeats and not any(t.ok for t in repeats):
+        return {"status": f"every re-run of batch {best} failed", **entry}
+    headline, measured = headline_of(points, repeats)
+    record = read_result(options.out / headline.result)
+    values = [t.tokens_per_second for t in measured]
     return {
         "status": "ok",
-        "best_batch_size": best.batch_size,
-        "tokens_per_second": headline.tokens_per_second,  # the median run's (the lower middle for even counts)
+        "best_batch_size": best,
+        "tokens_per_second": headline.tokens_per_second,  # the median run's (the slower middle for even counts)
+        "spread": [min(values), max(values)],
         "runs": len(measured),
         "headline_result": headline.result,
-        "effective_precision": record["precision"]["effective"],
-        "tflops": record["tflops"],
-        "mfu": record["mfu"],
-        "peak_memory_bytes": record["peak_memory_bytes"],
+        "effective_precision": record.precision.effective,
+        "tflops": record.tflops,
+        "mfu": record.mfu,
+        "peak_memory_bytes": record.peak_memory_bytes,
         **entry,
     }
 
 
 def _brief(trial: Trial) -> dict:
-    return {k: v for k, v in asdict(trial).items() if k not in ("precision", "phase") and v not in (None, "")}
+    return {k: v for k, v in trial.to_dict().items() if k not in ("precision", "phase") and v not in (None, "")}
 
 
 class _Terminated(KeyboardInterrupt):
@@ -595,19 +649,34 @@ def parse_batch_sizes(text: str) -> list[int] | None:
 
 
 def print_summary(summary: dict, console: Console) -> None:
-    table = Table(title=f"llmb sweep: {summary['plugin']} on {summary['device']}", title_justify="left")
-    for column in ("precision", "best batch", "tokens/s (median)", "runs", "TFLOP/s", "stopped because"):
+    from rich.text import Text
+
+    title = Text(f"llmb sweep: {summary['plugin']} on {summary['device']}")
+    table = Table(title=title, title_justify="left")
+    columns = ("precision", "best batch", "tokens/s (median)", "spread (min-max)", "runs", "TFLOP/s", "stopped because")
+    for column in columns:
         table.add_column(column)
+    warnings = []
     for name, entry in summary["precisions"].items():
         if entry.get("status") != "ok":
-            table.add_row(name, "", entry["status"], "", "", entry.get("stop", ""))
+            table.add_row(name, "", Text(entry["status"]), "", "", "", Text(entry.get("stop", "")))
             continue
+        low, high = entry["spread"]
         table.add_row(
             name,
             str(entry["best_batch_size"]),
             f"{entry['tokens_per_second']:,.1f}",
+            f"{low:,.1f}-{high:,.1f}",
             str(entry["runs"]),
             f"{entry['tflops']:.3g}",
-            entry["stop"],
+            Text(entry["stop"]),
         )
+        spread = (high - low) / entry["tokens_per_second"]
+        if spread > SPREAD_WARNING:
+            warnings.append(
+                f"NOISY: {name} batch {entry['best_batch_size']}: the {entry['runs']} runs spread {spread:.1%} "
+                f"({low:,.1f}-{high:,.1f} tokens/s, more than {SPREAD_WARNING:.0%}); re-run on a quieter host"
+            )
     console.print(table)
+    for warning in warnings:
+        console.print(Text(warning, style="bold yellow"))

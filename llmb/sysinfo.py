@@ -180,3 +180,19 @@ def _scrubbed(value):
     if isinstance(value, list):
         return [_scrubbed(v) for v in value]
     return value
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages ([] where the OS has none)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return []
+
+
+def cpu_affinity() -> list[int] | None:
+    """The CPUs this process may run on (None where the OS does not say)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None

@@ -15,7 +15,7 @@ import torch
 from llmb.device import Device
 from llmb.model import ModelConfig
 from llmb.precision import Recipe
-from llmb.results import median_index
+from llmb.records import median_index
 
 # The benchmark's optimizer, fixed: torch.optim.AdamW with these hyperparameters.
 ADAMW_HYPERPARAMETERS = {"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01}
@@ -170,5 +170,5 @@ class Trainer:
 
 
 def median_measurement(measurements: list[Measurement]) -> Measurement:
-    """The run whose window is the median one (the lower middle for an even count)."""
-    return measurements[median_index([m.window_seconds for m in measurements])]
+    """The run whose throughput is the median one (the slower middle for an even count): the headline rule."""
+    return measurements[median_index([1 / m.window_seconds for m in measurements])]

@@ -18,21 +18,25 @@ from llmb import bundle_io, codediff, flops, manifest
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
 from llmb.config import official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
-from llmb.model import ModelConfig
 from llmb.precision import DTYPE_FORMAT, PRECISIONS, RANK, lowest
+from llmb.records import (
+    CONFORMANCE_SCHEMA,
+    PLUGIN_SOURCE_SCHEMA,
+    RESULT_SCHEMA,
+    SUBMISSION_SCHEMA,
+    Conformance,
+    RecordError,
+    Result,
+    loss_band,
+    median_index,
+)
 from llmb.redact import value_for_record
-from llmb.results import SCHEMA as RESULT_SCHEMA
-from llmb.results import median_index
-from llmb.runner import loss_band
 from llmb.submission import (
     CODE_DIFF,
     CODE_STATUS,
-    CONFORMANCE_SCHEMA,
     MANIFEST_FILE,
     MIN_RUNS,
-    PLUGIN_SOURCE_SCHEMA,
     RELEASE_MANIFEST,
-    SCHEMA,
     SUBMISSION_JSON,
     SUMMARY_MD,
     SYSTEM_JSON,
@@ -60,7 +64,7 @@ class Bundle:
     root: Path
     accept_debug: bool
     rows: list[Row] = field(default_factory=list)
-    results: dict[str, dict] = field(default_factory=dict)  # path -> record, the readable ones
+    results: dict[str, Result] = field(default_factory=dict)  # path -> record, the ones that read as a Result
     submission: dict | None = None
     limits: Limits = field(default_factory=Limits)
 
@@ -161,8 +165,8 @@ def check_submission(b: Bundle) -> None:
     except ValueError as exc:
         b.add("submission.json", [str(exc)], "")
         return
-    if sub.get("schema") != SCHEMA:
-        problems.append(f"schema is {sub.get('schema')!r}, expected {SCHEMA}")
+    if sub.get("schema") != SUBMISSION_SCHEMA:
+        problems.append(f"schema is {sub.get('schema')!r}, expected {SUBMISSION_SCHEMA}")
     for key, kind in (("submitter", str), ("system_name", str), ("plugins", list), ("debug", dict), ("results", list)):
         if not isinstance(sub.get(key), kind):
             problems.append(f"{key} missing or not a {kind.__name__}")
@@ -209,58 +213,6 @@ def _result_paths(b: Bundle) -> list[str]:
     return sorted(p.relative_to(b.root).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-RESULT_FIELDS = {
-    "run_id": str,
-    "official": bool,
-    "valid": bool,
-    "invalid_reasons": list,
-    "model_fingerprint": str,
-    "preset": str,
-    "config": dict,
-    "parameters": int,
-    "batch_size": int,
-    "sequence_length": int,
-    "steps": int,
-    "plugin": dict,
-    "device": dict,
-    "precision": dict,
-    "timing": dict,
-    "tokens_per_second": float,
-    "samples_per_second": float,
-    "model_flops_per_token": int,
-    "tflops": float,
-    "loss": dict,
-}
-
-
-def _schema_problems(record: dict) -> list[str]:
-    if record.get("schema") != RESULT_SCHEMA:
-        return [f"schema is {record.get('schema')!r}, expected {RESULT_SCHEMA}"]
-    problems = []
-    for key, kind in RESULT_FIELDS.items():
-        value = record.get(key)
-        ok = (
-            isinstance(value, (int, float)) and not isinstance(value, bool)
-            if kind is float
-            else isinstance(value, kind)
-        )
-        if kind is int and isinstance(value, bool):
-            ok = False
-        if not ok:
-            problems.append(f"{key} missing or not {kind.__name__}")
-    for key in ("window_seconds", "step_seconds", "repeat_window_seconds"):
-        if key not in (record.get("timing") or {}):
-            problems.append(f"timing.{key} missing")
-    for key in ("requested", "effective", "mode", "audit"):
-        if key not in (record.get("precision") or {}):
-            problems.append(f"precision.{key} missing")
-    try:
-        ModelConfig(**record["config"])
-    except (TypeError, KeyError) as exc:
-        problems.append(f"config unusable ({exc})")
-    return problems
-
-
 def check_results_schema(b: Bundle) -> None:
     problems = []
     paths = _result_paths(b)
@@ -270,11 +222,10 @@ def check_results_schema(b: Bundle) -> None:
         except ValueError as exc:
             problems.append(str(exc))
             continue
-        found = _schema_problems(record)
-        if found:
-            problems.append(f"{path}: {found[0]}")
-        else:
-            b.results[path] = record
+        try:
+            b.results[path] = Result.from_dict(record)
+        except RecordError as exc:
+            problems.append(f"{path}: {exc}")
     listed = set((b.submission or {}).get("results") or [])
     if b.submission is not None and listed != set(paths):
         problems.append("the results on disk are not the ones submission.json lists")
@@ -305,21 +256,21 @@ def _per_result(b: Bundle, check: str, problems_of: Callable[[Bundle, str, dict]
     b.add(check, problems, passed.format(n=len(b.results)))
 
 
-def throughput_problems(b: Bundle, path: str, r: dict) -> list[str]:
-    config = ModelConfig(**r["config"])
-    window = r["timing"]["window_seconds"]
-    if not (isinstance(window, (int, float)) and window > 0):
+def throughput_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    config, window = r.config, r.timing.window_seconds
+    if not window > 0:
         return [f"window {window!r} is not a positive time"]
     # A multi-process job (llmb run --nproc-per-node) records a per-device batch; its throughput is the job's.
-    world = r.get("world_size", 1)
-    if not (isinstance(world, int) and world >= 1):
+    world = r.world_size
+    if world < 1:
         return [f"world_size {world!r} is not a positive integer"]
     # Tensor and pipeline groups share one batch: the data-parallel ranks' batches (x accumulation) are the global one.
-    dp, accumulation = r.get("dp", world), r.get("grad_accum", 1)
-    if not (isinstance(dp, int) and isinstance(accumulation, int) and 1 <= dp <= world and accumulation >= 1):
+    dp = r.dp if r.dp is not None else world
+    accumulation = r.grad_accum if r.grad_accum is not None else 1
+    if not (1 <= dp <= world and accumulation >= 1):
         return [f"layout dp {dp!r} / grad_accum {accumulation!r} is not a layout of {world} processes"]
-    global_batch = r["batch_size"] * accumulation * dp
-    tokens_per_second = global_batch * config.sequence_length * r["steps"] / window
+    global_batch = r.batch_size * accumulation * dp
+    tokens_per_second = global_batch * config.sequence_length * r.steps / window
     parameters = flops.parameter_count(config)
     per_token = flops.model_flops_per_token(config, parameters)
     tflops = flops.achieved_tflops(tokens_per_second / world, per_token)
@@ -328,42 +279,43 @@ def throughput_problems(b: Bundle, path: str, r: dict) -> list[str]:
         "parameters": parameters,
         "model_flops_per_token": per_token,
         "tokens_per_second": tokens_per_second,
-        "samples_per_second": global_batch * r["steps"] / window,
+        "samples_per_second": global_batch * r.steps / window,
         "tflops": tflops,
-        "mfu": flops.mfu(tflops, r.get("peak_flops")),
-        "fom": flops.fom(config, global_batch, window / r["steps"]),
+        "mfu": flops.mfu(tflops, r.peak_flops),
+        "fom": flops.fom(config, global_batch, window / r.steps),
     }
-    if "world_size" in r:  # recorded by releases that know multi-process jobs
+    if r.global_batch_size is not None:  # recorded by releases that know multi-process jobs
         expected["global_batch_size"] = global_batch
         expected["tokens_per_second_per_device"] = tokens_per_second / world
     return [
-        f"{key} recorded {r.get(key)!r}, recomputed {value!r}"
+        f"{key} recorded {getattr(r, key)!r}, recomputed {value!r}"
         for key, value in expected.items()
-        if not _close(r.get(key), value)
+        if not _close(getattr(r, key), value)
     ]
 
 
-def timing_problems(b: Bundle, path: str, r: dict) -> list[str]:
-    timing = r["timing"]
-    window, steps, repeats = timing["window_seconds"], timing["step_seconds"], timing["repeat_window_seconds"]
+def timing_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    window, steps, repeats = r.timing.window_seconds, r.timing.step_seconds, r.timing.repeat_window_seconds
     problems = []
-    if len(steps) != r["steps"] or not all(isinstance(s, (int, float)) and s > 0 for s in steps):
-        problems.append(f"{len(steps)} step times for {r['steps']} steps, or a time that is not positive")
+    if len(steps) != r.steps or not all(s > 0 for s in steps):
+        problems.append(f"{len(steps)} step times for {r.steps} steps, or a time that is not positive")
     elif sum(steps) > window * (1 + REL_TOLERANCE):
         problems.append(f"step times add up to {sum(steps):.6f} s, more than the {window:.6f} s window they lie in")
     elif sum(steps) < MIN_STEP_SHARE_OF_WINDOW * window:
         problems.append(f"step times add up to {sum(steps):.6f} s, under half the {window:.6f} s window")
-    if len(repeats) != r.get("repeats", 1):
-        problems.append(f"{len(repeats)} repeat windows for {r.get('repeats')} repeats")
-    elif window != repeats[median_index(repeats)]:
-        problems.append(f"window {window!r} is not the median of the repeat windows {repeats!r}")
+    if len(repeats) != r.repeats:
+        problems.append(f"{len(repeats)} repeat windows for {r.repeats} repeats")
+    elif not all(w > 0 for w in repeats):
+        problems.append(f"a repeat window that is not a positive time in {repeats!r}")
+    elif window != repeats[median_index([1 / w for w in repeats])]:
+        problems.append(f"window {window!r} is not the median repeat's (by throughput) of {repeats!r}")
     return problems
 
 
-def shape_problems(b: Bundle, path: str, r: dict) -> list[str]:
-    reasons = official_reasons(ModelConfig(**r["config"]))
-    if bool(reasons) == r["official"]:
-        return [f"marked official={r['official']} but the shape says otherwise"]
+def shape_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    reasons = official_reasons(r.config)
+    if bool(reasons) == r.official:
+        return [f"marked official={r.official} but the shape says otherwise"]
     if not reasons:
         return []
     marked = [d.get("result") for d in (b.submission or {}).get("debug", {}).get("results", [])]
@@ -372,43 +324,42 @@ def shape_problems(b: Bundle, path: str, r: dict) -> list[str]:
     return [] if b.accept_debug else [f"not the official shape ({reasons[0]})"]
 
 
-def validity_problems(b: Bundle, path: str, r: dict) -> list[str]:
-    if r["invalid_reasons"]:
-        return [f"invalid: {r['invalid_reasons'][0]}"]
-    if r["valid"] != (r["official"] and not r["invalid_reasons"]):
-        return [f"valid={r['valid']} does not follow from official={r['official']} and no invalid reasons"]
+def validity_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    if r.invalid_reasons:
+        return [f"invalid: {r.invalid_reasons[0]}"]
+    if r.valid != (r.official and not r.invalid_reasons):
+        return [f"valid={r.valid} does not follow from official={r.official} and no invalid reasons"]
     return []
 
 
-def fingerprint_problems(b: Bundle, path: str, r: dict) -> list[str]:
-    if r["model_fingerprint"] != RELEASED_MODEL_FINGERPRINT:
+def fingerprint_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    if r.model_fingerprint != RELEASED_MODEL_FINGERPRINT:
         return [
-            f"model fingerprint {r['model_fingerprint'][:12]}... is not the released "
-            f"{RELEASED_MODEL_FINGERPRINT[:12]}..."
+            f"model fingerprint {r.model_fingerprint[:12]}... is not the released {RELEASED_MODEL_FINGERPRINT[:12]}..."
         ]
     return []
 
 
-def precision_problems(b: Bundle, path: str, r: dict) -> list[str]:
-    prec, audit = r["precision"], r["precision"]["audit"]
+def precision_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    prec, audit = r.precision, r.precision.audit
     folder = PurePosixPath(path).parts[1] if len(PurePosixPath(path).parts) == 3 else None
-    evidence = dict(audit["evidence"])
+    evidence = dict(audit.evidence)
     for key in ("parameter_dtypes", "gradient_dtypes", "optimizer_state_dtypes"):
-        for dtype in audit.get(key) or {}:
+        for dtype in getattr(audit, key):
             if dtype not in DTYPE_NAMES:
                 return [f"unknown dtype {dtype!r} in the audit's {key}"]
             evidence[f"{key}:{dtype}"] = DTYPE_NAMES[dtype]
-    evidence["matmul_probe"] = audit["matmul_probe"]["verdict"]
-    for rank, label in enumerate(audit.get("rank_effective") or []):  # a multi-process job: every rank's verdict
+    evidence["matmul_probe"] = audit.matmul_probe.verdict
+    for rank, label in enumerate(audit.rank_effective or []):  # a multi-process job: every rank's verdict
         evidence[f"rank {rank}"] = label
     if any(v not in RANK for v in evidence.values()):
         return [f"unknown format in the audit evidence {sorted(set(evidence.values()) - set(RANK))}"]
     found = lowest(list(evidence.values()))
     problems = []
-    if found != audit["effective"]:
-        problems.append(f"the audit's evidence shows {found}, its verdict says {audit['effective']}")
-    if prec["effective"] != found:
-        problems.append(f"labelled {prec['effective']}, the audit's evidence shows {found}")
+    if found != audit.effective:
+        problems.append(f"the audit's evidence shows {found}, its verdict says {audit.effective}")
+    if prec.effective != found:
+        problems.append(f"labelled {prec.effective}, the audit's evidence shows {found}")
     if found not in PRECISIONS:
         problems.append(f"{found} is not a benchmark precision")
     if folder != found:
@@ -416,15 +367,15 @@ def precision_problems(b: Bundle, path: str, r: dict) -> list[str]:
     return problems
 
 
-def loss_problems(b: Bundle, path: str, r: dict) -> list[str]:
-    loss = r["loss"]
-    values = [loss["initial"], loss["first"], loss["last"]]
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+def loss_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    loss = r.loss
+    values = [loss.initial, loss.first, loss.last]
+    if not all(math.isfinite(v) for v in values):
         return [f"non-finite loss {values}"]
-    low, high = loss_band(ModelConfig(**r["config"]).vocab_size)
-    if not low <= loss["initial"] <= high:
-        return [f"first loss {loss['initial']:.4f} outside [{low:.2f}, {high:.2f}]"]
-    if loss["last"] == loss["initial"]:
+    low, high = loss_band(r.config.vocab_size)
+    if not low <= loss.initial <= high:
+        return [f"first loss {loss.initial:.4f} outside [{low:.2f}, {high:.2f}]"]
+    if loss.last == loss.initial:
         return ["the loss did not move"]
     return []
 
@@ -462,19 +413,18 @@ def check_losses(b: Bundle) -> None:
 def check_runs(b: Bundle) -> None:
     records = list(b.results.values())
     problems = []
-    for label, row in headlines(records).items():
-        if len(row["runs"]) < MIN_RUNS:
-            problems.append(
-                f"{label}: {len(row['runs'])} runs at batch {row['batch_size']}, at least {MIN_RUNS} needed"
-            )
+    best = headlines(records)
+    for label, h in best.items():
+        if len(h.runs) < MIN_RUNS:
+            problems.append(f"{label}: {len(h.runs)} runs at batch {h.run.batch_size}, at least {MIN_RUNS} needed")
     seen_ids, seen_times = {}, {}
     for path, record in b.results.items():
-        times = json.dumps(record["timing"]["step_seconds"])
-        for seen, key, what in ((seen_ids, record["run_id"], "run id"), (seen_times, times, "step times")):
+        times = json.dumps(record.timing.step_seconds)
+        for seen, key, what in ((seen_ids, record.run_id, "run id"), (seen_times, times, "step times")):
             if key in seen:
                 problems.append(f"{path} repeats the {what} of {seen[key]}")
             seen[key] = path
-    counts = {label: len(row["runs"]) for label, row in headlines(records).items()}
+    counts = {label: len(h.runs) for label, h in best.items()}
     b.add("runs per precision", problems, ", ".join(f"{k}: {v} distinct" for k, v in counts.items()) or "none")
 
 
@@ -534,7 +484,7 @@ def _release_note(released: dict) -> str:
 def check_plugin_source(b: Bundle) -> None:
     problems, shown = [], []
     for plugin in (b.submission or {}).get("plugins", []):
-        used = any(r["plugin"]["name"] == plugin.get("name") for r in b.results.values())
+        used = any(r.plugin.name == plugin.get("name") for r in b.results.values())
         if plugin.get("distribution") == "llmb" or not used:
             shown.append(f"{plugin.get('name')} (part of llmb)")
             continue
@@ -555,7 +505,7 @@ def check_plugin_source(b: Bundle) -> None:
         if missing or not any(str(f).endswith(".py") for f in files):
             problems.append(f"{folder}: source incomplete ({missing[:2] or 'no Python files'})")
         shown.append(f"{plugin['distribution']} {plugin.get('version')}: {len(files)} files")
-    names = {r["plugin"]["name"] for r in b.results.values()}
+    names = {r.plugin.name for r in b.results.values()}
     listed = {p.get("name") for p in (b.submission or {}).get("plugins", [])}
     if names - listed:
         problems.append(f"plugins {sorted(names - listed)} made results but are not in submission.json")
@@ -566,44 +516,35 @@ def check_conformance(b: Bundle) -> None:
     problems, records = [], []
     folder = b.root / "conformance"
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        name = path.relative_to(b.root).as_posix()
         try:
-            record = b.json(path.relative_to(b.root).as_posix())
-        except ValueError as exc:
-            problems.append(str(exc))
-            continue
-        if record.get("schema") == CONFORMANCE_SCHEMA:
-            records.append(record)
+            data = b.json(name)
+            if data.get("schema") == CONFORMANCE_SCHEMA:
+                records.append(Conformance.from_dict(data))
+        except ValueError as exc:  # RecordError is one: it names the bad field
+            problems.append(f"{name}: {exc}")
     keys = sorted({conformance_key(r) for r in b.results.values()})
     for key in keys:
         name, version, requested, mode, _ = key
-        matching = [c for c in records if _safe_key(c) == key]
+        matching = [c for c in records if conformance_key(c) == key]
         if not matching:
             problems.append(f"no conformance record for {name} {version} {requested} {mode} with its settings")
             continue
         c = matching[0]
-        failed = [x.get("name") for x in c.get("checks", []) if not x.get("passed")]
-        if not c.get("passed") or failed or not c.get("checks"):
-            problems.append(
-                f"{name} {requested} {mode}: conformance failed ({', '.join(map(str, failed)) or 'passed=false'})"
-            )
-        if c.get("model_fingerprint") != RELEASED_MODEL_FINGERPRINT:
+        failed = c.failed()
+        if not c.passed or failed or not c.checks:
+            problems.append(f"{name} {requested} {mode}: conformance failed ({', '.join(failed) or 'passed=false'})")
+        if c.model_fingerprint != RELEASED_MODEL_FINGERPRINT:
             problems.append(f"{name} {requested} {mode}: conformance ran on a changed model")
         # The check must have run where and as the results did: same device type, same audited precision.
         runs = [r for r in b.results.values() if conformance_key(r) == key]
-        device_types = {r["device"]["type"] for r in runs}
-        effective = {r["precision"]["effective"] for r in runs}
-        if {c["device"]["type"]} != device_types:
-            problems.append(f"{name} {requested} {mode}: checked on {c['device']['type']}, ran on {device_types}")
-        if {c["precision"]["effective"]} != effective:
-            problems.append(f"{name} {requested} {mode}: checked as {c['precision']['effective']}, ran as {effective}")
+        device_types = {r.device.type for r in runs}
+        effective = {r.precision.effective for r in runs}
+        if {c.device.type} != device_types:
+            problems.append(f"{name} {requested} {mode}: checked on {c.device.type}, ran on {device_types}")
+        if {c.precision.effective} != effective:
+            problems.append(f"{name} {requested} {mode}: checked as {c.precision.effective}, ran as {effective}")
     b.add("conformance", problems, f"{len(keys)} plugin/precision/mode combinations passed")
-
-
-def _safe_key(record: dict) -> tuple | None:
-    try:
-        return conformance_key(record)
-    except (KeyError, TypeError, AttributeError):
-        return None
 
 
 def check_summary(b: Bundle) -> None:

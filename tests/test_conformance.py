@@ -11,14 +11,19 @@ import torch
 
 from llmb import Setting, hookimpl
 from llmb.config import PRESETS
-from llmb.conformance import SCHEMA, check_plugin, failed_checks, normalise_name
+from llmb.conformance import check_plugin, failed_checks, normalise_name
+from llmb.records import CONFORMANCE_SCHEMA as SCHEMA
+from llmb.records import Conformance
 from llmb.runner import RunOptions, run
 
 STEPS = 2
 
 
-def check(plugin, precision="FP32", **kwargs):
-    return check_plugin(plugin, "cpu", precision, steps=STEPS, **kwargs)
+def check(plugin, precision="FP32", **kwargs) -> dict:
+    """The record as written (and read back strictly, so what check-plugin writes is what verify can read)."""
+    record = check_plugin(plugin, "cpu", precision, steps=STEPS, **kwargs).to_dict()
+    assert Conformance.from_dict(record).to_dict() == record
+    return record
 
 
 def details(record):
@@ -133,7 +138,7 @@ def test_bad_plugin_fails_the_check_it_broke(plugin, broken, register_plugin):
     register_plugin(plugin(), "bad")
     record = check("bad")
     assert record["passed"] is False
-    failed = set(failed_checks(record))
+    failed = set(failed_checks(Conformance.from_dict(record)))
     assert broken <= failed, record["checks"]
     # The checks a plugin did not touch still pass: each failure points at what it broke.
     assert "fingerprint" not in failed
@@ -156,7 +161,7 @@ def test_bad_plugin_fails_the_check_it_broke(plugin, broken, register_plugin):
 def test_the_run_guard_misses_the_subtle_logit_scale_that_conformance_catches(register_plugin):
     register_plugin(ScaleLogits(), "scaler")  # its default scale, 1.05, fails forward-logits above
     options = RunOptions(config=PRESETS["tiny"], preset="tiny", plugin="scaler", steps=2, warmup_steps=1)
-    assert run(options)["invalid_reasons"] == []
+    assert run(options).invalid_reasons == []
 
 
 def test_run_loss_guard_makes_a_run_with_scaled_logits_invalid(register_plugin):
@@ -164,7 +169,7 @@ def test_run_loss_guard_makes_a_run_with_scaled_logits_invalid(register_plugin):
     options = RunOptions(
         config=PRESETS["tiny"], preset="tiny", plugin="scaler", steps=2, warmup_steps=1, settings={"scale": "100"}
     )
-    reasons = run(options)["invalid_reasons"]
+    reasons = run(options).invalid_reasons
     assert len(reasons) == 1 and "outside the band" in reasons[0] and "around ln(vocab)" in reasons[0]
 
 
@@ -226,7 +231,7 @@ def test_cli_writes_the_record_and_exits_by_the_verdict(tmp_path, register_plugi
     assert record["schema"] == SCHEMA and record["passed"] is True
     for key in ("llmb_version", "created", "preset", "config", "seed", "steps", "model_fingerprint"):
         assert key in record, key
-    assert set(record["plugin"]) == {"name", "version", "distribution", "settings"}
+    assert set(record["plugin"]) == {"name", "version", "distribution", "settings", "defaults", "precisions"}
     assert set(record["device"]) == {"type", "spec", "name"}
     assert set(record["precision"]) == {"requested", "effective", "mode"}
     assert all(set(c) == {"name", "passed", "detail", "measured", "tolerance"} for c in record["checks"])

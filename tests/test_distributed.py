@@ -125,7 +125,7 @@ def test_a_failing_rank_fails_the_run_naming_it_without_a_hang(tmp_path):
 
 def test_commbench_gloo_two_processes(tmp_path):
     options = commbench.CommOptions(device="cpu", sizes=(1024, 65536), iters=3, warmup=1)
-    record = commbench.launch(distributed.LaunchSpec(2), options)
+    record = commbench.launch(distributed.LaunchSpec(2), options).to_dict()
     assert record["backend"] == "gloo" and record["world_size"] == 2
     assert [row["bytes"] for row in record["results"]] == [1024, 65536]
     for row in record["results"]:

@@ -364,7 +364,7 @@ def test_report_names_an_incomplete_record_instead_of_a_key_error(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     result = CliRunner().invoke(cli, ["report", str(tmp_path), "--format", "csv"])
     assert result.exit_code == 0, result.output
-    assert f"skipped: {tmp_path / 'bad.json'}: incomplete llmb result (no tokens_per_second)" in result.stderr
+    assert f"skipped: {tmp_path / 'bad.json'}: incomplete llmb result (tokens_per_second: missing)" in result.stderr
     alone = CliRunner().invoke(cli, ["report", str(tmp_path / "bad.json")])
     assert alone.exit_code == 1 and "bad.json" in alone.stderr and "KeyError" not in alone.output
 

@@ -99,6 +99,8 @@ def test_a_pip_installed_plugin_is_listed_and_runs(tmp_path):
         "version": "0.3.1",
         "distribution": "llmb-throwaway",
         "settings": {"greeting": "hi"},
+        "defaults": {"greeting": "hello"},
+        "precisions": ["FP32"],
     }
     assert record["facts"]["throwaway_marker"] == "installed with pip"
     assert record["invalid_reasons"] == []

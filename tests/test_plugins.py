@@ -191,6 +191,8 @@ def test_auto_selected_plugin_runs_and_its_settings_peak_and_options_are_recorde
         "version": "unknown",
         "distribution": "unknown",
         "settings": {"mode": "off", "threads": 1, "fast": True},
+        "defaults": {"mode": "off", "threads": 0, "fast": False},  # so a report tells what was changed
+        "precisions": ["FP32", "BF16"],
     }
     assert record["device"]["type"] == "cpu" and record["device"]["count"] == 1
     assert record["optimizer"]["defaults"]["foreach"] is False

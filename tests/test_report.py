@@ -19,7 +19,8 @@ from llmb.report import load, make_plots, report, scaling_tables
 from llmb.results import write_result
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SIMULATED = "cpu oom_above_batch_size=1"  # the sweep's method: the cpu plugin with its simulated memory limit
+SIMULATED = "cpu | oom_above_batch_size=1"  # the sweep's plugin and settings: its simulated memory limit
+TINY = "tiny (4.2M params)"
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -48,13 +49,16 @@ def test_markdown_has_best_batch_per_precision_methods_and_failures(inputs):
     for name in ("FP32", "FP16", "BF16"):
         row = next(line for line in text.splitlines() if line.startswith(f"| {SIMULATED} |") and f"| {name} |" in line)
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[4] == "1"  # best batch
-        assert float(cells[5].replace(",", "")) > 0  # tokens/s
+        assert cells[5] == TINY  # the shape is a column
+        assert cells[6] == "1"  # best batch
+        assert float(cells[7].replace(",", "")) > 0  # tokens/s
+        low, high = (float(v.replace(",", "")) for v in cells[8].split("-"))  # the spread of its runs
+        assert low <= float(cells[7].replace(",", "")) <= high
         assert "larger batches: oom" in cells[-1]
     assert "## Methods on " in text and "FP32" in text
     methods = text.split("## Methods on ")[1].split("##")[0]
-    assert "| cpu | 1 |" in methods and "| 1.00x |" in methods  # the eager baseline against itself
-    assert f"| {SIMULATED} | 1 |" in methods
+    assert f"| cpu | defaults | {TINY} | 1 |" in methods and "| 1.00x |" in methods  # the eager baseline
+    assert f"| {SIMULATED} | {TINY} | 1 |" in methods
     failures = text.split("## Failed trials")[1]
     assert failures.count("| oom |") == 3 and "simulated" in failures
     assert "Scaling" not in text  # single-device results only
@@ -63,7 +67,7 @@ def test_markdown_has_best_batch_per_precision_methods_and_failures(inputs):
 def test_csv_has_one_row_per_run_and_failed_trial(inputs):
     rows = list(csv.DictReader(io.StringIO(report(inputs, fmt="csv"))))
     ok = [r for r in rows if r["status"] == "ok"]
-    assert len(ok) == 4 and len(rows) == 7
+    assert len(ok) == 3 * 2 + 1 and len(rows) == 7 + 3  # batch 1 and its confirmation per precision, the eager run
     assert sorted(r["precision"] for r in rows if r["status"] == "oom") == ["BF16", "FP16", "FP32"]
     assert all(float(r["tokens_per_second"]) > 0 and r["world_size"] == "1" for r in ok)
 
@@ -75,7 +79,8 @@ def test_json_and_console(inputs, tmp_path):
     assert data["schema"] == "llmb.report/1"
     assert [t["name"] for t in data["tables"]] == ["best", "methods", "failures"]
     best = data["tables"][0]["rows"]
-    assert {r["precision"] for r in best if r["method"] == SIMULATED} == {"FP32", "FP16", "BF16"}
+    simulated = [r for r in best if (r["method"], r["settings"]) == ("cpu", "oom_above_batch_size=1")]
+    assert {r["precision"] for r in simulated} == {"FP32", "FP16", "BF16"}
     console = invoke(*inputs)
     assert console.exit_code == 0 and "Best batch size per precision" in console.output
 
@@ -121,9 +126,10 @@ def test_scaling_table_from_multi_device_records(tiny_sweep):
         record.update(run_id=f"w{world_size}", tokens_per_second_per_device=per_device)
         record["tokens_per_second"] = per_device * world_size
         records.append(record)
+    from llmb.records import Result
     from llmb.report import point_from_record
 
-    points = [point_from_record(r, None, "test") for r in records]
+    points = [point_from_record(Result.from_dict(r), None, "test") for r in records]
     (table,) = scaling_tables(points)
     rows = {r["devices"]: r for r in table.rows}
     assert rows[1]["efficiency"] == 1.0 and rows[2]["efficiency"] == pytest.approx(0.9)

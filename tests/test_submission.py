@@ -25,7 +25,7 @@ from llmb.submission import PackageOptions
 SECRET = "hunter2-do-not-record"
 
 
-def tiny_run(precision: str) -> dict:
+def tiny_run(precision: str) -> runner.Result:
     options = runner.RunOptions(
         config=build_config("tiny"), preset="tiny", device="cpu", precision=precision, steps=2, warmup_steps=1
     )
@@ -49,7 +49,7 @@ def made(tmp_path_factory):
     for precision in ("FP32", "FP32", "FP32", "BF16", "BF16", "BF16"):
         runner.write(tiny_run(precision), results)
     # BF16's conformance record is given; FP32's is run by the packager, as a submitter without one would see.
-    (results / "conformance-bf16.json").write_text(json.dumps(check_plugin("cpu", "cpu", "BF16", steps=2)))
+    (results / "conformance-bf16.json").write_text(json.dumps(check_plugin("cpu", "cpu", "BF16", steps=2).to_dict()))
     package = fresh_package(base / "release")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -65,6 +65,7 @@ def made(tmp_path_factory):
                 allow_debug_shapes=True,
                 package_dir=package,
                 note="Tiny preset: a test bundle.",
+                check_plugin=check_plugin,
             )
         )
     assert skipped == []
@@ -140,7 +141,7 @@ def test_bundle_layout_and_contents(made):
     summary = (root / "summary.md").read_text()
     assert "| TF32 | not supported by cpu |" in summary
     assert "| FP16 | not submitted |" in summary
-    assert "| FP32 | cpu | pure | 1 |" in summary and "DEBUG BUNDLE" in summary
+    assert "| FP32 | cpu | defaults | pure | tiny (4.2M params) | 1 |" in summary and "DEBUG BUNDLE" in summary
     system = json.loads((root / "system.json").read_text())
     for key in ("submitter", "system_name", "host_processor_model_name", "host_memory_capacity", "framework"):
         assert system[key], key
@@ -221,7 +222,7 @@ def tamper_relabel(root):
 
 def tamper_summary(root):
     path = root / "summary.md"
-    path.write_text(path.read_text().replace("| FP32 | cpu | pure | 1 |", "| FP32 | cpu | pure | 8 |"))
+    path.write_text(path.read_text().replace("| tiny (4.2M params) | 1 |", "| tiny (4.2M params) | 8 |", 1))
 
 
 def tamper_duplicate(root):

@@ -23,54 +23,82 @@ from llmb.errors import UsageError
 from llmb.runner import RunOptions
 
 
-def trial(batch, tps=None, status="ok"):
-    return sweep.Trial("FP32", batch, "search", 0, status, tokens_per_second=tps)
+def trial(batch, tps=None, status="ok", index=0):
+    return sweep.Trial("FP32", batch, "search", index, status, tokens_per_second=tps)
 
 
 def search(measure, max_batch_size=64, known=None):
-    """Drive the automatic search against a throughput function (None: out of memory); return the batches tried."""
-    points = dict(known or {})
+    """Drive the automatic search and its confirmations against a throughput function of (batch, trial index)
+    (None: out of memory); return the batches measured, in order, and the points."""
+    points = {b: list(ts) for b, ts in (known or {}).items()}
     tried = []
     while True:
-        batch, _reason = sweep.next_batch(points, max_batch_size)
+        batch, reason = sweep.next_point(points, lambda p: sweep.next_batch(p, max_batch_size))
         if batch is None:
-            return tried, points
+            return tried, points, reason
+        index = len(points.get(batch, []))
         tried.append(batch)
-        tps = measure(batch)
-        points[batch] = trial(batch, tps, "ok" if tps is not None else "oom")
+        tps = measure(batch, index)
+        points.setdefault(batch, []).append(trial(batch, tps, "ok" if tps is not None else "oom", index))
 
 
-def test_auto_doubles_until_oom_then_bisects_for_the_largest_batch_that_fits():
-    tried, points = search(lambda b: 10.0 * b if b <= 6 else None)
-    assert tried == [1, 2, 4, 8, 6, 7]
-    assert sweep.best_point(points).batch_size == 6
+def test_auto_doubles_until_oom_then_bisects_then_confirms_the_best_and_its_neighbour():
+    tried, points, reason = search(lambda b, i: 10.0 * b if b <= 6 else None)
+    assert tried == [1, 2, 4, 8, 6, 7, 6, 4]  # then 6 (the best) and 4 (its neighbour that ran) measured again
+    assert sweep.best_batch(points) == 6 and reason == "oom at batch 8"
+    assert all(len(points[b]) == sweep.CONFIRM_TRIALS for b in (4, 6))
 
 
-def test_auto_stops_on_a_plateau_and_refines_toward_the_faster_end():
-    tried, points = search(lambda b: 10.0 * min(b, 8))
-    assert tried[:5] == [1, 2, 4, 8, 16]  # 8 -> 16 gains nothing: a plateau
-    assert tried[5:] == [12, 14, 15]  # REFINE_POINTS bisection steps between 8 and 16
-    assert sweep.best_point(points).batch_size == 8  # equal throughput: the smaller batch wins
+def test_auto_confirms_a_plateau_before_declaring_it_and_refines_toward_the_faster_end():
+    tried, points, reason = search(lambda b, i: 10.0 * min(b, 8))
+    assert tried[:7] == [1, 2, 4, 8, 16, 8, 16]  # 8 -> 16 gains nothing: both measured again first
+    assert tried[7:10] == [12, 14, 15]  # REFINE_POINTS bisection steps between 8 and 16
+    assert tried[10:] == [4, 12]  # the best's neighbours confirmed
+    assert sweep.best_batch(points) == 8  # equal throughput: the smaller batch wins
+    assert reason == "plateau: batch 8 -> 16 gained 0.0%, under 5%"
+
+
+def test_one_noisy_trial_neither_ends_the_search_nor_picks_the_best():
+    """The issue's case: batch 1 measured 151.7 tokens/s once and 33.3 on a re-run, batch 2 38."""
+    noisy = {(1, 0): 151.7, (1, 1): 33.3, (2, 0): 38.0, (2, 1): 38.2, (4, 0): 20.0, (4, 1): 21.0}
+    tried, points, reason = search(lambda b, i: noisy.get((b, i), 5.0), max_batch_size=4)
+    # Not a "plateau" at 2: batch 1 measured again, its median (33.3) is slower than 38, so the search grows; then
+    # 4 is slower, and both 2 and 4 are measured again before the search stops.
+    assert tried == [1, 2, 1, 4, 2, 4, 3, 3]  # then the bisection's 3, a neighbour of the best, confirmed too
+    assert sweep.best_batch(points) == 2
+    assert reason == "slower: batch 2 -> 4 lost 47.4% (medians)"  # it says slower when it was slower
+    assert sweep.median_trial(points[1]).tokens_per_second == 33.3  # the median of two is the slower one
 
 
 def test_auto_respects_the_cap_and_a_failing_first_batch():
-    assert search(lambda b: 10.0 * b, max_batch_size=5)[0] == [1, 2, 4, 5]
-    tried, points = search(lambda b: None)
-    assert tried == [1] and sweep.best_point(points) is None
+    assert search(lambda b, i: 10.0 * b, max_batch_size=5)[0] == [1, 2, 4, 5, 5, 4]
+    tried, points, reason = search(lambda b, i: None)
+    assert tried == [1] and sweep.best_batch(points) is None and reason == "batch 1 failed (oom)"
 
 
 def test_search_is_a_function_of_the_log():
-    measure = {1: 10.0, 2: 19.0, 4: 30.0, 8: 31.0, 6: 33.0, 7: None, 5: 32.0}.get
-    full, points = search(measure)
+    measure = {1: 10.0, 2: 19.0, 4: 30.0, 8: 31.0, 6: 33.0, 7: None, 5: 32.0}
+    full, points, _ = search(lambda b, i: measure[b])
     for k in range(len(full)):
-        known = {b: points[b] for b in full[:k]}
-        assert full[:k] + search(measure, known=known)[0] == full
+        known: dict = {}
+        for b in full[:k]:
+            known.setdefault(b, []).append(points[b][len(known.get(b, []))])
+        assert full[:k] + search(lambda b, i: measure[b], known=known)[0] == full
+
+
+def test_the_headline_is_the_median_of_the_runs_that_decide():
+    points = {1: [trial(1, 10.0), trial(1, 12.0, index=1)], 2: [trial(2, 20.0), trial(2, 26.0, index=1)]}
+    headline, runs = sweep.headline_of(points, [])
+    assert headline.tokens_per_second == 20.0 and len(runs) == 2
+    repeats = [sweep.Trial("FP32", 2, "repeat", i, "ok", tokens_per_second=t) for i, t in enumerate((24, 21, 23, 22))]
+    headline, runs = sweep.headline_of(points, repeats)
+    assert headline.tokens_per_second == 22 and len(runs) == 4  # 21 22 23 24: the slower middle one
 
 
 def test_listed_sizes_skip_those_above_an_oom():
-    points = {1: trial(1, 5.0), 4: trial(4, status="oom")}
+    points = {1: [trial(1, 5.0)], 4: [trial(4, status="oom")]}
     assert sweep.next_listed_batch(points, [1, 2, 4, 8]) == (2, "listed")
-    points[2] = trial(2, 9.0)
+    points[2] = [trial(2, 9.0)]
     assert sweep.next_listed_batch(points, [1, 2, 4, 8])[0] is None
 
 
@@ -114,13 +142,18 @@ def test_auto_finds_a_best_batch_for_every_cpu_precision_with_oom_points(tiny_sw
         assert entry["status"] == "ok" and entry["best_batch_size"] == 1
         assert entry["effective_precision"] == name
         assert entry["stop"] == "oom at batch 2"
-        mine = {t["batch_size"]: t for t in trials if t["precision"] == name}
-        assert mine[1]["status"] == "ok" and mine[1]["tokens_per_second"] > 0
-        assert mine[2]["status"] == "oom" and "simulated" in mine[2]["detail"]
+        mine = [t for t in trials if t["precision"] == name]
+        ones = [t for t in mine if t["batch_size"] == 1]  # the search trial and its confirmation
+        assert [(t["index"], t["status"]) for t in ones] == [(0, "ok"), (1, "ok")]
+        (two,) = [t for t in mine if t["batch_size"] == 2]  # a failed size is not measured again
+        assert two["status"] == "oom" and "simulated" in two["detail"]
         assert (tiny_sweep / "failed" / f"{name}-b2-search0.stderr.txt").exists()
-        record = json.loads((tiny_sweep / mine[1]["result"]).read_text())
-        assert record["tokens_per_second"] == entry["tokens_per_second"] == mine[1]["tokens_per_second"]
-    assert len(list(tiny_sweep.glob("*.json"))) == 3 + 1  # three results and the summary
+        # --repeats 0: the headline is the median (the slower) of batch 1's two trials, as the live line showed.
+        slower = min(ones, key=lambda t: t["tokens_per_second"])
+        record = json.loads((tiny_sweep / slower["result"]).read_text())
+        assert record["tokens_per_second"] == entry["tokens_per_second"] == slower["tokens_per_second"]
+        assert entry["runs"] == 2 and entry["spread"] == sorted(t["tokens_per_second"] for t in ones)
+    assert len(list(tiny_sweep.glob("*.json"))) == 6 + 1  # six results and the summary
     assert not list(tiny_sweep.glob(".*")), "no scratch directories or temporary files left"
 
 
@@ -161,12 +194,12 @@ def test_a_killed_sweep_resumes_without_redoing_finished_points(tmp_path):
     trials = read_trials(out)
     assert trials[0] == first[0], "the finished point was kept, not rerun"
     keys = [(t["precision"], t["phase"], t["batch_size"], t["index"]) for t in trials]
-    assert len(keys) == len(set(keys)) == 2  # b1 (the cap) and one re-run of it
-    assert [t["phase"] for t in trials] == ["search", "repeat"]
+    assert len(keys) == len(set(keys)) == 3  # b1 (the cap), its confirmation and one re-run of it
+    assert [t["phase"] for t in trials] == ["search", "search", "repeat"]
     results = sorted(p.name for p in out.glob("*.json") if p.name != sweep.SUMMARY_NAME)
     assert results == sorted(t["result"] for t in trials), "one result file per finished point, none twice"
     summary = json.loads((out / sweep.SUMMARY_NAME).read_text())["precisions"]["FP32"]
-    assert summary["runs"] == 1 and summary["headline_result"] == trials[1]["result"]
+    assert summary["runs"] == 1 and summary["headline_result"] == trials[2]["result"]
     assert summary["best_batch_size"] == 1 and summary["stop"] == "--max-batch-size 1 reached"
 
     again = subprocess.run(command, capture_output=True, text=True, timeout=60)

@@ -112,7 +112,7 @@ def test_runner_runs_xla_in_process(monkeypatch):
         warmup_steps=3,
         settings={"matmul_precision": "default", "pjrt_device": "cpu"},
     )
-    record = run(options)
+    record = run(options).to_dict()
     assert record["invalid_reasons"] == []
     assert record["plugin"]["settings"] == {"pjrt_device": "cpu", "matmul_precision": "default"}
     backend = {f["name"]: f for f in record["precision"]["audit"]["backend"]}

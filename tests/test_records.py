@@ -1,0 +1,143 @@
+"""llmb.records: strict reading of untrusted records, the headline rule, and what may be pooled (no runs needed)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from records_factory import make_result
+
+from llmb import records, report, submission, verify
+from llmb.records import Commbench, Conformance, RecordError, Result, field_tree, headline, median_index
+from llmb.train import Measurement, median_measurement
+
+FOUR = [100.0, 110.0, 120.0, 130.0]  # tokens/s of four runs of one group
+
+
+def test_a_result_round_trips_and_old_records_without_new_fields_still_read():
+    result = make_result()
+    data = result.to_dict()
+    assert Result.from_dict(json.loads(json.dumps(data))) == result
+    del data["host"], data["plugin"]["defaults"], data["plugin"]["precisions"]  # as written before they existed
+    old = Result.from_dict(data)
+    assert old.host is None and old.plugin.defaults is None
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.pop("tokens_per_second"), "tokens_per_second: missing"),
+        (lambda d: d.update(tokens_per_second="fast"), "tokens_per_second: expected a number, got a string"),
+        (lambda d: d.update(batch_size=True), "batch_size: expected an integer, got a boolean"),
+        (lambda d: d.update(batch_size=1.5), "batch_size: expected an integer, got a number"),
+        (
+            lambda d: d["timing"]["step_seconds"].__setitem__(2, None),
+            "timing.step_seconds[2]: expected a number, got null",
+        ),
+        (lambda d: d["precision"]["audit"].pop("matmul_probe"), "precision.audit.matmul_probe: missing"),
+        (lambda d: d["config"].pop("hidden_size"), "config.hidden_size: missing"),  # never defaults to official
+        (lambda d: d.update(surprise=1), "surprise: unknown field"),
+        (lambda d: d["plugin"].update(settings=[]), "plugin.settings: expected an object, got a list"),
+        (lambda d: d.update(schema="llmb.result/0"), "schema: is 'llmb.result/0', expected llmb.result/1"),
+        (lambda d: d["precision"].pop("audit"), "precision.audit: missing"),
+    ],
+)
+def test_from_dict_names_the_bad_field(change, message):
+    data = make_result().to_dict()
+    change(data)
+    with pytest.raises(RecordError) as caught:
+        Result.from_dict(data)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("data", [None, [], "x", 3, {"schema": "llmb.result/1"}])
+def test_from_dict_refuses_what_is_not_a_record(data):
+    with pytest.raises(RecordError):
+        Result.from_dict(data)
+
+
+def test_the_readme_lists_exactly_the_declared_fields():
+    """The README's field lists are the types' (one source of truth: records.py; `python -m llmb.records`)."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    for cls in (Result, Conformance, Commbench):
+        block = text.split(f"<!-- fields:{cls.__name__} -->")[1].split("<!-- /fields -->")[0]
+        assert " ".join(block.split()) == f"`{records.describe(cls)}`", cls.__name__
+
+
+def test_field_tree_follows_nesting():
+    tree = field_tree(Result)
+    assert tree["timing.window_seconds"] is True and tree["host"] is False
+    assert "precision.audit.backend[].implies" in tree
+
+
+def test_the_four_run_example_has_one_headline_everywhere(tmp_path):
+    """100/110/120/130 tokens/s: the headline is 110 (a run that happened) in run, sweep, report, summary and verify."""
+    runs = [make_result(tokens_per_second=t, peak_memory_bytes=int(t) * 2**20) for t in FOUR]
+    assert median_index(FOUR) == 1
+    # llmb run --repeats 4: the repeats' windows, chosen by throughput.
+    windows = [runs[0].timing.window_seconds * runs[0].tokens_per_second / t for t in FOUR]
+    chosen = median_measurement([Measurement(w, [w], "host", 1.0, 0.9) for w in windows])
+    assert chosen.window_seconds == windows[1]
+    # The records' rule (which the sweep's headline uses too).
+    h = headline(runs)
+    assert h.run.tokens_per_second == 110.0 and h.run.peak_memory_bytes == 110 * 2**20
+    assert (h.low, h.high) == (100.0, 130.0)
+    # The report.
+    points = [report.point_from_record(r, None, "") for r in runs]
+    row = report.best_table(points).rows[0]
+    assert row["tokens_per_second"] == 110.0 and row["spread"] == [100.0, 130.0]
+    assert row["peak_memory_bytes"] == 110 * 2**20 and row["runs"] == 4
+    # The submission summary, and verify's check of it (it renders the same summary from the same rule).
+    sub = {"submitter": "t", "system_name": "s", "debug": {"is_debug": False}, "plugins": [], "note": ""}
+    summary = submission.render_summary(sub, runs)
+    fp32 = next(line for line in summary.splitlines() if line.startswith("| FP32 |"))
+    assert "| 110.0 |" in fp32 and "| 100.0-130.0 |" in fp32 and "| 0.11 GiB |" in fp32
+    assert "Noisy:" in summary  # 30 / 110 > 10%
+
+
+def test_runs_that_differ_in_shape_settings_or_layout_are_never_pooled():
+    runs = [make_result(tokens_per_second=t) for t in (100, 101, 102)]
+    runs += [make_result(tokens_per_second=200, preset="small")]
+    runs += [make_result(tokens_per_second=300, settings={"compile": "default"})]
+    runs += [make_result(tokens_per_second=400, world_size=2, parallel="ddp")]
+    groups = records.group_runs(runs)
+    assert len(groups) == 4
+    with pytest.raises(ValueError):
+        headline(runs)
+    rows = report.best_table([report.point_from_record(r, None, "") for r in runs]).rows
+    assert len(rows) == 4
+    assert {(r["shape"], r["settings"], r.get("devices", 1)) for r in rows} == {
+        ("tiny (4.2M params)", "defaults", 1),
+        ("small (43.3M params)", "defaults", 1),
+        ("tiny (4.2M params)", "compile=default", 1),
+        ("tiny (4.2M params)", "defaults", 2),
+    }
+    # The summary takes the group with enough runs, not a faster single run, and names its shape and settings.
+    best = submission.headlines(runs)["FP32"]
+    assert best.run.tokens_per_second == 101 and len(best.runs) == 3
+    summary = submission.render_summary(
+        {"submitter": "t", "system_name": "s", "debug": {"is_debug": False}, "plugins": [], "note": ""}, runs
+    )
+    assert "| cpu | defaults | pure | tiny (4.2M params) | 1 | 101.0 | 100.0-102.0 |" in summary
+
+
+def test_report_warns_when_a_headline_spreads_more_than_ten_percent():
+    steady = [make_result(tokens_per_second=t) for t in (100, 104, 108)]
+    noisy = [make_result(tokens_per_second=t, precision="BF16", load_average=7.5) for t in (100, 150, 160)]
+    table = report.best_table([report.point_from_record(r, None, "") for r in steady + noisy])
+    assert len(table.warnings) == 1 and "BF16" in table.warnings[0] and "host load up to 7.50" in table.warnings[0]
+    assert "60.0%" not in table.warnings[0] and "40.0%" in table.warnings[0]  # (160 - 100) / 150
+    text = report.to_markdown([table], {})
+    assert "**Noisy:**" in text
+
+
+def test_verify_reads_results_through_the_types(tmp_path):
+    """A bundle's result with a field of the wrong type fails the schema row, naming the file and the field."""
+    folder = tmp_path / "results" / "FP32"
+    folder.mkdir(parents=True)
+    data = make_result().to_dict()
+    data["timing"]["step_seconds"][1] = "0.1"
+    (folder / "r.json").write_text(json.dumps(data))
+    bundle = verify.Bundle(tmp_path, accept_debug=True)
+    verify.check_results_schema(bundle)
+    row = bundle.rows[0]
+    assert not row.passed and "results/FP32/r.json: timing.step_seconds[1]: expected a number" in row.detail
