@@ -841,8 +841,10 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         square=square,
         repeats=repeats,
     )
+    from llmb.records import ROOFLINE_SCHEMA, envelope
+
     data = {
-        "schema": roofline.SCHEMA,
+        **envelope(ROOFLINE_SCHEMA),
         "preset": preset,
         "batch_size": batch_size,
         "rooflines": [r.to_dict() for r in results],

@@ -19,8 +19,9 @@ from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import UsageError
 from llmb.model import ModelConfig
 from llmb.plugins import Plugin, select_plugin
+from llmb.records import ROOFLINE_SCHEMA
 
-SCHEMA = "llmb.roofline/1"
+SCHEMA = ROOFLINE_SCHEMA  # each roofline entry names its kind
 # The dtype each benchmark precision multiplies in (TF32 is FP32 tensors with the TF32 switches on).
 MATMUL_DTYPE = {"FP32": torch.float32, "TF32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
 # The large square GEMM grows from MIN_SQUARE, doubling, until one matmul lasts SQUARE_SECONDS or it reaches

@@ -67,7 +67,7 @@ def test_an_fp8_run_is_labelled_fp8_and_has_no_mfu(register_plugin, requested):
     options = runner.RunOptions(
         config=TINY, preset="tiny", plugin="fp8_on_cpu", precision=requested, mode="amp", steps=2, warmup_steps=1
     )
-    record = runner.run(options)
+    record = runner.run(options).to_dict()
     assert record["precision"]["requested"] == requested
     assert record["precision"]["effective"] == "FP8"
     assert record["precision"]["audit"]["operator_dtypes"]["float8_e4m3fn"] > 0

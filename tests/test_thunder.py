@@ -65,5 +65,5 @@ def test_thunder_keeps_the_parameters_and_trains_like_eager():
 def test_thunder_conforms(register_plugin):
     register_plugin(ThunderPlugin(), "thunder_on_cpu")
     record = conformance.check_plugin("thunder_on_cpu", "cpu", "FP32", steps=3)
-    assert record["passed"], conformance.failed_checks(record)
-    assert record["precision"]["effective"] == "FP32"
+    assert record.passed, conformance.failed_checks(record)
+    assert record.precision.effective == "FP32"
