@@ -622,6 +622,7 @@ def project_command(
     """Project the step time and seed FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and
     beta; with --check, hold the projection against a measured run."""
     from llmb import project
+    from llmb.records import Commbench, RecordError, Result
     from llmb.results import load_result
 
     try:
@@ -629,6 +630,13 @@ def project_command(
         measured = load_result(check_path) if check_path else None
     except (OSError, ValueError) as exc:
         raise LlmbError(f"cannot read JSON: {exc}") from None
+    checked = [(result_path, result, Result), (comm_path, comm, Commbench)]
+    checked += [(check_path, measured, Result)] if measured is not None else []
+    for path, data, kind in checked:
+        try:
+            kind.from_dict(data)  # strict: a file that is not the record it should be is named with its bad field
+        except RecordError as exc:
+            raise LlmbError(f"{path} is not an llmb {kind.__name__.lower()} record: {exc}") from None
     if measured is not None:
         projection = project.check_against(measured, result, comm)
     else:

@@ -5,9 +5,11 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
+from records_factory import make_result
 
 from llmb import project
 from llmb.cli import cli
+from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
 
 RESULT = {"tflops": 1e-6}  # 1e6 FLOP/s per device
 COMM = {
@@ -76,9 +78,40 @@ def test_a_message_beyond_the_largest_measured_takes_the_largest():
     assert p["message_bytes"] == 64 * 64 * 2 and p["bandwidth_message_bytes"] == 1024
 
 
+def full_records() -> tuple[dict, dict]:
+    """RESULT and COMM as whole records: the CLI reads its files strictly (llmb.records)."""
+    result = make_result(tflops=RESULT["tflops"]).to_dict()
+    rows = [
+        CommRow(
+            bytes=r["bytes"],
+            elements=r["bytes"] // 4,
+            seconds=r["bytes"] / r["algbw_bytes_per_second"],
+            algbw_bytes_per_second=r["algbw_bytes_per_second"],
+            busbw_bytes_per_second=r["algbw_bytes_per_second"],
+        )
+        for r in COMM["results"]
+    ]
+    comm = Commbench(
+        operation="all_reduce",
+        plugin=PluginRef(name="cpu", version="0", distribution="llmb", settings={}),
+        device=DeviceRef(type="cpu", name="test"),
+        backend="gloo",
+        world_size=2,
+        nodes=1,
+        dtype="float32",
+        iters=1,
+        warmup=0,
+        timing="test",
+        results=rows,
+        torch="test",
+    ).to_dict()
+    return result, comm
+
+
 def test_cli_prints_the_terms_and_json(tmp_path):
-    (tmp_path / "r.json").write_text(json.dumps(RESULT))
-    (tmp_path / "c.json").write_text(json.dumps(COMM))
+    result, comm = full_records()
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    (tmp_path / "c.json").write_text(json.dumps(comm))
     common = ["project", "--layers", "2", "--hidden", "4", "--ffn", "16", "--seq", "8", "--global-batch", "4"]
     common += [
         "--tp",
@@ -102,3 +135,13 @@ def test_cli_prints_the_terms_and_json(tmp_path):
         cli, [*common[:-4], "--dp", "3", "--from", str(tmp_path / "r.json"), "--comm", str(tmp_path / "c.json")]
     )
     assert bad.exit_code == 2 and "does not divide" in bad.output
+
+
+def test_cli_names_the_bad_field_of_a_file_that_is_not_a_record(tmp_path):
+    result, comm = full_records()
+    del comm["results"][0]["seconds"]
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    (tmp_path / "c.json").write_text(json.dumps(comm))
+    args = ["project", "--layers", "2", "--hidden", "4", "--ffn", "16", "--seq", "8", "--global-batch", "4"]
+    out = CliRunner().invoke(cli, [*args, "--from", str(tmp_path / "r.json"), "--comm", str(tmp_path / "c.json")])
+    assert out.exit_code == 1 and "results[0].seconds: missing" in out.output and "Traceback" not in out.output

@@ -1,13 +1,24 @@
 """llmb.records: strict reading of untrusted records, the headline rule, and what may be pooled (no runs needed)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 from records_factory import make_result
 
-from llmb import records, report, submission, verify
-from llmb.records import Commbench, Conformance, RecordError, Result, field_tree, headline, median_index
+from llmb import records, report, submission, sweep, verify
+from llmb.records import (
+    Commbench,
+    Conformance,
+    RecordError,
+    Result,
+    SweepTrial,
+    Timing,
+    field_tree,
+    headline,
+    median_index,
+)
 from llmb.train import Measurement, median_measurement
 
 FOUR = [100.0, 110.0, 120.0, 130.0]  # tokens/s of four runs of one group
@@ -77,7 +88,10 @@ def test_the_four_run_example_has_one_headline_everywhere(tmp_path):
     windows = [runs[0].timing.window_seconds * runs[0].tokens_per_second / t for t in FOUR]
     chosen = median_measurement([Measurement(w, [w], "host", 1.0, 0.9) for w in windows])
     assert chosen.window_seconds == windows[1]
-    # The records' rule (which the sweep's headline uses too).
+    # The sweep: four re-runs of its best batch.
+    trials = [SweepTrial("FP32", 1, "repeat", i, "ok", tokens_per_second=t) for i, t in enumerate(reversed(FOUR))]
+    assert sweep.headline_of({1: trials[:2]}, trials)[0].tokens_per_second == 110.0
+    # The records' rule.
     h = headline(runs)
     assert h.run.tokens_per_second == 110.0 and h.run.peak_memory_bytes == 110 * 2**20
     assert (h.low, h.high) == (100.0, 130.0)
@@ -141,3 +155,16 @@ def test_verify_reads_results_through_the_types(tmp_path):
     verify.check_results_schema(bundle)
     row = bundle.rows[0]
     assert not row.passed and "results/FP32/r.json: timing.step_seconds[1]: expected a number" in row.detail
+
+
+def test_a_run_whose_repeats_spread_more_than_ten_percent_says_so():
+    steady = make_result(tokens_per_second=100.0)
+    window = steady.timing.window_seconds
+    assert steady.repeat_spread_warning() is None
+    repeats = [window, window * 100 / 80, window * 100 / 105]  # 100, 80 and 105 tokens/s: the headline is 100
+    noisy = dataclasses.replace(
+        steady, repeats=3, timing=Timing(**{**vars(steady.timing), "repeat_window_seconds": repeats})
+    )
+    assert noisy.repeat_throughputs() == pytest.approx([100.0, 80.0, 105.0])
+    warning = noisy.repeat_spread_warning()
+    assert warning is not None and "spread 25.0%" in warning and "load average 0.50" in warning

@@ -112,7 +112,7 @@ def test_submission_bundle_layout_is_read(tiny_sweep, tmp_path):
         shutil.copy(source, target)
     (bundle / "system.json").write_text(json.dumps({"submitter": "org"}))
     points = load([tmp_path / "submissions"]).points
-    assert sorted(p.precision for p in points) == ["BF16", "FP16", "FP32"]
+    assert sorted(p.precision for p in points) == ["BF16", "BF16", "FP16", "FP16", "FP32", "FP32"]  # 2 trials each
 
 
 def test_scaling_table_from_multi_device_records(tiny_sweep):
