@@ -125,8 +125,8 @@ def test_secret_settings_reach_the_plugin_but_never_a_record(register_plugin):
     )
     record = run(options)
     assert SecretPlugin.seen["license_token"] == "SECRET-A" and SecretPlugin.seen["vendor_blob"] == "SECRET-B"
-    assert "SECRET" not in json.dumps(record)
-    assert record["plugin"]["settings"] == {
+    assert "SECRET" not in json.dumps(record.to_dict())
+    assert record.plugin.settings == {
         "license_token": REDACTED,
         "vendor_blob": REDACTED,
         "api_key": REDACTED,
@@ -134,12 +134,12 @@ def test_secret_settings_reach_the_plugin_but_never_a_record(register_plugin):
         "threads": 1,
     }
     conformance = check_plugin("licensed", "cpu", "FP32", settings=SECRET_OPTIONS, steps=2)
-    assert "SECRET" not in json.dumps(conformance)
-    assert conformance["plugin"]["settings"]["vendor_blob"] == REDACTED
+    assert "SECRET" not in json.dumps(conformance.to_dict())
+    assert conformance.plugin.settings["vendor_blob"] == REDACTED
     # The packager matches the two by their (redacted) settings, and will not rerun a check it cannot reproduce.
     assert submission.conformance_key(record) == submission.conformance_key(conformance)
     with pytest.raises(UsageError, match="secret setting"):
-        submission.gather_conformance([record], [], run_missing=True)
+        submission.gather_conformance([record], [], check_plugin)
 
 
 def test_a_bad_secret_value_is_refused_without_echoing_it():
