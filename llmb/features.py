@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-ATTEMPT_SCHEMA = "llmb.attempt/1"
+from llmb.records import ATTEMPT_SCHEMA
+
 # Feature key -> row label, in table order.
 FEATURES = {
     "amp": "Mixed precision (BF16 amp)",

@@ -274,7 +274,6 @@ def test_a_rank_paused_inside_the_window_is_flagged_in_record_and_console(tmp_pa
     assert record["threads_per_rank"] == [1, 1]
 
 
-
 def report(steps, busy, rows=1, loss=1.0, stage=0):
     return ranks.RankReport(
         effective="FP32", invalid=[], windows=[sum(steps)], own=[sum(steps)], steps=[steps], busy=[busy],
