@@ -74,6 +74,8 @@ class Point:
     detail: str = ""
     run_id: str | None = None
     source: str = ""
+    threads: tuple[int, ...] = ()  # intra-op threads of each rank (a scaling baseline must have run the same)
+    global_batch: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -184,7 +186,7 @@ def point_from_record(record: Result, phase: str | None, source: str) -> Point:
         phase=phase,
         world_size=world_size,
         nodes=record.nodes,
-        parallel=None if record.parallel == "none" else record.parallel,
+        parallel=None if record.parallel == "none" else record.strategy,  # a layout (fsdp tp2 ...) is its own row
         tokens_per_second=record.tokens_per_second,
         tokens_per_second_per_device=per_device,
         tflops_per_device=flops.achieved_tflops(per_device, record.model_flops_per_token),
@@ -196,6 +198,8 @@ def point_from_record(record: Result, phase: str | None, source: str) -> Point:
         detail="; ".join(record.invalid_reasons),
         run_id=record.run_id,
         source=source,
+        threads=tuple(record.threads_per_rank or ()),
+        global_batch=record.global_batch_size,
     )
 
 
@@ -490,7 +494,8 @@ def scaling_tables(points: list[Point]) -> list[Table]:
                     "nodes": nodes,
                     "parallel": parallel or "single",
                     "batch_size": p.batch_size,
-                    "global_batch_size": p.batch_size * ws,
+                    "global_batch_size": p.global_batch or p.batch_size * ws,
+                    "threads": ",".join(map(str, p.threads)) or "?",
                     "tflops_per_device": p.tflops_per_device,
                     "tokens_per_second_per_device": p.tokens_per_second_per_device,
                     "tokens_per_second": p.tokens_per_second,
@@ -512,9 +517,18 @@ def scaling_tables(points: list[Point]) -> list[Table]:
             TOKENS,
             SPREAD,
             Column("efficiency", "Efficiency", _percent, True),
+            Column("threads", "Threads/rank", str, True),
         ]
         against = "1 device" if singles else f"{base.world_size} devices (no 1-device run in the inputs)"
         note = f"Efficiency: tokens/s per device against {against}; each row at its best batch size per device."
+        # A baseline that ran other intra-op threads than the ranks makes the efficiency a thread count's ratio.
+        other = [f"{ws} ({parallel or 'single'})" for (ws, _, parallel), (p, _) in sorted(layouts.items())
+                 if p.threads and base.threads and set(p.threads) != set(base.threads)]  # fmt: skip
+        if other:
+            note += (
+                f" WARNING: the baseline ran {','.join(map(str, base.threads))} thread(s) per rank, the rows for "
+                f"{', '.join(other)} did not: their efficiency compares thread counts, not scaling."
+            )
         label = method if settings == "defaults" else f"{method} {settings}"
         title = f"Scaling: {label} on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "") + f", {shape}"
         tables.append(Table("scaling", title, columns, rows, note))

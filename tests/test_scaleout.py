@@ -383,3 +383,32 @@ def test_each_layout_equals_one_process_on_the_same_global_batch(nproc, layouts)
         plan = replace(runner.layout(options), world_size=nproc)
         expected = reference_updates(BASE, options.batch_size * options.grad_accum, plan.dp, STEPS)
         assert_updates_equal(got, expected, str(plan.to_dict()))
+
+
+def test_the_scaling_table_keeps_layouts_apart_and_flags_a_baseline_on_other_threads():
+    from records_factory import make_result
+
+    from llmb.mesh import Layout
+    from llmb.records import JobLayout
+    from llmb.report import point_from_record, scaling_tables
+
+    def record(world, parallel, threads, tp=1, per_device=100.0):
+        result = make_result(world_size=world, parallel=parallel, tokens_per_second=per_device * world)
+        plan = Layout(world_size=world, tp=tp, strategy=parallel)
+        return replace(
+            result,
+            layout=JobLayout(**plan.to_dict()),
+            tp=tp,
+            threads_per_rank=[threads] * world,
+            global_batch_size=plan.dp,
+        )
+
+    records = [record(1, "none", 2), record(2, "fsdp", 1), record(2, "fsdp", 1, tp=2, per_device=50.0)]
+    (table,) = scaling_tables([point_from_record(r, None, "test") for r in records])
+    labels = {row["parallel"]: row for row in table.rows}
+    assert sorted(labels) == ["fsdp", "fsdp tp2 pp1 dp1", "single"]
+    assert labels["fsdp tp2 pp1 dp1"]["global_batch_size"] == 1 and labels["fsdp"]["threads"] == "1,1"
+    assert "WARNING: the baseline ran 2 thread(s) per rank" in table.note and "2 (fsdp tp2 pp1 dp1)" in table.note
+    same = [record(1, "none", 1), record(2, "fsdp", 1)]
+    (table,) = scaling_tables([point_from_record(r, None, "test") for r in same])
+    assert "WARNING" not in table.note
