@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from llmb import __version__, bounds, conformance, distributed, mesh, plugins, precision, runner
+from llmb import __version__, bounds, cleanroom, conformance, distributed, evidence, mesh, plugins, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
 from llmb.plugins import Plugin, plugin_names
@@ -198,6 +198,14 @@ class RichProgress(runner.Progress):
     show_default=True,
     help="Seconds a collective waits for a peer before the run fails.",
 )
+@click.option(
+    "--replay-steps",
+    type=int,
+    default=evidence.DEFAULT_REPLAY_STEPS,
+    show_default=True,
+    help="Steps of the headline window replayed on the CPU in FP32 before the record is written (0: none, "
+    "and the result is not valid).",
+)
 @handle_errors
 def run(
     plugin,
@@ -226,6 +234,7 @@ def run(
     grad_accum,
     sequence_parallel,
     dist_timeout,
+    replay_steps,
     **shape,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
@@ -255,15 +264,55 @@ def run(
         sequence_parallel=sequence_parallel,
     )
     requested = precision_name.upper()
+    unsaved: list[Path] = []
+    if not cleanroom.in_process():
+        records = _run_clean(base, requested, launch, replay_steps, out, unsaved)
+    else:
+        records = _run_in_process(base, requested, launch, out, unsaved)
+    distributed.shutdown()
+    if unsaved:
+        sys.exit(1)
+    if any(r.invalid_reasons for r in records) and strict_precision:
+        sys.exit(1)
+
+
+def _run_clean(
+    base: runner.RunOptions, requested: str, launch, replay_steps: int, out: Path, unsaved: list[Path]
+) -> list[dict]:
+    """Judged from this process, which imports no plugin: the worker it starts runs the plugin (llmb.cleanroom)."""
+    runner.check_request(runner.RunOptions(**{**base.__dict__, "precision": requested}), allow_all=True)
+    if replay_steps < 0:
+        raise click.UsageError(f"--replay-steps must be 0 or more, got {replay_steps}")
+    runs = [runner.RunOptions(**{**base.__dict__, "precision": requested})]
+    world = distributed.current_world()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        shown = RichProgress(progress, "") if world is None or world.rank == 0 else None
+        records = cleanroom.run_clean(
+            runs,
+            launch,
+            progress=shown,
+            notes=lambda text: console.print(f"[yellow]{escape(text)}[/]"),
+            replay_steps=replay_steps,
+        )
+    for record in records:
+        _print_record(record, _save(record, out, unsaved))
+    return records
+
+
+def _run_in_process(
+    base: runner.RunOptions, requested: str, launch, out: Path, unsaved: list[Path]
+) -> list[dict]:
+    """Library and test use (LLMB_IN_PROCESS=1): the plugin's own process judges, and no record is valid."""
     if requested == "ALL":
-        supported = runner.select_plugin(plugin).precisions()
+        supported = runner.select_plugin(base.plugin).precisions()
         names = [p for p in precision.PRECISIONS if p in supported]
         for p in precision.PRECISIONS:
             if p not in supported:
                 console.print(f"[yellow]{p}: unsupported by this plugin[/]")
     else:
         names = [requested]
-    records, unsaved = [], []
+    records = []
     runs = [runner.RunOptions(**{**base.__dict__, "precision": name}) for name in names]
     if launch is not None:
         for options_for in runs:  # bad input fails here, before any process starts
@@ -278,11 +327,7 @@ def run(
         path = _save(record, out, unsaved)
         records.append(record)
         _print_record(record, path)
-    distributed.shutdown()
-    if unsaved:
-        sys.exit(1)
-    if any(r.invalid_reasons for r in records) and strict_precision:
-        sys.exit(1)
+    return records
 
 
 def _save(record: runner.Result, out: Path, unsaved: list[Path]) -> Path:

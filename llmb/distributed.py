@@ -460,3 +460,54 @@ def updates_after_steps(runs: list, steps: int) -> list[dict[str, torch.Tensor]]
     finally:
         shutdown()
     return gathered
+
+
+class JobJudge:
+    """A job's windows as one: rank 0 talks to the run's judge, every rank trains on its share of the challenge,
+    and the answer holds the job's mean loss per step (what one process on the global batch would see: tensor and
+    pipeline peers report their group's loss) and the model's digest: rank 0's where the parameters are replicated
+    (DDP), summed over the shards (FSDP; HSDP divides by its replicas); with tensor or pipeline parallelism each rank
+    holds a different part, so the digest is rank 0's part only and says so (`digest_scope`)."""
+
+    def __init__(self, inner, world: World, layout) -> None:
+        from llmb.train import LocalJudge
+
+        self.inner = inner if inner is not None else LocalJudge()
+        self.world = world
+        self.clean = getattr(self.inner, "clean", False)
+        strategy = getattr(layout, "strategy", "ddp")
+        self.partial = getattr(layout, "tp", 1) > 1 or getattr(layout, "pp", 1) > 1
+        self.sharded = strategy in ("fsdp", "hsdp") and not self.partial
+        self.replicas = getattr(layout, "dp_replicate", 1) if strategy == "hsdp" else 1
+
+    def _whole(self, digest: list[list[float]]) -> list[list[float]]:
+        if not self.sharded:
+            return digest
+        parts = [None] * self.world.world_size
+        dist.all_gather_object(parts, digest)
+        return _summed(parts, self.replicas)
+
+    def open(self, digest_start: list[list[float]]) -> int:
+        digest_start = self._whole(digest_start)
+        box = [self.inner.open(digest_start) if self.world.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return int(box[0])
+
+    def close(self, answer: dict) -> None:
+        parts = [None] * self.world.world_size
+        dist.all_gather_object(parts, (answer["losses"], answer["digest_start"], answer["digest_end"]))
+        if self.world.rank != 0:
+            return
+        losses = [sum(part[0][k] for part in parts) / len(parts) for k in range(len(answer["losses"]))]
+        if self.sharded:
+            start = _summed([p[1] for p in parts], self.replicas)
+            end = _summed([p[2] for p in parts], self.replicas)
+        else:
+            start, end = answer["digest_start"], answer["digest_end"]
+        scope = "rank 0's part" if self.partial else "model"
+        self.inner.close({**answer, "losses": losses, "digest_start": start, "digest_end": end, "digest_scope": scope})
+
+
+def _summed(parts: list, replicas: int) -> list[list[float]]:
+    rows = len(parts[0])
+    return [[sum(part[i][j] for part in parts) / replicas for j in range(len(parts[0][i]))] for i in range(rows)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, census, distributed, flops, mesh, precision, ranks, records, sysinfo
+from llmb import __version__, census, distributed, evidence, flops, mesh, precision, ranks, records, sysinfo
 from llmb.config import official_reasons
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
@@ -74,15 +74,22 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return False
 
 
-def resolve(options: RunOptions) -> tuple[Plugin, torch.device, dict]:
-    """Check the request before any work: plugin, settings, device, precision, sizes."""
-    if options.precision not in precision.PRECISIONS:
+def check_request(options: RunOptions, allow_all: bool = False) -> None:
+    """The checks that need no plugin (the clean process makes them before any worker starts)."""
+    if options.precision not in precision.PRECISIONS and not (allow_all and options.precision == "ALL"):
         raise UsageError(f"unknown precision {options.precision!r} (choose from {', '.join(precision.PRECISIONS)})")
     if options.mode not in precision.MODES:
         raise UsageError(f"unknown precision mode {options.mode!r} (choose from pure, amp)")
     for name in ("batch_size", "steps", "warmup_steps", "repeats"):
         if getattr(options, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
+    if distributed.current_world() is None and options.parallel not in (None, "none"):
+        raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
+
+
+def resolve(options: RunOptions) -> tuple[Plugin, torch.device, dict]:
+    """Check the request before any work: plugin, settings, device, precision, sizes."""
+    check_request(options)
     plugin = select_plugin(options.plugin)
     settings = plugin.resolve_settings(options.settings)
     if options.precision not in plugin.precisions():
@@ -142,13 +149,16 @@ def parallel_strategy(options: RunOptions) -> str:
     return options.parallel if options.parallel not in (None, "none") else "ddp"
 
 
-def run(options: RunOptions, progress: Progress | None = None) -> Result | None:
-    """Run the benchmark once for one precision and return its result record (None on ranks other than 0)."""
+def run(options: RunOptions, progress: Progress | None = None, judge=None) -> Result | None:
+    """Run the benchmark once for one precision and return its result record (None on ranks other than 0).
+
+    `judge` opens and closes each measured window (llmb.cleanroom's link to the clean process); without one the
+    run judges itself (train.LocalJudge) and its record says so."""
     progress = progress or Progress()
     with distributed.errors_name_the_rank():
         plugin, device, settings = resolve(options)
         try:
-            return _run(options, plugin, device, settings, progress)
+            return _run(options, plugin, device, settings, progress, judge)
         except LlmbError:
             raise
         except Exception as exc:
@@ -180,7 +190,7 @@ class Session:
     rows: int = 0  # samples of the global batch this rank contributes per step (0 on a tensor/pipeline peer)
 
 
-def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict) -> Session:
+def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, judge=None) -> Session:
     """Everything before the first step: the precision recipe, the plugin's backend setup, the model built from the
     seed on the CPU and moved to the device, AdamW, the plugin's post-processing, and the checks on its output."""
     config = options.config
@@ -237,17 +247,25 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
     rows = options.batch_size * plan.grad_accum
     batch = synthetic_batch(config, rows, options.seed + coords.dp, device)
     barrier = distributed.barrier if world else None
+    if world is not None:
+        judge = distributed.JobJudge(judge, world, plan)
+
+    def window_batch(challenge: int) -> torch.Tensor:
+        # A measured window's batch: drawn from the judge's challenge, per data-parallel rank as the warmup's.
+        return evidence.window_batch(config, rows, challenge, coords.dp, device)
+
     common = (model, optimizer, batch, recipe, services)
+    judged = {"barrier": barrier, "window_batch": window_batch, "judge": judge}
     if plan.pp > 1:
         schedule = mesh.pipeline_schedule(model, plan, coords, device, device_mesh)
         first, last = coords.pp == 0, coords.pp == plan.pp - 1
         pp_group = device_mesh["pp"].get_group()
-        trainer = mesh.PipelineTrainer(*common, barrier=barrier, schedule=schedule, first=first, last=last,
+        trainer = mesh.PipelineTrainer(*common, **judged, schedule=schedule, first=first, last=last,
                                        pp_group=pp_group)  # fmt: skip
     elif plan.grad_accum > 1:
-        trainer = mesh.AccumulatingTrainer(*common, barrier=barrier, accumulation=plan.grad_accum)
+        trainer = mesh.AccumulatingTrainer(*common, **judged, accumulation=plan.grad_accum)
     else:
-        trainer = Trainer(*common, barrier=barrier)
+        trainer = Trainer(*common, **judged)
     if world is not None and trainer.scaler is not None:
         trainer.scaler = distributed.grad_scaler(parallel_strategy(options), device) or trainer.scaler
     contributes = coords.tp == 0 and coords.pp == 0
@@ -302,9 +320,13 @@ def audit_session(session: Session) -> dict:
     return census.add_evidence(audit, counts)
 
 
-def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress) -> Result:
-    session = prepare(options, plugin, device, settings)
+def _run(
+    options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress, judge=None
+) -> Result:
+    session = prepare(options, plugin, device, settings, judge)
     trainer, services, invalid = session.trainer, session.services, session.invalid
+    # Every window starts from the initial weights and a fresh AdamW state, so it replays from the seed alone.
+    initial_state = evidence.InitialState(session.model)
 
     progress.phase("warmup", options.warmup_steps)
     services.reset_peak_memory()
@@ -320,6 +342,7 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
     for repeat in range(options.repeats):
         progress.phase(f"measure {repeat + 1}/{options.repeats}", options.steps)
         before = ranks.busy_seconds()
+        initial_state.restore(session.optimizer)
         measurements.append(trainer.measure(options.steps, on_step=progress.advance))
         after = ranks.busy_seconds()
         busy.append(after - before if before is not None and after is not None else None)
@@ -394,7 +417,7 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         for note in notes:
             progress.note(f"STRAGGLER: {note}" if not note.startswith("ranks ran") else note)
 
-    return build_record(
+    record = build_record(
         options=options,
         plugin=plugin,
         settings=settings,
@@ -411,6 +434,21 @@ def _run(options: RunOptions, plugin: Plugin, device: torch.device, settings: di
         job=job,
         host=host,
     )
+    record.evidence = {
+        "schema": evidence.SCHEMA,
+        "windows": [
+            evidence.Window(
+                m.challenge, m.window_seconds, m.losses, m.digest_start, m.digest_end, m.rank_window_seconds
+            ).to_dict()
+            for m in measurements
+        ],
+        "headline_window": median_index([m.window_seconds for m in measurements]),
+    }
+    if not getattr(trainer.judge, "clean", False):
+        # Judged by the plugin's own process: the figures stand on that process's word alone.
+        record.judge = {"clean_room": False}
+        record.valid = False
+    return record
 
 
 def _merge_ranks(world, report: ranks.RankReport, measurements: list):

@@ -8,10 +8,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from llmb import evidence
 from llmb.device import Device
 from llmb.model import ModelConfig
 from llmb.precision import Recipe
@@ -79,6 +80,25 @@ class Measurement:
     loss_last: float
     # This rank's own window, before the closing barrier (in a multi-process run window_seconds waits for all ranks).
     rank_window_seconds: float | None = None
+    # The evidence of the window: the judge's challenge, every step's loss, the parameter digest at both edges.
+    challenge: int | None = None
+    losses: list[float] = field(default_factory=list)
+    digest_start: list[list[float]] = field(default_factory=list)
+    digest_end: list[list[float]] = field(default_factory=list)
+
+
+class LocalJudge:
+    """The window's judge inside the run's own process (library use and tests): a fresh challenge per window and
+    this process's clock. `llmb run` judges from a process that has imported no plugin (llmb.cleanroom)."""
+
+    clean = False
+
+    def open(self, digest_start: list[list[float]]) -> int:
+        import secrets
+
+        return secrets.randbits(evidence.CHALLENGE_BITS)
+
+    def close(self, answer: dict) -> None: ...
 
 
 class Trainer:
@@ -92,10 +112,15 @@ class Trainer:
         recipe: Recipe,
         device: Device,
         barrier: Callable[[], None] | None = None,
+        window_batch: Callable[[int], torch.Tensor] | None = None,
+        judge=None,
     ) -> None:
         self.model, self.optimizer, self.batch, self.recipe, self.device = model, optimizer, batch, recipe, device
         # In a multi-process run, every rank waits for all the others at both window edges.
         self.barrier = barrier or (lambda: None)
+        # A measured window trains on the batch drawn from the judge's challenge, handed over as its clock starts.
+        self.window_batch = window_batch or (lambda challenge: self.batch)
+        self.judge = judge or LocalJudge()
         self.scaler = torch.amp.GradScaler(device.device.type) if recipe.grad_scaler else None
         self.harness_steps = 0
         self.optimizer_steps = 0
@@ -136,14 +161,22 @@ class Trainer:
         return loss, time.perf_counter() - start
 
     def measure(self, steps: int, on_step: Callable[[], None] | None = None) -> Measurement:
-        """Time `steps` steps in one window synchronised on the device at both ends, plus per-step times."""
+        """Time `steps` steps in one window synchronised on the device at both ends, plus per-step times.
+
+        The judge's clock brackets the window: it hands over the challenge (the seed of the window's batch) as it
+        starts, and stops on the answer, which holds every step's loss and a digest of the trained parameters
+        computed on the device, so the answer cannot exist before the device has finished the last update."""
         device = self.device
         events = [(device.new_event(), device.new_event()) for _ in range(steps)] if device.has_events else None
         losses = []
         host_steps = []
+        parameters = list(self.model.parameters())
         device.synchronize()
+        digest_start = evidence.as_list(evidence.digest(parameters))
         self.barrier()
+        challenge = self.judge.open(digest_start)
         start = time.perf_counter()
+        self.batch = self.window_batch(challenge)
         for index in range(steps):
             if events:
                 events[index][0].record()
@@ -157,16 +190,40 @@ class Trainer:
                 host_steps.append(time.perf_counter() - step_start)
             if on_step:
                 on_step()
+        digest_end = evidence.as_list(evidence.digest(parameters))  # to the host: waits for the last update
+        step_losses = [float(v) for v in torch.stack(losses).float().cpu().tolist()]
         device.synchronize()
-        own_window = time.perf_counter() - start
+        end = time.perf_counter()
+        own_window = end - start
         self.barrier()
         window = time.perf_counter() - start
+        self.judge.close(
+            {
+                "losses": step_losses,
+                "digest_start": digest_start,
+                "digest_end": digest_end,
+                "worker_start": start,
+                "worker_end": end,
+                "worker_window_seconds": own_window,
+            }
+        )
         if events:
-            step_seconds = [begin.elapsed_time(end) / 1000.0 for begin, end in events]
+            step_seconds = [first.elapsed_time(last) / 1000.0 for first, last in events]
             method = "device-events"
         else:
             step_seconds, method = host_steps, "host-synchronised"
-        return Measurement(window, step_seconds, method, float(losses[0]), float(losses[-1]), own_window)
+        return Measurement(
+            window,
+            step_seconds,
+            method,
+            step_losses[0],
+            step_losses[-1],
+            own_window,
+            challenge,
+            step_losses,
+            digest_start,
+            digest_end,
+        )
 
 
 def median_measurement(measurements: list[Measurement]) -> Measurement:

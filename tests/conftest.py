@@ -4,8 +4,10 @@ from llmb.plugins import load_plugins, pm
 
 
 @pytest.fixture
-def register_plugin():
-    """Register in-memory plugin objects for one test, unregister them afterwards (llm/datasette style)."""
+def register_plugin(monkeypatch):
+    """Register in-memory plugin objects for one test, unregister them afterwards (llm/datasette style). A plugin
+    in memory exists in this process only, so `llmb run` runs in process (its records are never valid)."""
+    monkeypatch.setenv("LLMB_IN_PROCESS", "1")
     load_plugins()
     names = []
 

@@ -1,0 +1,378 @@
+"""The clean room: `llmb run` judges from a process that has imported no plugin.
+
+The process the user starts (the judge) never loads a plugin. It listens on a local socket with a random key and
+starts the worker (a fresh interpreter: multiprocessing's spawn, or torch's launcher for a job), which imports the
+selected plugin and trains. For each measured window the worker says it is ready; the judge reads its own clock,
+draws a fresh challenge and hands it over; the worker draws the window's batch from it, trains, and answers with the
+window's losses and the device-computed digest of the trained parameters; the judge reads its clock again on the
+answer. The headline comes from those two readings, so nothing in the plugin's process (a patched clock, loop or
+timer, fake device events) can shorten the window, and no work can start before the judge's clock does. The worker's
+own figures stay in the record as information, checked against the judge's. The judge then replays the headline
+window's first steps on the CPU (llmb.evidence) before it writes the record.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from multiprocessing.connection import Client, Listener
+
+from llmb import evidence, flops
+from llmb.errors import LlmbError, UsageError
+from llmb.results import median_index
+
+# perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
+# judge's. Slack for the two clock reads' own granularity.
+NESTING_SLACK_SECONDS = 1e-4
+_ERRORS = {"UsageError": UsageError, "LlmbError": LlmbError}
+
+
+def in_process() -> bool:
+    """LLMB_IN_PROCESS=1: run and judge in this process (tests with plugins registered in memory); such a record
+    says clean_room false and is never valid."""
+    return os.environ.get("LLMB_IN_PROCESS") == "1"
+
+
+def installed_plugins() -> list[dict]:
+    """Every installed llmb plugin with its distribution and version, read from metadata (nothing is imported)."""
+    found = [{"name": "cpu", "distribution": "llmb", "version": _llmb_version(), "builtin": True}]
+    for ep in entry_points(group="llmb"):
+        dist = ep.dist
+        found.append(
+            {
+                "name": ep.name,
+                "distribution": dist.name if dist else "unknown",
+                "version": dist.version if dist else "unknown",
+                "entry_point": ep.value,
+            }
+        )
+    return found
+
+
+def _llmb_version() -> str:
+    from llmb import __version__
+
+    return __version__
+
+
+@dataclass
+class JudgedWindow:
+    challenge: int
+    opened: float
+    closed: float | None = None
+    answer: dict = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return (self.closed or math.nan) - self.opened
+
+
+class Judge:
+    """The clean side of the link: serves one worker connection in a thread of the clean process."""
+
+    clean = True
+
+    def __init__(self, progress=None, notes=None) -> None:
+        self.key = secrets.token_bytes(32)
+        self.listener = Listener(("127.0.0.1", 0), authkey=self.key)
+        self.progress = progress
+        self.notes = notes or (lambda text: None)
+        self.windows: list[JudgedWindow] = []
+        self.results: list[tuple[dict | None, list[JudgedWindow]]] = []
+        self.error: tuple[str, str] | None = None
+        self.connected = threading.Event()
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="llmb-judge", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.listener.address
+
+    def start(self) -> Judge:
+        self.thread.start()
+        return self
+
+    def _serve(self) -> None:
+        try:
+            connection = self.listener.accept()
+        except OSError:
+            return
+        self.connected.set()
+        with connection:
+            while True:
+                try:
+                    message = connection.recv()
+                except (EOFError, OSError):
+                    break
+                kind = message[0]
+                if kind == "open":
+                    opened = time.perf_counter()  # the clock starts before the challenge exists anywhere
+                    challenge = secrets.randbits(evidence.CHALLENGE_BITS)
+                    self.windows.append(JudgedWindow(challenge, opened))
+                    connection.send(("challenge", challenge))
+                elif kind == "close":
+                    closed = time.perf_counter()
+                    if self.windows and self.windows[-1].closed is None:
+                        self.windows[-1].closed = closed
+                        self.windows[-1].answer = message[1] if isinstance(message[1], dict) else {}
+                elif kind == "phase" and self.progress is not None:
+                    self.progress.phase(str(message[1]), int(message[2]))
+                elif kind == "advance" and self.progress is not None:
+                    self.progress.advance()
+                elif kind == "note":
+                    self.notes(str(message[1]))
+                elif kind == "result":
+                    self.results.append((message[1], self.windows))
+                    self.windows = []
+                elif kind == "error":
+                    self.error = (str(message[1]), str(message[2]))
+                elif kind == "done":
+                    break
+        self.finished.set()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            kind, text = self.error
+            raise _ERRORS.get(kind, LlmbError)(text)
+
+
+class Link:
+    """The worker's side: the judge's window edges, and the run's progress, notes, records and errors."""
+
+    clean = True
+
+    def __init__(self, address, key: bytes) -> None:
+        self.connection = Client(tuple(address), authkey=key)
+
+    def open(self, digest_start: list[list[float]]) -> int:
+        self.connection.send(("open", None))
+        kind, challenge = self.connection.recv()
+        if kind != "challenge":
+            raise LlmbError("the judge answered out of turn")
+        return int(challenge)
+
+    def close(self, answer: dict) -> None:
+        self.connection.send(("close", answer))
+
+    def send(self, *message) -> None:
+        self.connection.send(message)
+
+
+class LinkProgress:
+    """runner.Progress over the link, so the clean process draws the worker's progress."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def phase(self, name: str, total: int) -> None:
+        self.link.send("phase", name, total)
+
+    def advance(self) -> None:
+        self.link.send("advance")
+
+    def note(self, text: str) -> None:
+        self.link.send("note", text)
+
+
+def worker_main(runs: list, address, key: bytes, every_rank: bool = True) -> list | None:
+    """The worker: the only process that imports the plugin. Runs each RunOptions with the judge's link and sends
+    the records (and any error, as one line) back."""
+    from llmb import distributed, runner
+
+    world = distributed.current_world()
+    talks = every_rank or world is None or world.rank == 0
+    link = Link(address, key) if talks else None
+    try:
+        for options in expand_all(runs, link):
+            progress = LinkProgress(link) if link is not None and (world is None or world.rank == 0) else None
+            record = runner.run(options, progress, judge=link if link is not None else None)
+            if link is not None:
+                link.send("result", record)
+    except BaseException as exc:
+        if link is not None:
+            link.send("error", *error_line(exc))
+        if world is not None:
+            raise  # the launcher reports which rank failed
+        return None
+    finally:
+        if link is not None:
+            link.send("done")
+        if not every_rank:
+            distributed.shutdown()
+    return None
+
+
+def error_line(exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, UsageError):
+        return "UsageError", str(exc)
+    if isinstance(exc, LlmbError):
+        return "LlmbError", str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return "LlmbError", "interrupted"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return "LlmbError", f"{type(exc).__name__}: {first}"
+
+
+def expand_all(runs: list, link: Link | None) -> list:
+    """`--precision all` becomes one run per precision the plugin supports (asked here, in the worker)."""
+    from dataclasses import replace
+
+    from llmb import precision
+    from llmb.plugins import select_plugin
+
+    expanded = []
+    for options in runs:
+        if options.precision != "ALL":
+            expanded.append(options)
+            continue
+        supported = select_plugin(options.plugin).precisions()
+        for name in precision.PRECISIONS:
+            if name in supported:
+                expanded.append(replace(options, precision=name))
+            elif link is not None:
+                link.send("note", f"{name}: unsupported by this plugin")
+    return expanded
+
+
+def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS):
+    """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
+    ranks of a torchrun job)."""
+    from llmb import distributed
+
+    judge = Judge(progress, notes).start()
+    world = distributed.current_world()
+    try:
+        if launch is not None:
+            distributed.launch(launch, worker_main, runs, judge.address, judge.key, False)
+        else:
+            context = multiprocessing.get_context("spawn")
+            worker = context.Process(target=worker_main, args=(runs, judge.address, judge.key), name="llmb-worker")
+            worker.start()
+            worker.join()
+            if not judge.connected.is_set() and worker.exitcode:
+                raise LlmbError(f"the worker process exited with code {worker.exitcode} before it started")
+        judge.finished.wait(timeout=30)
+        judge.raise_error()
+    finally:
+        judge.close()
+    if world is not None and world.rank != 0:
+        return []
+    return [finish(record, windows, replay_steps) for record, windows in judge.results if record is not None]
+
+
+def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict:
+    """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
+    the worker's figures against its own, and the replay."""
+    invalid = list(record.get("invalid_reasons", []))
+    repeats = int(record["repeats"])
+    closed = [w for w in windows if w.closed is not None]
+    if len(closed) != repeats or len(windows) != repeats:
+        invalid.append(
+            f"judge: {len(closed)} of {repeats} measured windows were opened and closed through the clean clock"
+        )
+    for index, window in enumerate(closed):
+        invalid += nesting_problems(index, window)
+    evidence_windows = [
+        evidence.Window(
+            challenge=w.challenge,
+            clean_seconds=w.seconds,
+            losses=list(w.answer.get("losses") or []),
+            digest_start=list(w.answer.get("digest_start") or []),
+            digest_end=list(w.answer.get("digest_end") or []),
+            worker_seconds=_number(w.answer.get("worker_window_seconds")),
+        ).to_dict()
+        | {"digest_scope": str(w.answer.get("digest_scope", "model"))}
+        for w in closed
+    ]
+    steps = int(record["steps"])
+    for index, window in enumerate(evidence_windows):
+        if len(window["losses"]) != steps:
+            invalid.append(f"judge: window {index + 1} answered {len(window['losses'])} losses for {steps} steps")
+    record = dict(record)
+    if closed:
+        seconds = [w.seconds for w in closed]
+        headline = median_index(seconds)
+        timing = dict(record["timing"])
+        timing["worker_window_seconds"] = timing.get("window_seconds")
+        timing["worker_repeat_window_seconds"] = timing.get("repeat_window_seconds")
+        timing.update(
+            window_seconds=seconds[headline],
+            repeat_window_seconds=seconds,
+            clock="judge",
+        )
+        record["timing"] = timing
+        record.update(headline_figures(record, seconds[headline]))
+        chosen = evidence_windows[headline]["losses"]
+        if chosen:
+            record["loss"] = {**record["loss"], "first": chosen[0], "last": chosen[-1]}
+    else:
+        headline = 0
+    record["evidence"] = {
+        "schema": evidence.SCHEMA,
+        "digest": "per parameter, in the model's order: [sum, sum of squares] of its elements in float64",
+        "windows": evidence_windows,
+        "headline_window": headline,
+    }
+    record["judge"] = {
+        "clean_room": True,
+        "clock": "time.perf_counter of a process that imported no plugin",
+        "pid": os.getpid(),
+        "installed_plugins": installed_plugins(),
+    }
+    if evidence_windows and replay_steps > 0 and len(closed) == repeats:
+        replayed = evidence.replay_record(record, replay_steps)
+        record["evidence"]["replay"] = replayed
+        invalid += [f"replay: {detail}" for detail in evidence.failed(replayed)]
+    elif replay_steps <= 0:
+        record["evidence"]["replay"] = None
+        invalid.append("replay: not run (--replay-steps 0): the run's function is unchecked")
+    record["invalid_reasons"] = invalid
+    record["valid"] = bool(record.get("official")) and not invalid
+    return record
+
+
+def nesting_problems(index: int, window: JudgedWindow) -> list[str]:
+    """The worker's window, read on the same host clock, must lie inside the judge's."""
+    start, end = _number(window.answer.get("worker_start")), _number(window.answer.get("worker_end"))
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return [f"judge: window {index + 1}'s answer carries no worker clock readings"]
+    slack = NESTING_SLACK_SECONDS
+    if start < window.opened - slack or end > window.closed + slack or end < start:
+        return [
+            f"clock: the plugin's process timed window {index + 1} from {start:.6f} to {end:.6f}, outside the clean "
+            f"clock's {window.opened:.6f} to {window.closed:.6f} (its clock is not the host's)"
+        ]
+    return []
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def headline_figures(record: dict, window_seconds: float) -> dict:
+    """Every figure derived from the window, from the record's own shape, batch and job."""
+    from llmb.model import ModelConfig
+
+    config = ModelConfig(**record["config"])
+    world_size = int(record.get("world_size", 1))
+    global_batch = int(record["batch_size"]) * world_size
+    steps = int(record["steps"])
+    tokens_per_second = global_batch * config.sequence_length * steps / window_seconds
+    tflops = flops.achieved_tflops(tokens_per_second / world_size, record["model_flops_per_token"])
+    return {
+        "tokens_per_second": tokens_per_second,
+        "tokens_per_second_per_device": tokens_per_second / world_size,
+        "samples_per_second": global_batch * steps / window_seconds,
+        "tflops": tflops,
+        "mfu": flops.mfu(tflops, record.get("peak_flops")),
+        "fom": flops.fom(config, global_batch, window_seconds / steps),
+    }

@@ -1,0 +1,307 @@
+"""Evidence from the measured run itself, and its clean-room replay.
+
+Each measured window trains on a batch drawn from a challenge that the judging process hands over when its clock
+starts, from the run's initial weights and a fresh AdamW state (the warmup's updates are undone before the window,
+outside it), so the window's work is known only once the clock runs and every window is replayable from the seed
+and its challenge alone. At the close the worker answers with the window's per-step losses and a digest of the
+trained parameters computed on the device (per parameter, the float64 sum and sum of squares of its elements), so
+the answer depends on every optimizer update and cannot exist before the device has finished.
+
+The replay trains the same model from the same seed on the same batch in FP32 on the CPU with torch's AdamW (no
+plugin, no device) and compares the first N losses of a window with the conformance tolerances of the effective
+precision (llmb/conformance.py: the first loss is a forward at the initial weights, the later ones follow the
+updates); when N covers the whole window it also compares the digest's update. N = 2 is one forward, backward and
+AdamW step plus one forward: at the official shape about 23 GB of host memory (FP32 weights, gradients, two AdamW
+moments) and 8 x 1.43e9 x tokens FLOPs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from llmb.model import LlamaModel, ModelConfig
+
+SCHEMA = "llmb.evidence/1"
+DEFAULT_REPLAY_STEPS = 2
+# The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
+CHALLENGE_BITS = 62
+
+
+def window_seed(challenge: int, rank: int) -> int:
+    """The seed of rank `rank`'s batch in the window opened with `challenge` (hashed: ranks never share one)."""
+    digest = hashlib.sha256(f"llmb-window:{int(challenge)}:{int(rank)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
+def window_batch(config: ModelConfig, batch_size: int, challenge: int, rank: int, device: torch.device) -> torch.Tensor:
+    from llmb.train import synthetic_batch
+
+    return synthetic_batch(config, batch_size, window_seed(challenge, rank), device)
+
+
+def global_batch(config: ModelConfig, batch_size: int, challenge: int, world_size: int) -> torch.Tensor:
+    """Every rank's window batch, concatenated: one process on it sees what data parallelism averages over."""
+    cpu = torch.device("cpu")
+    return torch.cat([window_batch(config, batch_size, challenge, r, cpu) for r in range(world_size)])
+
+
+def _local(parameter: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter's own shard; a plain tensor itself."""
+    return parameter.to_local() if hasattr(parameter, "to_local") else parameter
+
+
+@torch.no_grad()
+def digest(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Per parameter, the float64 sum and sum of squares of its elements, as one [n, 2] tensor on the device.
+
+    float64 accumulation so the digest of an update (about 1e-5 per element) is not lost in rounding; both columns
+    add over shards, so a sharded model's digest is the sum of its ranks'."""
+    rows = []
+    for p in parameters:
+        local = _local(p.detach())
+        # One float32 temporary of the parameter's size at most (never a float64 copy of the whole model).
+        rows.append(torch.stack([local.sum(dtype=torch.float64), local.float().square().sum(dtype=torch.float64)]))
+    return torch.stack(rows)
+
+
+def as_list(value: torch.Tensor) -> list[list[float]]:
+    return [[float(x) for x in row] for row in value.detach().cpu().tolist()]
+
+
+class InitialState:
+    """The post-processed model's initial weights, kept on the host, and the means to return to them."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.parameters = [p for p in model.parameters()]
+        self.saved = [_local(p.detach()).to("cpu", copy=True) for p in self.parameters]
+
+    @torch.no_grad()
+    def restore(self, optimizer: torch.optim.Optimizer) -> None:
+        """Weights back to the initial ones and AdamW's state zeroed in place (compiled graphs and captured
+        addresses stay valid): the state a freshly built AdamW has, so the replay needs no warmup."""
+        for p, saved in zip(self.parameters, self.saved, strict=True):
+            _local(p.detach()).copy_(saved)
+            p.grad = None
+        for state in optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value):
+                    value.zero_()
+
+
+@dataclass
+class Window:
+    """What the judge and the worker know of one measured window."""
+
+    challenge: int
+    clean_seconds: float
+    losses: list[float]
+    digest_start: list[list[float]]
+    digest_end: list[list[float]]
+    worker_seconds: float
+
+    def to_dict(self) -> dict:
+        return {
+            "challenge": self.challenge,
+            "clean_window_seconds": self.clean_seconds,
+            "worker_window_seconds": self.worker_seconds,
+            "losses": self.losses,
+            "digest_start": self.digest_start,
+            "digest_end": self.digest_end,
+        }
+
+
+@dataclass
+class ReplayCheck:
+    name: str
+    passed: bool
+    detail: str
+    measured: float | None = None
+    tolerance: float | None = None
+
+    def to_dict(self) -> dict:
+        measured = self.measured
+        if isinstance(measured, float) and not math.isfinite(measured):
+            measured = str(measured)
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "detail": self.detail,
+            "measured": measured,
+            "tolerance": self.tolerance,
+        }
+
+
+@dataclass
+class Replayed:
+    losses: list[float]
+    digest_start: list[list[float]]
+    digest_end: list[list[float]] | None
+    seconds: float
+    peak_rss_bytes: int | None
+
+
+def _peak_rss() -> int | None:
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except (ImportError, OSError):
+        return None
+
+
+def replay(
+    config: ModelConfig, seed: int, batch_size: int, world_size: int, challenge: int, losses: int, window_steps: int
+) -> Replayed:
+    """Replay the first `losses` steps of a window in FP32 on the CPU; the whole window (and its digest) when
+    `losses` reaches `window_steps`. No plugin is involved: torch's own kernels and torch.optim.AdamW."""
+    from llmb.train import build_optimizer
+
+    start = time.perf_counter()
+    whole = losses >= window_steps
+    losses = min(losses, window_steps)
+    torch.manual_seed(seed)
+    model = LlamaModel(config)  # the run's own initial weights, built on the CPU from the seed as the run does
+    model.train()
+    batch = global_batch(config, batch_size, challenge, world_size)
+    initial = digest(model.parameters())
+    optimizer = build_optimizer(model, {"foreach": False})  # per-tensor updates keep the replay's peak memory low
+    recorded = []
+    updates = losses if whole else losses - 1  # the last loss needs only a forward when the window goes on
+    for _ in range(updates):
+        optimizer.zero_grad(set_to_none=True)
+        loss, _ = model(batch, labels=batch)
+        loss.backward()
+        optimizer.step()
+        recorded.append(float(loss.detach()))
+    if not whole:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            loss, _ = model(batch, labels=batch)
+        recorded.append(float(loss))
+    end = as_list(digest(model.parameters())) if whole else None
+    return Replayed(recorded, as_list(initial), end, time.perf_counter() - start, _peak_rss())
+
+
+def _relative(candidate: list[float], reference: list[float]) -> float:
+    c, r = torch.tensor(candidate, dtype=torch.float64), torch.tensor(reference, dtype=torch.float64)
+    if c.shape != r.shape or not bool(torch.isfinite(c).all()):
+        return math.inf
+    scale = r.norm().item()
+    difference = (c - r).norm().item()
+    if scale == 0:
+        return 0.0 if difference == 0 else math.inf
+    return difference / scale
+
+
+def compare(window: dict, replayed: Replayed, effective: str, mode: str, fp32_master: bool) -> list[ReplayCheck]:
+    """The window's recorded losses (and digest, for a whole window) against the replay, with the conformance
+    tolerances of what really ran."""
+    from llmb.conformance import tolerance_for
+
+    tol = tolerance_for(effective, mode)
+    checks = []
+    recorded = window.get("losses") or []
+    if len(recorded) < len(replayed.losses):
+        return [ReplayCheck("replay-losses", False, f"the window records {len(recorded)} losses, replayed "
+                            f"{len(replayed.losses)}")]
+    for index, reference in enumerate(replayed.losses):
+        value = recorded[index]
+        tolerance = tol.loss if index == 0 else tol.loss_curve
+        error = abs(value - reference) / abs(reference) if _finite(value) else math.inf
+        checks.append(
+            ReplayCheck(
+                f"replay-loss-{index + 1}",
+                error <= tolerance,
+                f"step {index + 1}: recorded loss {value!r}, replayed {reference:.6f}: relative error {error:.3g} "
+                f"(tolerance {tolerance:g}, {effective} {mode})",
+                error,
+                tolerance,
+            )
+        )
+    if replayed.digest_end is not None and window.get("digest_scope", "model") == "model":
+        end = window.get("digest_end") or []
+        if fp32_master:
+            # The weights dwarf their updates (about steps x 1e-5 per element): compare what the window changed.
+            start = window.get("digest_start") or []
+            candidate = _difference(end, start)
+            reference = _difference(replayed.digest_end, replayed.digest_start)
+            what = "update of the parameter digest"
+        else:
+            candidate, reference, what = _flat(end), _flat(replayed.digest_end), "parameter digest"
+        error = _relative(candidate, reference) if candidate is not None and reference is not None else math.inf
+        checks.append(
+            ReplayCheck(
+                "replay-digest",
+                error <= tol.trained,
+                f"{what} after {len(replayed.losses)} steps: relative error {error:.3g} (tolerance {tol.trained:g})",
+                error,
+                tol.trained,
+            )
+        )
+    return checks
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _flat(rows) -> list[float] | None:
+    try:
+        values = [float(x) for row in rows for x in row]
+    except (TypeError, ValueError):
+        return None
+    return values if values else None
+
+
+def _difference(end, start) -> list[float] | None:
+    a, b = _flat(end), _flat(start)
+    if a is None or b is None or len(a) != len(b):
+        return None
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def replay_record(record: dict, steps: int, window: int | None = None) -> dict:
+    """Replay one window of a result record (default: the headline's) and return the replay's record."""
+    evidence = record.get("evidence") or {}
+    windows = evidence.get("windows") or []
+    index = evidence.get("headline_window", 0) if window is None else window
+    if not windows or not 0 <= index < len(windows):
+        return {"passed": False, "checks": [{"name": "replay", "passed": False, "detail": "no evidence to replay",
+                                             "measured": None, "tolerance": None}]}
+    config = ModelConfig(**record["config"])
+    chosen = windows[index]
+    # The data-parallel ranks each drew `rows` sequences (tensor and pipeline peers share theirs).
+    data_ranks = int((record.get("layout") or {}).get("dp", record.get("world_size", 1)))
+    rows = int(record.get("global_batch_size", record["batch_size"] * data_ranks)) // data_ranks
+    replayed = replay(
+        config,
+        seed=int(record["seed"]),
+        batch_size=rows,
+        world_size=data_ranks,
+        challenge=int(chosen["challenge"]),
+        losses=steps,
+        window_steps=int(record["steps"]),
+    )
+    precision = record["precision"]
+    fp32_master = precision["mode"] == "amp" or precision["requested"] in ("FP32", "TF32")
+    checks = compare(chosen, replayed, precision["effective"], precision["mode"], fp32_master)
+    return {
+        "window": index,
+        "steps": len(replayed.losses),
+        "whole_window": replayed.digest_end is not None,
+        "passed": all(c.passed for c in checks),
+        "seconds": replayed.seconds,
+        "peak_rss_bytes": replayed.peak_rss_bytes,
+        "device": "cpu",
+        "checks": [c.to_dict() for c in checks],
+    }
+
+
+def failed(replay_result: dict) -> list[str]:
+    return [c["detail"] for c in replay_result.get("checks", []) if not c.get("passed")]
