@@ -280,7 +280,9 @@ def _run_clean(
     base: runner.RunOptions, requested: str, launch, replay_steps: int, out: Path, unsaved: list[Path]
 ) -> list[dict]:
     """Judged from this process, which imports no plugin: the worker it starts runs the plugin (llmb.cleanroom)."""
-    runner.check_request(runner.RunOptions(**{**base.__dict__, "precision": requested}), allow_all=True)
+    # Under --nproc-per-node the parallel strategy is the job's; this process is not in it.
+    parallel = None if launch is not None else base.parallel
+    runner.check_request(runner.RunOptions(**{**base.__dict__, "precision": requested, "parallel": parallel}), True)
     if replay_steps < 0:
         raise click.UsageError(f"--replay-steps must be 0 or more, got {replay_steps}")
     runs = [runner.RunOptions(**{**base.__dict__, "precision": requested})]

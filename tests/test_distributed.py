@@ -49,6 +49,9 @@ def test_two_process_run_writes_one_correct_result(parallel, launcher, tmp_path)
     assert (record["world_size"], record["nodes"], record["parallel"]) == (2, 1, parallel)
     assert record["batch_size"] == 1 and record["global_batch_size"] == 2
     assert record["invalid_reasons"] == []
+    # Judged from the clean process: its clock is the headline, and the job's mean losses replay on one CPU process.
+    assert record["judge"]["clean_room"] is True and record["timing"]["clock"] == "judge"
+    assert record["evidence"]["replay"]["passed"] is True
     assert record["precision"]["audit"]["rank_effective"] == ["FP32", "FP32"]
     window = record["timing"]["window_seconds"]
     tokens = record["global_batch_size"] * record["sequence_length"] * record["steps"]
