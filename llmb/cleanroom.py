@@ -25,7 +25,7 @@ from multiprocessing.connection import Client, Listener
 
 from llmb import evidence, flops
 from llmb.errors import LlmbError, UsageError
-from llmb.results import median_index
+from llmb.records import median_index
 
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
 # judge's. Slack for the two clock reads' own granularity.
@@ -300,7 +300,7 @@ def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict
     record = dict(record)
     if closed:
         seconds = [w.seconds for w in closed]
-        headline = median_index(seconds)
+        headline = median_index([1 / s for s in seconds])  # by throughput: the headline rule
         timing = dict(record["timing"])
         timing["worker_window_seconds"] = timing.get("window_seconds")
         timing["worker_repeat_window_seconds"] = timing.get("repeat_window_seconds")

@@ -533,14 +533,26 @@ def package_submission(
 @cli.command(name="verify")
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("--accept-debug", is_flag=True, help="Accept a debug bundle (non-official shapes), checking the rest.")
+@click.option(
+    "--replay",
+    is_flag=True,
+    help="Also replay each result's headline window here on the CPU in FP32 (from its seed and challenge).",
+)
+@click.option(
+    "--replay-steps",
+    type=click.IntRange(min=1),
+    default=evidence.DEFAULT_REPLAY_STEPS,
+    show_default=True,
+    help="Steps of each headline window that --replay replays (the whole window, digest included, when it covers it).",
+)
 @handle_errors
-def verify_command(path: Path, accept_debug: bool) -> None:
+def verify_command(path: Path, accept_debug: bool, replay: bool, replay_steps: int) -> None:
     """Check a submission bundle (a folder or a .tar.gz) without running any of its code; exit 1 if any check fails."""
     from rich.text import Text
 
     from llmb import verify
 
-    rows = verify.verify(path, accept_debug=accept_debug)
+    rows = verify.verify(path, accept_debug=accept_debug, replay_steps=replay_steps if replay else 0)
     table = Table(title=f"llmb verify {path}")
     for column in ("check", "result", "detail"):
         table.add_column(column, overflow="fold")
@@ -553,6 +565,37 @@ def verify_command(path: Path, accept_debug: bool) -> None:
         console.print(f"[bold red]{failed} of {len(rows)} checks failed[/]")
         sys.exit(1)
     console.print(f"[green]all {len(rows)} checks passed[/]")
+
+
+@cli.command(name="reproduce")
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--tolerance",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="How far a headline may exceed the reproduced median (0.05: 5%) before it is refuted.",
+)
+@click.option(
+    "--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Reproduction runs per headline."
+)
+@handle_errors
+def reproduce_command(path: Path, tolerance: float, runs: int) -> None:
+    """Re-run each headline of a bundle here (its shipped plugin source and settings) and compare; exit 1 if any
+    headline exceeds its reproduction by more than the tolerance."""
+    from rich.text import Text
+
+    from llmb import reproduce
+
+    rows = reproduce.reproduce(path, tolerance=tolerance, runs=runs)
+    table = Table(title=f"llmb reproduce {path}")
+    for column in ("headline", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row.label, "[green]reproduced[/]" if row.passed else "[bold red]REFUTED[/]", Text(row.detail))
+    console.print(table)
+    if not all(row.passed for row in rows):
+        sys.exit(1)
 
 
 @cli.command(name="new-plugin")

@@ -208,8 +208,11 @@ def compare(window: dict, replayed: Replayed, effective: str, mode: str, fp32_ma
     checks = []
     recorded = window.get("losses") or []
     if len(recorded) < len(replayed.losses):
-        return [ReplayCheck("replay-losses", False, f"the window records {len(recorded)} losses, replayed "
-                            f"{len(replayed.losses)}")]
+        return [
+            ReplayCheck(
+                "replay-losses", False, f"the window records {len(recorded)} losses, replayed {len(replayed.losses)}"
+            )
+        ]
     for index, reference in enumerate(replayed.losses):
         value = recorded[index]
         tolerance = tol.loss if index == 0 else tol.loss_curve
@@ -272,8 +275,18 @@ def replay_record(record: dict, steps: int, window: int | None = None) -> dict:
     windows = evidence.get("windows") or []
     index = evidence.get("headline_window", 0) if window is None else window
     if not windows or not 0 <= index < len(windows):
-        return {"passed": False, "checks": [{"name": "replay", "passed": False, "detail": "no evidence to replay",
-                                             "measured": None, "tolerance": None}]}
+        return {
+            "passed": False,
+            "checks": [
+                {
+                    "name": "replay",
+                    "passed": False,
+                    "detail": "no evidence to replay",
+                    "measured": None,
+                    "tolerance": None,
+                }
+            ],
+        }
     config = ModelConfig(**record["config"])
     chosen = windows[index]
     # The data-parallel ranks each drew `rows` sequences (tensor and pipeline peers share theirs).

@@ -442,7 +442,7 @@ def _run(
             ).to_dict()
             for m in measurements
         ],
-        "headline_window": median_index([m.window_seconds for m in measurements]),
+        "headline_window": records.median_index([1 / m.window_seconds for m in measurements]),
     }
     if not getattr(trainer.judge, "clean", False):
         # Judged by the plugin's own process: the figures stand on that process's word alone.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from llmb import bundle_io, codediff, flops, manifest
+from llmb import bundle_evidence, bundle_io, codediff, flops, manifest
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
 from llmb.config import official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
@@ -67,6 +67,7 @@ class Bundle:
     results: dict[str, Result] = field(default_factory=dict)  # path -> record, the ones that read as a Result
     submission: dict | None = None
     limits: Limits = field(default_factory=Limits)
+    replay_steps: int = 0  # --replay: steps of each headline window replayed here (0: none)
 
     def add(self, check: str, problems: list[str], passed_detail: str) -> None:
         shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
@@ -92,22 +93,24 @@ class Bundle:
         return data
 
 
-def verify(path: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS) -> list[Row]:
+def verify(path: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS, replay_steps: int = 0) -> list[Row]:
     """Every check on a bundle folder or a .tar.gz of one; all rows must pass. The bundle is opened under
     llmb.bundle_io's limits (an archive unpacked in a limited child process into a temporary folder)."""
     path = Path(path)
     kind = "bundle" if path.is_dir() else "archive"
     try:
         with bundle_io.open_bundle(path, limits) as root:
-            rows = verify_folder(root, accept_debug, limits)
+            rows = verify_folder(root, accept_debug, limits, replay_steps)
     except Refused as exc:
         return [Row(kind, False, f"refused: {exc}")]
     return [Row(kind, True, "every member a plain file or folder within the limits, nothing importable"), *rows]
 
 
-def verify_folder(root: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS) -> list[Row]:
-    bundle = Bundle(Path(root), accept_debug, limits=limits)
-    for check in CHECKS:
+def verify_folder(
+    root: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS, replay_steps: int = 0
+) -> list[Row]:
+    bundle = Bundle(Path(root), accept_debug, limits=limits, replay_steps=replay_steps)
+    for check in CHECKS + ([check_replay] if replay_steps > 0 else []):
         try:
             check(bundle)
         except Exception as exc:  # malformed content in a place a check did not foresee: a failing row, no crash
@@ -544,7 +547,30 @@ def check_conformance(b: Bundle) -> None:
             problems.append(f"{name} {requested} {mode}: checked on {c.device.type}, ran on {device_types}")
         if {c.precision.effective} != effective:
             problems.append(f"{name} {requested} {mode}: checked as {c.precision.effective}, ran as {effective}")
+        problems += [f"{name} {requested} {mode}: {p}" for p in bundle_evidence.conformance_arithmetic(c.to_dict())]
     b.add("conformance", problems, f"{len(keys)} plugin/precision/mode combinations passed")
+
+
+def evidence_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    return bundle_evidence.evidence_problems(r.to_dict())
+
+
+def check_evidence(b: Bundle) -> None:
+    _per_result(b, "run evidence", evidence_problems, "{n} results judged in a clean room, evidence consistent")
+
+
+def check_clones(b: Bundle) -> None:
+    found = bundle_evidence.clone_problems({path: r.to_dict() for path, r in b.results.items()})
+    b.add("distinct runs", found, "every window its own challenge and losses")
+
+
+def check_replay(b: Bundle) -> None:
+    """--replay: each result's headline window replayed here, on the CPU in FP32, from the seed and its challenge."""
+
+    def problems(b: Bundle, path: str, r: Result) -> list[str]:
+        return bundle_evidence.replay_problems(r.to_dict(), b.replay_steps)
+
+    _per_result(b, "replay", problems, f"{{n}} headline windows replayed here ({b.replay_steps} steps each) agree")
 
 
 def check_summary(b: Bundle) -> None:
@@ -587,5 +613,7 @@ CHECKS = [
     check_code,
     check_plugin_source,
     check_conformance,
+    check_evidence,
+    check_clones,
     check_summary,
 ]
