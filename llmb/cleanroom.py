@@ -281,6 +281,7 @@ def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict
         )
     for index, window in enumerate(closed):
         invalid += nesting_problems(index, window)
+    invalid += record_problems(record, closed)
     evidence_windows = [
         evidence.Window(
             challenge=w.challenge,
@@ -352,6 +353,34 @@ def nesting_problems(index: int, window: JudgedWindow) -> list[str]:
             f"clock's {window.opened:.6f} to {window.closed:.6f} (its clock is not the host's)"
         ]
     return []
+
+
+def record_problems(record: dict, closed: list[JudgedWindow]) -> list[str]:
+    """The worker's own figures against what it answered at each close and the judge's clock: its record's
+    windows must be the ones it timed, and its step times must fill the judged window."""
+    timing = record.get("timing") or {}
+    claimed = timing.get("repeat_window_seconds") or []
+    problems = []
+    for index, window in enumerate(closed[: len(claimed)]):
+        own, said = _number(window.answer.get("worker_window_seconds")), _number(claimed[index])
+        if not (math.isfinite(said) and own * (1 - 1e-9) <= said <= window.seconds + NESTING_SLACK_SECONDS):
+            problems.append(
+                f"timing: the plugin's process recorded window {index + 1} as {said:.6f} s; it timed {own:.6f} s "
+                f"and the clean clock {window.seconds:.6f} s"
+            )
+    if closed:
+        headline = median_index([w.seconds for w in closed])
+        steps = [_number(s) for s in timing.get("step_seconds") or []]
+        window = closed[headline].seconds
+        # The headline repeat's step times, from the plugin's process (device events or host clock): information,
+        # but a set that leaves most of the judged window unexplained says the plugin's timer is not the device's.
+        worker_headline = median_index([_number(w) for w in claimed]) if len(claimed) == len(closed) else headline
+        if worker_headline == headline and steps and sum(steps) < evidence.MIN_STEP_SHARE_OF_WINDOW * window:
+            problems.append(
+                f"timing: the plugin's step times add up to {sum(steps):.6f} s, under "
+                f"{evidence.MIN_STEP_SHARE_OF_WINDOW:.0%} of the {window:.6f} s the clean clock measured"
+            )
+    return problems
 
 
 def _number(value) -> float:

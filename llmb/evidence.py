@@ -31,6 +31,8 @@ SCHEMA = "llmb.evidence/1"
 DEFAULT_REPLAY_STEPS = 2
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
 CHALLENGE_BITS = 62
+# Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead.
+MIN_STEP_SHARE_OF_WINDOW = 0.5
 
 
 def window_seed(challenge: int, rank: int) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from llmb import bundle_evidence, bundle_io, codediff, flops, manifest
+from llmb import bundle_evidence, bundle_io, codediff, evidence, flops, manifest
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
 from llmb.config import official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
@@ -47,8 +47,7 @@ from llmb.submission import (
 
 # Recorded figures are full-precision JSON floats, so a recomputation agrees to far better than this.
 REL_TOLERANCE = 1e-6
-# Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead.
-MIN_STEP_SHARE_OF_WINDOW = 0.5
+MIN_STEP_SHARE_OF_WINDOW = evidence.MIN_STEP_SHARE_OF_WINDOW
 DTYPE_NAMES = {str(dtype).replace("torch.", ""): label for dtype, label in DTYPE_FORMAT.items()}
 
 

@@ -1,0 +1,195 @@
+"""Red team, clock and evidence: adversarial plugins (installed distributions with an entry point) against
+`llmb run`'s clean room. Each attack must be caught, and the test names the stage (run) and the reason."""
+
+import os
+
+import pytest
+from cleanroom_kit import install, reasons, run
+
+SLOW_CLOCK = """
+import time as _time
+
+import llmb.train as _train
+
+
+class _SlowClock:
+    def __getattr__(self, name):
+        return getattr(_time, name)
+
+    @staticmethod
+    def perf_counter():
+        return _time.perf_counter() / 1.5
+
+
+_train.time = _SlowClock()
+"""
+
+
+def judged_longer_than_claimed(record: dict, factor: float) -> bool:
+    timing = record["timing"]
+    return timing["clock"] == "judge" and timing["window_seconds"] > factor * timing["worker_window_seconds"]
+
+
+def test_a_patched_clock_cannot_shorten_the_window(tmp_path):
+    proc, record = run(install(tmp_path / "site", "clock", SLOW_CLOCK), tmp_path, "--plugin", "clock")
+    assert record is not None, proc.stderr[-2000:]
+    # The headline is the clean clock's; the plugin's clock disagrees with the host's, and the run says so.
+    assert judged_longer_than_claimed(record, 1.3)
+    assert reasons(record, "clock: the plugin's process timed window 1"), record["invalid_reasons"]
+
+
+def test_a_patched_measure_that_scales_its_times_is_caught(tmp_path):
+    code = """
+    import dataclasses
+
+    import llmb.train as _train
+
+    _measure = _train.Trainer.measure
+
+
+    def _scaled(self, steps, on_step=None):
+        m = _measure(self, steps, on_step)
+        return dataclasses.replace(
+            m, window_seconds=m.window_seconds / 1.5, step_seconds=[s / 1.5 for s in m.step_seconds]
+        )
+
+
+    _train.Trainer.measure = _scaled
+    """
+    proc, record = run(install(tmp_path / "site", "measure", code), tmp_path, "--plugin", "measure")
+    assert record is not None, proc.stderr[-2000:]
+    assert judged_longer_than_claimed(record, 1.3)
+    assert reasons(record, "timing: the plugin's process recorded window 1"), record["invalid_reasons"]
+
+
+def test_fake_device_events_cannot_shorten_the_window(tmp_path):
+    code = """
+    from llmb import hookimpl
+
+
+    class _Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.001  # a microsecond a step
+
+
+    @hookimpl
+    def device_event(device):
+        return _Event()
+    """
+    proc, record = run(install(tmp_path / "site", "events", code), tmp_path, "--plugin", "events")
+    assert record is not None, proc.stderr[-2000:]
+    assert record["timing"]["method"] == "device-events" and record["timing"]["clock"] == "judge"
+    assert reasons(record, "timing: the plugin's step times add up to"), record["invalid_reasons"]
+
+
+def test_an_installed_plugin_that_is_never_selected_never_reaches_the_judge(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = f"""
+    import os
+    import pathlib
+
+    pathlib.Path({str(marks)!r}, str(os.getpid())).write_text("imported")
+    {SLOW_CLOCK}
+    """
+    site = install(tmp_path / "site", "bystander", code)
+    proc, record = run(site, tmp_path, "--plugin", "cpu")
+    assert record is not None, proc.stderr[-2000:]
+    imported_in = {int(p.name) for p in marks.iterdir()}
+    assert record["judge"]["pid"] not in imported_in, "the judging process imported a plugin"
+    assert "bystander" in [p["name"] for p in record["judge"]["installed_plugins"]]
+    # Where the worker still imports every installed plugin, its patched clock is caught; where it imports only the
+    # selected one, the bystander never runs at all.
+    assert not imported_in or reasons(record, "clock:"), record["invalid_reasons"]
+
+
+HALF_TOKENS_WHEN = """
+import inspect
+
+from llmb import hookimpl
+
+_calls = [0]
+
+
+def _cheat(model):
+    raise NotImplementedError
+
+
+@hookimpl
+def process_model(model, optimizer, device, precision, settings):
+    forward = model.forward
+
+    def halved(input_ids, labels=None):
+        _calls[0] += 1
+        if _cheat(model):
+            half = input_ids.shape[1] // 2
+            input_ids = input_ids[:, :half]
+            labels = labels[:, :half] if labels is not None else None
+        return forward(input_ids, labels)
+
+    model.forward = halved
+    return model
+"""
+
+
+@pytest.mark.parametrize(
+    "name, cheat, extra",
+    [
+        # Honest only when llmb/conformance.py is on the stack (check-plugin).
+        ("stack", "return not any('conformance' in f.filename for f in inspect.stack())", ()),
+        # Honest only at a check-plugin preset's shape.
+        ("shape", "return model.config.intermediate_size not in (128, 1024)", ("--intermediate-size", "96")),
+        # Honest for the default warmup and check-plugin's 5 steps: cheats from the 6th forward on.
+        ("late", "return _calls[0] >= 6", ("--warmup-steps", "5")),
+    ],
+)
+def test_plugins_that_behave_only_when_checked_fail_the_runs_own_replay(tmp_path, name, cheat, extra):
+    code = HALF_TOKENS_WHEN.replace("raise NotImplementedError", cheat)
+    proc, record = run(install(tmp_path / "site", name, code), tmp_path, "--plugin", name, *extra)
+    assert record is not None, proc.stderr[-2000:]
+    failed = reasons(record, "replay: step 1: recorded loss")
+    assert failed, record["invalid_reasons"]
+    assert record["evidence"]["replay"]["passed"] is False
+
+
+def test_a_plugin_that_trains_no_model_fails_the_replay(tmp_path):
+    code = """
+    import torch
+
+    from llmb import hookimpl
+
+    _calls = [0]
+
+
+    @hookimpl
+    def process_model(model, optimizer, device, precision, settings):
+        anchor = next(model.parameters())
+
+        def fabricated(input_ids, labels=None):
+            _calls[0] += 1
+            logits = torch.zeros(*input_ids.shape, model.config.vocab_size)
+            return anchor.sum() * 0 + (10.4 - 0.01 * _calls[0]), logits
+
+        model.forward = fabricated
+        return model
+    """
+    proc, record = run(install(tmp_path / "site", "nomodel", code), tmp_path, "--plugin", "nomodel")
+    assert record is not None, proc.stderr[-2000:]
+    assert reasons(record, "replay: step 1: recorded loss"), record["invalid_reasons"]
+
+
+def test_an_honest_run_is_judged_clean_and_replays(tmp_path):
+    proc, record = run(None, tmp_path, "--plugin", "cpu", "--repeats", "2")
+    assert record is not None, proc.stderr[-2000:]
+    assert record["invalid_reasons"] == [] and record["judge"]["clean_room"] is True
+    windows = record["evidence"]["windows"]
+    assert len({w["challenge"] for w in windows}) == 2, "every window its own challenge"
+    assert record["timing"]["repeat_window_seconds"] == [w["clean_window_seconds"] for w in windows]
+    assert all(0 < w["worker_window_seconds"] <= w["clean_window_seconds"] for w in windows)
+    assert record["evidence"]["replay"]["passed"] is True and os.getpid() != record["judge"]["pid"]
