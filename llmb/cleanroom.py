@@ -13,10 +13,13 @@ window's first steps on the CPU (llmb.evidence) before it writes the record.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
 import secrets
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -188,6 +191,7 @@ def worker_main(runs: list, address, key: bytes, every_rank: bool = True) -> lis
     the records (and any error, as one line) back."""
     from llmb import distributed, runner
 
+    _die_with_parent()
     world = distributed.current_world()
     talks = every_rank or world is None or world.rank == 0
     link = Link(address, key) if talks else None
@@ -209,6 +213,15 @@ def worker_main(runs: list, address, key: bytes, every_rank: bool = True) -> lis
         if not every_rank:
             distributed.shutdown()
     return None
+
+
+def _die_with_parent() -> None:
+    """Linux: the worker gets SIGKILL when the judging process dies, so no orphan keeps the device busy."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
 def error_line(exc: BaseException) -> tuple[str, str]:
