@@ -103,8 +103,30 @@ def conformance_arithmetic(record: dict) -> list[str]:
     return problems
 
 
+# A bundle's record decides the size of what the replay builds: only the presets' shapes and a sane batch are
+# replayed, so a hostile record cannot make the reviewer's machine allocate without bound.
+MAX_REPLAY_SEQUENCES = 1024
+
+
+def replay_refusal(record: dict) -> str | None:
+    from llmb.config import PRESETS
+
+    config = record.get("config")
+    if not any(config == preset.to_dict() for preset in PRESETS.values()):
+        return "replay refused: the shape is not one of the presets (official, small, tiny)"
+    sizes = [record.get("batch_size"), record.get("world_size", 1), record.get("steps"), record.get("seed")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sizes):
+        return "replay refused: batch size, world size, steps and seed must be whole numbers"
+    if record["batch_size"] * record.get("world_size", 1) > MAX_REPLAY_SEQUENCES:
+        return f"replay refused: a global batch over {MAX_REPLAY_SEQUENCES} sequences"
+    return None
+
+
 def replay_problems(record: dict, steps: int) -> list[str]:
     """Replay the headline window of a result on this machine and compare it with what the result recorded."""
+    refused = replay_refusal(record)
+    if refused:
+        return [refused]
     replayed = evidence.replay_record(record, steps)
     return [f"replay: {detail}" for detail in evidence.failed(replayed)]
 

@@ -1,0 +1,119 @@
+"""The run evidence and its replay (llmb.evidence), the judge's protocol and checks (llmb.cleanroom): real torch on
+the CPU, in this process."""
+
+import threading
+
+import pytest
+import torch
+
+from llmb import cleanroom, evidence, runner
+from llmb.config import PRESETS
+from llmb.model import LlamaModel
+from llmb.train import build_optimizer
+
+TINY = PRESETS["tiny"]
+
+
+def test_window_seeds_differ_by_challenge_and_rank_and_are_reproducible():
+    seeds = {evidence.window_seed(c, r) for c in (1, 2) for r in (0, 1)}
+    assert len(seeds) == 4
+    assert evidence.window_seed(5, 0) == evidence.window_seed(5, 0)
+    a = evidence.window_batch(TINY, 2, 5, 0, torch.device("cpu"))
+    assert torch.equal(a, evidence.window_batch(TINY, 2, 5, 0, torch.device("cpu")))
+    assert not torch.equal(a, evidence.window_batch(TINY, 2, 6, 0, torch.device("cpu")))
+
+
+def test_initial_state_restores_weights_and_zeroes_adamw():
+    torch.manual_seed(0)
+    model = LlamaModel(TINY)
+    optimizer = build_optimizer(model, None)
+    state = evidence.InitialState(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = evidence.window_batch(TINY, 1, 1, 0, torch.device("cpu"))
+    loss, _ = model(batch, labels=batch)
+    loss.backward()
+    optimizer.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    state.restore(optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(float(v.abs().sum()) == 0 for s in optimizer.state.values() for v in s.values())
+
+
+def test_an_in_process_run_records_evidence_that_replays_whole_windows():
+    record = runner.run(
+        runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=2, repeats=2)
+    )
+    windows = record["evidence"]["windows"]
+    assert len(windows) == 2 and windows[0]["challenge"] != windows[1]["challenge"]
+    assert record["judge"] == {"clean_room": False} and record["valid"] is False
+    for index in range(2):  # every window starts from the initial state, so each replays on its own
+        replayed = evidence.replay_record(record, steps=2, window=index)
+        assert replayed["whole_window"] and replayed["passed"], replayed["checks"]
+        assert [c["name"] for c in replayed["checks"]] == ["replay-loss-1", "replay-loss-2", "replay-digest"]
+
+
+def test_the_replay_catches_a_changed_loss_and_a_changed_digest():
+    record = runner.run(
+        runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=1)
+    )
+    window = record["evidence"]["windows"][0]
+    window["losses"][1] *= 1 + 1e-5
+    window["digest_end"] = window["digest_start"]  # an answer that claims no update happened
+    replayed = evidence.replay_record(record, steps=2)
+    assert not replayed["passed"]
+    failed = [c["name"] for c in replayed["checks"] if not c["passed"]]
+    assert failed == ["replay-loss-2", "replay-digest"]
+
+
+def test_judge_and_link_time_the_window_and_hand_out_fresh_challenges():
+    judge = cleanroom.Judge().start()
+
+    def worker():
+        link = cleanroom.Link(judge.address, judge.key)
+        for _ in range(2):
+            link.open([])
+            link.close({"losses": [1.0], "worker_start": 0.0, "worker_end": 0.0})
+        link.send("result", {"repeats": 2})
+        link.send("done")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(30)
+    assert judge.finished.wait(30)
+    judge.close()
+    record, windows = judge.results[0]
+    assert record == {"repeats": 2} and len(windows) == 2
+    assert windows[0].challenge != windows[1].challenge
+    assert all(w.closed >= w.opened for w in windows)
+    # The worker's clock readings (0.0) are not the host's: outside the judged window.
+    assert cleanroom.nesting_problems(0, windows[0])[0].startswith("clock:")
+
+
+def test_worker_errors_come_back_as_one_line_of_the_same_kind():
+    from llmb.errors import LlmbError, UsageError
+
+    assert cleanroom.error_line(UsageError("bad")) == ("UsageError", "bad")
+    assert cleanroom.error_line(RuntimeError("boom\ntrace")) == ("LlmbError", "RuntimeError: boom")
+    judge = cleanroom.Judge()
+    judge.error = ("UsageError", "bad")
+    with pytest.raises(UsageError, match="bad"):
+        judge.raise_error()
+    judge.error = ("Whatever", "x")
+    with pytest.raises(LlmbError, match="x"):
+        judge.raise_error()
+    judge.close()
+
+
+def test_installed_plugins_are_listed_without_importing_them():
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from llmb import cleanroom; found = cleanroom.installed_plugins(); "
+        "print(json.dumps([[p['name'] for p in found], [m for m in sys.modules if m.startswith('llmb_')]]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    names, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert names[0] == "cpu" and "cuda" in names  # the first-party plugins are installed in the test env
+    assert imported == [], "listing imported a plugin"
