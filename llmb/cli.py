@@ -286,6 +286,8 @@ def _run_clean(
     if replay_steps < 0:
         raise click.UsageError(f"--replay-steps must be 0 or more, got {replay_steps}")
     runs = [runner.RunOptions(**{**base.__dict__, "precision": requested})]
+    if launch is not None:
+        runner.check_layout(runs[0], launch.nproc_per_node * launch.nnodes, launch.nnodes)
     world = distributed.current_world()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:

@@ -115,8 +115,13 @@ def resolve(options: RunOptions) -> tuple[Plugin, torch.device, dict]:
 
 def check_launch(options: RunOptions, world_size: int, nodes: int) -> None:
     """Before any process starts: the request as one process would resolve it, and the layout on the job's size."""
+    resolve(replace(options, parallel=None, tp=1, pp=1, microbatches=None))
+    check_layout(options, world_size, nodes)
+
+
+def check_layout(options: RunOptions, world_size: int, nodes: int) -> None:
+    """The layout on the job's size, checked without any plugin (the clean process checks it before a launch)."""
     single = replace(options, parallel=None, tp=1, pp=1, microbatches=None)
-    resolve(single)
     plan = replace(layout(single), world_size=world_size, nodes=nodes, tp=options.tp, pp=options.pp)
     plan = replace(
         plan,
