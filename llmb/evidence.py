@@ -80,6 +80,7 @@ class InitialState:
     """The post-processed model's initial weights, kept on the host, and the means to return to them."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
         self.parameters = [p for p in model.parameters()]
         self.saved = [_local(p.detach()).to("cpu", copy=True) for p in self.parameters]
 
@@ -87,6 +88,7 @@ class InitialState:
     def restore(self, optimizer: torch.optim.Optimizer) -> None:
         """Weights back to the initial ones and AdamW's state zeroed in place (compiled graphs and captured
         addresses stay valid): the state a freshly built AdamW has, so the replay needs no warmup."""
+        _reshard(self.model)  # FSDP2 keeps a forward's gathered weights (the audit's): drop them, or they go stale
         for p, saved in zip(self.parameters, self.saved, strict=True):
             _local(p.detach()).copy_(saved)
             p.grad = None
@@ -94,6 +96,16 @@ class InitialState:
             for value in state.values():
                 if torch.is_tensor(value):
                     value.zero_()
+
+
+def _reshard(model: torch.nn.Module) -> None:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 @dataclass
