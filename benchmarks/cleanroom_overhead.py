@@ -101,14 +101,12 @@ def in_window_costs(preset: str, batch_size: int, repeats: int) -> dict:
 def replay_cost(preset: str, batch_size: int, steps: int) -> dict:
     """The replay of `steps` steps in a fresh process: its time and its peak memory above an idle interpreter's."""
     code = f"""
-import json, resource, time
-import torch
+import json
 from llmb import evidence
 from llmb.config import PRESETS
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = evidence._peak_rss()
 r = evidence.replay(PRESETS[{preset!r}], 0, {batch_size}, 1, 12345, {steps}, 50)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({{"seconds": r.seconds, "peak_above_idle_bytes": (peak - base) * 1024}}))
+print(json.dumps({{"seconds": r.seconds, "peak_above_idle_bytes": r.peak_rss_bytes - base}}))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

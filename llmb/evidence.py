@@ -161,12 +161,15 @@ class Replayed:
 
 
 def _peak_rss() -> int | None:
+    """This process's peak resident memory (VmHWM: unlike getrusage's ru_maxrss, not inherited from the parent)."""
     try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    except (ImportError, OSError):
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         return None
+    return None
 
 
 def replay(
