@@ -14,7 +14,48 @@ from pathlib import Path
 
 TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "3", "--warmup-steps", "2"]
 
-HOOKS = """
+# What an attack may define besides its import-time code, and the plugin API entry each one becomes.
+FUNCTIONS = {  # attack function -> (old hook, Backend method, arguments)
+    "_process_model": ("process_model", "process_model", "model, optimizer, device, precision, settings"),
+    "_new_event": ("device_event", "new_event", "device"),
+}
+
+
+def plugin_api(code: str) -> str:
+    """The plugin around an attack, in this llmb's API: a `llmb.Backend` subclass where llmb has one, else hooks."""
+    import llmb
+
+    defined = [fn for fn in FUNCTIONS if f"def {fn}(" in code]
+    if hasattr(llmb, "Backend"):
+        methods = "".join(
+            f"\n    def {FUNCTIONS[fn][1]}(self, {FUNCTIONS[fn][2]}):\n        return {fn}({FUNCTIONS[fn][2]})\n"
+            for fn in defined
+        )
+        return f"""
+
+import llmb as _llmb
+
+
+class _Attack(_llmb.Backend):
+    name = _NAME
+
+    def device_types(self):
+        return ["cpu"]
+
+    def precisions(self):
+        return ["FP32", "FP16", "BF16"]
+{methods}
+
+@_llmb.hookimpl
+def register_backends(register):
+    register(_Attack())
+"""
+    hooks = "".join(
+        f"\n\n@_hookimpl\ndef {FUNCTIONS[fn][0]}({FUNCTIONS[fn][2]}):\n    return {fn}({FUNCTIONS[fn][2]})\n"
+        for fn in defined
+    )
+    return f"""
+
 from llmb import hookimpl as _hookimpl
 
 
@@ -26,17 +67,20 @@ def device_types():
 @_hookimpl
 def supported_precisions():
     return ["FP32", "FP16", "BF16"]
-"""
+{hooks}"""
 
 
-def install(site: Path, name: str, code: str, hooks: bool = True) -> Path:
+def install(site: Path, name: str, code: str) -> Path:
     """Lay out distribution llmb-<name> with entry point <name> = llmb_attack_<name> in `site`."""
     module = f"llmb_attack_{name}"
     info = site / f"llmb_attack_{name}-6.6.6.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: llmb-attack-{name}\nVersion: 6.6.6\n")
     (info / "entry_points.txt").write_text(f"[llmb]\n{name} = {module}\n")
-    (site / f"{module}.py").write_text(textwrap.dedent(code) + (HOOKS if hooks else ""))
+    code = textwrap.dedent(code)
+    source = f"_NAME = {name!r}\n" + code + plugin_api(code)
+    compile(source, module, "exec")  # an attack that cannot even import would pass vacuously
+    (site / f"{module}.py").write_text(source)
     return site
 
 

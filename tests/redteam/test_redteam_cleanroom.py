@@ -64,9 +64,6 @@ def test_a_patched_measure_that_scales_its_times_is_caught(tmp_path):
 
 def test_fake_device_events_cannot_shorten_the_window(tmp_path):
     code = """
-    from llmb import hookimpl
-
-
     class _Event:
         def record(self):
             pass
@@ -78,8 +75,7 @@ def test_fake_device_events_cannot_shorten_the_window(tmp_path):
             return 0.001  # a microsecond a step
 
 
-    @hookimpl
-    def device_event(device):
+    def _new_event(device):
         return _Event()
     """
     proc, record = run(install(tmp_path / "site", "events", code), tmp_path, "--plugin", "events")
@@ -91,13 +87,8 @@ def test_fake_device_events_cannot_shorten_the_window(tmp_path):
 def test_an_installed_plugin_that_is_never_selected_never_reaches_the_judge(tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
-    code = f"""
-    import os
-    import pathlib
-
-    pathlib.Path({str(marks)!r}, str(os.getpid())).write_text("imported")
-    {SLOW_CLOCK}
-    """
+    mark = f"import os\nimport pathlib\n\npathlib.Path({str(marks)!r}, str(os.getpid())).write_text('imported')\n"
+    code = mark + SLOW_CLOCK
     site = install(tmp_path / "site", "bystander", code)
     proc, record = run(site, tmp_path, "--plugin", "cpu")
     assert record is not None, proc.stderr[-2000:]
@@ -112,8 +103,6 @@ def test_an_installed_plugin_that_is_never_selected_never_reaches_the_judge(tmp_
 HALF_TOKENS_WHEN = """
 import inspect
 
-from llmb import hookimpl
-
 _calls = [0]
 
 
@@ -121,8 +110,7 @@ def _cheat(model):
     raise NotImplementedError
 
 
-@hookimpl
-def process_model(model, optimizer, device, precision, settings):
+def _process_model(model, optimizer, device, precision, settings):
     forward = model.forward
 
     def halved(input_ids, labels=None):
@@ -162,13 +150,10 @@ def test_a_plugin_that_trains_no_model_fails_the_replay(tmp_path):
     code = """
     import torch
 
-    from llmb import hookimpl
-
     _calls = [0]
 
 
-    @hookimpl
-    def process_model(model, optimizer, device, precision, settings):
+    def _process_model(model, optimizer, device, precision, settings):
         anchor = next(model.parameters())
 
         def fabricated(input_ids, labels=None):

@@ -127,12 +127,12 @@ def test_an_edited_conformance_record_is_caught_by_its_own_arithmetic(honest_bun
 
 def test_windows_scaled_with_every_figure_redone_are_refuted_by_reproduce(honest_bundle, tmp_path):
     """No file check can prove a time: the rescaled bundle is consistent. `llmb reproduce` re-runs it here. The
-    forgery claims 2x (a 1.1x claim is beyond the 5% tolerance too, but on this shared 2-core machine two honest
-    tiny runs can differ by more than that)."""
+    forgery claims 10x, against a 50% tolerance: on this shared 2-core machine two honest tiny runs minutes apart
+    have differed by 3x (a 1.1x claim is beyond the default 5% wherever the hardware is quiet enough to say so)."""
 
     def scale(root, records):
         for record in records.values():
-            rescale(record, 0.5)
+            rescale(record, 0.1)
 
     forged = forge(honest_bundle, tmp_path, scale)
     assert "throughput recomputed" not in failing(verify.verify(forged, accept_debug=True))
