@@ -1,4 +1,4 @@
-"""The committed reference CPU bundle verifies (as a debug bundle: it uses the small preset, see README)."""
+"""The committed reference CPU bundle verifies (as a debug bundle: it uses a debug preset, see README)."""
 
 from pathlib import Path
 
@@ -25,3 +25,10 @@ def test_reference_bundle_has_three_runs_for_each_cpu_precision():
     for precision in ("FP32", "FP16", "BF16"):
         assert len(list((REFERENCE / "results" / precision).glob("*.json"))) == 3, precision
     assert not (REFERENCE / "results" / "TF32").exists()
+
+
+def test_reference_bundle_replays_here():
+    """Every result's headline window, replayed on this CPU from the seed and its challenge, agrees."""
+    rows = verify.verify(REFERENCE, accept_debug=True, replay_steps=2)
+    replay = [row for row in rows if row.check == "replay"]
+    assert replay and replay[0].passed, replay
