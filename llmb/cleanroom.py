@@ -285,6 +285,8 @@ def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: 
 def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
     the worker's figures against its own, and the replay."""
+    result = record
+    record = record.to_dict() if hasattr(record, "to_dict") else dict(record)  # a typed Result, or its dict
     invalid = list(record.get("invalid_reasons", []))
     repeats = int(record["repeats"])
     closed = [w for w in windows if w.closed is not None]
@@ -351,7 +353,7 @@ def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict
         invalid.append("replay: not run (--replay-steps 0): the run's function is unchecked")
     record["invalid_reasons"] = invalid
     record["valid"] = bool(record.get("official")) and not invalid
-    return record
+    return type(result).from_dict(record) if hasattr(result, "to_dict") else record
 
 
 def nesting_problems(index: int, window: JudgedWindow) -> list[str]:
@@ -382,12 +384,12 @@ def record_problems(record: dict, closed: list[JudgedWindow]) -> list[str]:
                 f"and the clean clock {window.seconds:.6f} s"
             )
     if closed:
-        headline = median_index([w.seconds for w in closed])
+        headline = median_index([1 / w.seconds for w in closed])
         steps = [_number(s) for s in timing.get("step_seconds") or []]
         window = closed[headline].seconds
         # The headline repeat's step times, from the plugin's process (device events or host clock): information,
         # but a set that leaves most of the judged window unexplained says the plugin's timer is not the device's.
-        worker_headline = median_index([_number(w) for w in claimed]) if len(claimed) == len(closed) else headline
+        worker_headline = median_index([1 / _number(w) for w in claimed]) if len(claimed) == len(closed) else headline
         if worker_headline == headline and steps and sum(steps) < evidence.MIN_STEP_SHARE_OF_WINDOW * window:
             problems.append(
                 f"timing: the plugin's step times add up to {sum(steps):.6f} s, under "
@@ -405,8 +407,9 @@ def headline_figures(record: dict, window_seconds: float) -> dict:
     from llmb.model import ModelConfig
 
     config = ModelConfig(**record["config"])
-    world_size = int(record.get("world_size", 1))
-    global_batch = int(record["batch_size"]) * world_size
+    world_size = int(record.get("world_size") or 1)
+    # What the data-parallel ranks ran, as the run recorded it (tensor and pipeline peers add no samples).
+    global_batch = int(record.get("global_batch_size") or int(record["batch_size"]) * world_size)
     steps = int(record["steps"])
     tokens_per_second = global_batch * config.sequence_length * steps / window_seconds
     tflops = flops.achieved_tflops(tokens_per_second / world_size, record["model_flops_per_token"])

@@ -304,9 +304,7 @@ def _run_clean(
     return records
 
 
-def _run_in_process(
-    base: runner.RunOptions, requested: str, launch, out: Path, unsaved: list[Path]
-) -> list[dict]:
+def _run_in_process(base: runner.RunOptions, requested: str, launch, out: Path, unsaved: list[Path]) -> list[dict]:
     """Library and test use (LLMB_IN_PROCESS=1): the plugin's own process judges, and no record is valid."""
     if requested == "ALL":
         supported = runner.select_plugin(base.plugin).precisions()

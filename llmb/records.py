@@ -384,6 +384,10 @@ class Timing(Typed):
     step_seconds: list[float]
     method: str
     repeat_window_seconds: list[float]
+    # Under the clean room (llmb.cleanroom): "judge", and the plugin's process's own figures beside the judge's.
+    clock: str | None = None
+    worker_window_seconds: float | None = None
+    worker_repeat_window_seconds: list[float] | None = None
 
 
 @dataclass(kw_only=True)
@@ -489,6 +493,10 @@ class Result(Record):
     peak_memory_bytes: int | None
     loss: Loss
     host: Host | None = None
+    # The run's evidence (llmb.evidence: each window's challenge, losses, digests and the replay) and its judge
+    # (llmb.cleanroom); checked by llmb/bundle_evidence.py, so kept as plain JSON here.
+    evidence: dict[str, Any] | None = None
+    judge: dict[str, Any] | None = None
 
     def check(self, path: str) -> None:
         super().check(path)

@@ -24,7 +24,7 @@ import tomllib
 from llmb import bundle_io
 from llmb.config import SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
-from llmb.submission import headlines
+from llmb.records import Result, group_runs, headline
 
 DEFAULT_TOLERANCE = 0.05
 RUNS = 3  # the reproduction's own median, as a bundle's headline is one
@@ -139,13 +139,14 @@ def reproduce(path: Path, tolerance: float = DEFAULT_TOLERANCE, runs: int = RUNS
     except bundle_io.Refused as exc:
         raise LlmbError(f"bundle refused: {exc}") from None
     try:
-        records = [json.loads(p.read_text()) for p in sorted((root / "results").rglob("*.json"))]
+        results = [Result.from_dict(json.loads(p.read_text())) for p in sorted((root / "results").rglob("*.json"))]
         rows = []
-        for label, row in sorted(headlines(records).items()):
-            runs_of = sorted(row["runs"], key=lambda r: r["tokens_per_second"])
-            median_run = runs_of[(len(runs_of) - 1) // 2]
+        for group, members in group_runs([r for r in results if not r.invalid_reasons]).items():
+            median_run = headline(members).run.to_dict()
             reproduced = reproduce_one(root, median_run, runs, timeout)
-            rows.append(compare(label, row["tokens_per_second"], reproduced, tolerance, median_run["device"]["name"]))
+            label = f"{median_run['precision']['effective']} {group.plugin} b{median_run['batch_size']}"
+            claimed = median_run["tokens_per_second"]
+            rows.append(compare(label, claimed, reproduced, tolerance, median_run["device"]["name"]))
         if not rows:
             raise LlmbError("the bundle has no valid headline to reproduce")
         return rows
