@@ -42,7 +42,7 @@ def test_initial_state_restores_weights_and_zeroes_adamw():
 def test_an_in_process_run_records_evidence_that_replays_whole_windows():
     record = runner.run(
         runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=2, repeats=2)
-    )
+    ).to_dict()
     windows = record["evidence"]["windows"]
     assert len(windows) == 2 and windows[0]["challenge"] != windows[1]["challenge"]
     assert record["judge"] == {"clean_room": False} and record["valid"] is False
@@ -55,7 +55,7 @@ def test_an_in_process_run_records_evidence_that_replays_whole_windows():
 def test_the_replay_catches_a_changed_loss_and_a_changed_digest():
     record = runner.run(
         runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=1)
-    )
+    ).to_dict()
     window = record["evidence"]["windows"][0]
     window["losses"][1] *= 1 + 1e-5
     window["digest_end"] = window["digest_start"]  # an answer that claims no update happened
