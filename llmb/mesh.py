@@ -55,8 +55,11 @@ class Layout:
 
     @property
     def dp_shard(self) -> int:
-        """HSDP's shard group: the data ranks of one node, or half of them on a single node."""
-        if self.strategy != "hsdp":
+        """The data ranks that shard the model: HSDP's are those of one node (or half of them on a single node);
+        FSDP's all of them; DDP's (and one process's) none, every data rank a replica."""
+        if self.strategy in ("ddp", "none"):
+            return 1
+        if self.strategy == "fsdp":
             return self.dp
         if self.nodes > 1 and self.dp % self.nodes == 0:
             return self.dp // self.nodes

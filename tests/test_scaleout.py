@@ -351,7 +351,8 @@ def reference_updates(base, rows_per_dp, dp, steps):
 # pipeline's microbatch means, sharded reductions); AdamW divides by sqrt(v) + 1e-6, which magnifies those rounding
 # differences where a gradient is tiny: measured here up to 1.1e-3. 1e-2 leaves a margin, while a wrong batch, a
 # missing reduction or a lost slice moves an update by order one (sequence parallel without the gradient's
-# all-gather measured 0.999).
+# all-gather measured 0.999). AdamW is invariant to a gradient's scale, so a missing average is caught by the
+# gradient checks instead (test_distributed's one-step gradients, and the accumulation tests below).
 UPDATE_TOLERANCE = 1e-2
 
 
@@ -412,3 +413,33 @@ def test_the_scaling_table_keeps_layouts_apart_and_flags_a_baseline_on_other_thr
     same = [record(1, "none", 1), record(2, "fsdp", 1)]
     (table,) = scaling_tables([point_from_record(r, None, "test") for r in same])
     assert "WARNING" not in table.note
+
+
+def test_gradient_accumulation_in_one_process_equals_one_step_on_the_whole_batch():
+    """The fast member of the equivalence class: K micro-steps on K slices of the batch, one AdamW step, against one
+    pass over the whole batch (the same tolerance as the multi-process layouts)."""
+    options = replace(BASE, grad_accum=2)
+    session = runner.prepare(options, *runner.resolve(options))
+    assert isinstance(session.trainer, mesh.AccumulatingTrainer) and session.trainer.batch.shape[0] == 4
+    before = distributed.full_parameters(session.model)
+    for _ in range(STEPS):
+        session.trainer.step()
+    after = distributed.full_parameters(session.model)
+    got = {name: after[name] - before[name] for name in after}
+    assert_updates_equal(got, reference_updates(BASE, 4, 1, STEPS), "grad_accum 2")
+
+
+def test_accumulated_gradients_are_the_whole_batch_mean_not_a_sum():
+    """AdamW hides a gradient's scale (the updates above would match a sum too): the gradients themselves, after one
+    accumulated step, must equal one pass over the whole batch (FP32 rounding only: 1e-5 of the largest value)."""
+    options = replace(BASE, grad_accum=2)
+    session = runner.prepare(options, *runner.resolve(options))
+    session.trainer.step()
+    got = distributed.full_gradients(session.model)
+    single = replace(BASE, batch_size=4)
+    reference = runner.prepare(single, *runner.resolve(single))
+    reference.trainer.batch = synthetic_batch(BASE.config, 4, BASE.seed, "cpu")
+    reference.trainer.step()
+    for name, expected in distributed.full_gradients(reference.model).items():
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(got[name], expected, rtol=0, atol=1e-5 * scale, msg=name)
