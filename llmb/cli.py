@@ -6,24 +6,24 @@ import functools
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from llmb import __version__, bounds, cleanroom, conformance, distributed, evidence, mesh, plugins, precision, runner
+from llmb import console as term
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
 from llmb.plugins import Plugin, plugin_names
 from llmb.results import check_writable, save_result
 from llmb.settings import parse_options
 
-console = Console()
-err_console = Console(stderr=True)
+console = term.out
+err_console = term.err
 
 
 def handle_errors(func):
@@ -34,10 +34,13 @@ def handle_errors(func):
         try:
             return func(*args, **kwargs)
         except LlmbError as exc:
-            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            if os.environ.get("LLMB_DEBUG") and exc.__cause__ is not None:
+                # A plugin's own exception (PluginError wraps it): its traceback is what the plugin's author needs.
+                traceback.print_exception(exc.__cause__)
+            term.error(str(exc))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]")
+            term.say(("interrupted", "bold red"), stderr=True)
             sys.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise  # click's own usage errors keep click's messages and exit codes
@@ -46,11 +49,7 @@ def handle_errors(func):
             if os.environ.get("LLMB_DEBUG"):
                 raise
             first_line = (str(exc).strip().splitlines() or [""])[0]
-            err_console.print(
-                f"[bold red]error:[/] {type(exc).__name__}: {first_line} (LLMB_DEBUG=1 shows the traceback)",
-                highlight=False,
-                soft_wrap=True,
-            )
+            term.error(f"{type(exc).__name__}: {first_line}", (" (LLMB_DEBUG=1 shows the traceback)", ""))
             sys.exit(1)
 
     return wrapper
@@ -132,7 +131,7 @@ class RichProgress(runner.Progress):
         self.progress.advance(self.task)
 
     def note(self, text: str) -> None:
-        self.progress.console.print(f"[bold yellow]{escape(text)}[/]", highlight=False)
+        self.progress.console.print(term.text(text, "bold yellow"), soft_wrap=True)
 
 
 @cli.command()
@@ -252,7 +251,7 @@ def run(
         warmup_steps=warmup_steps,
         repeats=repeats,
         seed=seed,
-        settings=parse_options(options),
+        settings={**parse_options(options), **_secret_options()},
         strict_precision=strict_precision,
         parallel=parallel,
         timeout_seconds=dist_timeout,
@@ -296,7 +295,7 @@ def _run_clean(
             runs,
             launch,
             progress=shown,
-            notes=lambda text: console.print(f"[yellow]{escape(text)}[/]"),
+            notes=lambda text: term.say((text, "yellow")),
             replay_steps=replay_steps,
         )
     for record in records:
@@ -311,7 +310,7 @@ def _run_in_process(base: runner.RunOptions, requested: str, launch, out: Path, 
         names = [p for p in precision.PRECISIONS if p in supported]
         for p in precision.PRECISIONS:
             if p not in supported:
-                console.print(f"[yellow]{p}: unsupported by this plugin[/]")
+                term.say((f"{p}: unsupported by this plugin", "yellow"))
     else:
         names = [requested]
     records = []
@@ -332,17 +331,26 @@ def _run_in_process(base: runner.RunOptions, requested: str, launch, out: Path, 
     return records
 
 
+def _secret_options() -> dict[str, str]:
+    """Secret settings a sweep passes to its trial in the environment, never on the command line."""
+    from llmb.settings import SECRET_OPTIONS_ENV
+
+    raw = os.environ.pop(SECRET_OPTIONS_ENV, "")
+    try:
+        given = json.loads(raw) if raw else {}
+    except ValueError:
+        raise LlmbError(f"{SECRET_OPTIONS_ENV} is not JSON") from None
+    if not isinstance(given, dict):
+        raise LlmbError(f"{SECRET_OPTIONS_ENV} is not a JSON object")
+    return {str(k): str(v) for k, v in given.items()}
+
+
 def _save(record: runner.Result, out: Path, unsaved: list[Path]) -> Path:
     """Write the result; if --out fails after the measurement, it is printed and saved under the temporary folder."""
     path, problem = save_result(record, out)
     if problem is not None:
         click.echo(json.dumps(record.to_dict(), indent=2))
-        err_console.print(
-            f"error: the result could not be written to {out} ({problem}); it is printed above and saved as {path}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        term.error(f"the result could not be written to {out} ({problem}); it is printed above and saved as {path}")
         unsaved.append(path)
     return path
 
@@ -351,18 +359,16 @@ def _run_one(options: runner.RunOptions) -> runner.Result | None:
     world = distributed.current_world()
     if world is not None and world.rank != 0:
         return runner.run(options)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
         return runner.run(options, RichProgress(progress, options.precision))
 
 
 def _print_record(record: runner.Result, path: Path) -> None:
-    from rich.text import Text
-
     prec = record.precision
-    table = Table(title=Text(f"llmb {record.plugin.name} on {record.device.name}"), show_header=False)
-    table.add_column("what", style="bold")
-    table.add_column("value")
+    table = term.table(f"llmb {record.plugin.name} on {record.device.name}", show_header=False)
+    term.column(table, "what", style="bold")
+    term.column(table, "value")
     mfu = record.mfu
     repeats = record.repeat_throughputs()
     rows = [
@@ -403,22 +409,25 @@ def _print_record(record: runner.Result, path: Path) -> None:
             )
         rows.insert(5, ("threads per rank", ", ".join(map(str, record.threads_per_rank or []))))
     for name, value in rows:
-        table.add_row(name, Text(value))  # plugin names and settings are text, never rich markup
+        term.row(table, name, value)  # plugin names and settings are text, never rich markup
     console.print(table)
     warning = record.repeat_spread_warning()
     if warning:
-        console.print(Text(f"NOISY: {warning}", style="bold yellow"))
+        term.say((f"NOISY: {warning}", "bold yellow"))
     if prec.effective != prec.requested:
-        console.print(
-            f"[bold red]PRECISION: requested {prec.requested} but the audit found {prec.effective} running; "
-            f"the result is labelled {prec.effective}.[/]"
+        term.say(
+            (
+                f"PRECISION: requested {prec.requested} but the audit found {prec.effective} running; "
+                f"the result is labelled {prec.effective}.",
+                "bold red",
+            )
         )
     if not record.official:
-        console.print(Text("DEBUG RUN, NOT A VALID RESULT: " + "; ".join(record.debug_reasons), style="bold yellow"))
+        term.say(("DEBUG RUN, NOT A VALID RESULT: " + "; ".join(record.debug_reasons), "bold yellow"))
     for reason in record.invalid_reasons:
-        console.print(Text(f"INVALID: {reason}", style="bold red"))
+        term.say((f"INVALID: {reason}", "bold red"))
     for note in record.stragglers or []:
-        console.print(Text(f"STRAGGLER: {note}", style="bold yellow"))
+        term.say((f"STRAGGLER: {note}", "bold yellow"))
 
 
 @cli.command(name="plugins")
@@ -428,28 +437,28 @@ def plugins_command(as_json: bool) -> None:
     """List installed plugins: name, distribution, devices, precisions, hooks, settings."""
     described = [Plugin(name).describe() for name in plugin_names()]
     for name, error in plugins.load_errors.items():
-        err_console.print(
-            f"[yellow]warning:[/] plugin {name!r} failed to load: {error}", highlight=False, soft_wrap=True
-        )
+        term.warning(f"plugin {name!r} failed to load: {error}")
     if as_json:
         click.echo(json.dumps(described, indent=2))
         return
     # One small table per plugin: the hook and setting lists are too long for columns of one wide table.
     for p in described:
         hardware = "present" if p["hardware_available"] else "absent"
-        table = Table(
-            title=f"{p['name']}  ({p['distribution']} {p['version']}, hardware {hardware})",
-            title_justify="left",
-            show_header=False,
-        )
-        table.add_column(style="bold", no_wrap=True)
-        table.add_column()
-        table.add_row("devices", ", ".join(p["device_types"]))
-        table.add_row("precisions", ", ".join(p["precisions"]))
-        table.add_row("hooks", ", ".join(p["hooks"]))
-        settings = "\n".join(f"{s['name']}={s['default']}  {s['help']}" for s in p["settings"])
-        table.add_row("settings", settings or "none")
+        table = term.table(f"{p['name']}  ({p['distribution']} {p['version']}, hardware {hardware})", show_header=False)
+        term.column(table, "", style="bold")
+        term.column(table, "")
+        term.row(table, "devices", ", ".join(p["device_types"]))
+        term.row(table, "precisions", ", ".join(p["precisions"]))
+        term.row(table, "hooks", ", ".join(p["hooks"]))
+        settings = Text("\n").join(_setting_line(s) for s in p["settings"])
+        term.row(table, "settings", settings if p["settings"] else "none")
         console.print(table)
+
+
+def _setting_line(s: dict) -> Text:
+    """One setting: name=default, its allowed values when it has a list, and its help (all the plugin's text)."""
+    choices = f" (one of {', '.join(map(str, s['choices']))})" if s.get("choices") else ""
+    return term.text(f"{s['name']}={s['default']}{choices}  {s['help']}")
 
 
 @cli.command(name="package-submission")
@@ -499,8 +508,6 @@ def package_submission(
     force,
 ) -> None:
     """Write a submission bundle: results, system, code diff, plugin source, conformance, summary, manifest."""
-    from rich.markup import escape
-
     from llmb import submission, verify
 
     options = submission.PackageOptions(
@@ -521,13 +528,13 @@ def package_submission(
     with err_console.status("packaging (runs check-plugin where no conformance record is given)"):
         root, skipped = submission.package(options)
     for line in skipped:
-        err_console.print(f"[yellow]left out[/] {escape(line)}", highlight=False)
-    console.print((root / submission.SUMMARY_MD).read_text(), highlight=False, markup=False)
+        term.say(("left out", "yellow"), " ", line, stderr=True)
+    console.print(term.text((root / submission.SUMMARY_MD).read_text(), limit=None))
     rows = verify.verify(root, accept_debug=True)
     failed = [row for row in rows if not row.passed]
-    console.print(f"bundle written to {root}" + (f" and {root}.tar.gz" if archive else ""), highlight=False)
+    term.say(f"bundle written to {root}" + (f" and {root}.tar.gz" if archive else ""))
     if failed:
-        console.print(f"[bold red]{len(failed)} checks fail even with --accept-debug; run `llmb verify {root}`[/]")
+        term.say((f"{len(failed)} checks fail even with --accept-debug; run `llmb verify {root}`", "bold red"))
 
 
 @cli.command(name="verify")
@@ -548,23 +555,22 @@ def package_submission(
 @handle_errors
 def verify_command(path: Path, accept_debug: bool, replay: bool, replay_steps: int) -> None:
     """Check a submission bundle (a folder or a .tar.gz) without running any of its code; exit 1 if any check fails."""
-    from rich.text import Text
-
     from llmb import verify
 
     rows = verify.verify(path, accept_debug=accept_debug, replay_steps=replay_steps if replay else 0)
-    table = Table(title=f"llmb verify {path}")
+    table = term.table(f"llmb verify {path}")
     for column in ("check", "result", "detail"):
-        table.add_column(column, overflow="fold")
+        term.column(table, column)
     for row in rows:
-        # The detail quotes the bundle's own text: plain text, never rich markup.
-        table.add_row(row.check, "[green]pass[/]" if row.passed else "[bold red]FAIL[/]", Text(row.detail))
+        # The detail quotes the bundle's own text: plain text, capped, never rich markup.
+        verdict = Text("pass", style="green") if row.passed else Text("FAIL", style="bold red")
+        term.row(table, row.check, verdict, row.detail)
     console.print(table)
     failed = sum(not row.passed for row in rows)
     if failed:
-        console.print(f"[bold red]{failed} of {len(rows)} checks failed[/]")
+        term.say((f"{failed} of {len(rows)} checks failed", "bold red"))
         sys.exit(1)
-    console.print(f"[green]all {len(rows)} checks passed[/]")
+    term.say((f"all {len(rows)} checks passed", "green"))
 
 
 @cli.command(name="reproduce")
@@ -583,16 +589,15 @@ def verify_command(path: Path, accept_debug: bool, replay: bool, replay_steps: i
 def reproduce_command(path: Path, tolerance: float, runs: int) -> None:
     """Re-run each headline of a bundle here (its shipped plugin source and settings) and compare; exit 1 if any
     headline exceeds its reproduction by more than the tolerance."""
-    from rich.text import Text
-
     from llmb import reproduce
 
     rows = reproduce.reproduce(path, tolerance=tolerance, runs=runs)
-    table = Table(title=f"llmb reproduce {path}")
+    table = term.table(f"llmb reproduce {path}")
     for column in ("headline", "result", "detail"):
-        table.add_column(column, overflow="fold")
+        term.column(table, column)
     for row in rows:
-        table.add_row(row.label, "[green]reproduced[/]" if row.passed else "[bold red]REFUTED[/]", Text(row.detail))
+        verdict = Text("reproduced", style="green") if row.passed else Text("REFUTED", style="bold red")
+        term.row(table, row.label, verdict, row.detail)  # the bundle's text: never markup
     console.print(table)
     if not all(row.passed for row in rows):
         sys.exit(1)
@@ -613,7 +618,7 @@ def new_plugin(name: str, directory: Path | None) -> None:
     from llmb.scaffold import write_plugin
 
     target = write_plugin(name, directory)
-    console.print(f"wrote plugin {name!r} to {target}; install it with: pip install -e {target}", highlight=False)
+    term.say(f"wrote plugin {name!r} to {target}; install it with: pip install -e {target}")
 
 
 @cli.command(name="commbench")
@@ -651,7 +656,7 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
     console.print(commbench.table(record))
     if out is not None:
         write_json_atomic(out, record.to_dict())
-        console.print(f"written to {out}", highlight=False)
+        term.say(f"written to {out}")
 
 
 @cli.command(name="project")
@@ -741,7 +746,7 @@ def project_command(
         return
     console.print(project.table(projection))
     for warning in projection["warnings"]:
-        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        term.warning(warning)
 
 
 @cli.command()
@@ -830,7 +835,7 @@ def sweep(
     with sweeps.LiveDisplay(err_console) as display:
         summary = sweeps.sweep(sweep_options, display)
     sweeps.print_summary(summary, console)
-    console.print(f"sweep written to {out} (llmb report {out})", highlight=False)
+    term.say(f"sweep written to {out} (llmb report {out})")
 
 
 @cli.command(name="report")
@@ -851,13 +856,13 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
     from llmb.report import report
 
     def warn(line: str) -> None:
-        err_console.print(f"skipped: {line}", markup=False, highlight=False, soft_wrap=True)
+        term.say("skipped: ", line, stderr=True)
 
     text = report(list(paths), fmt=fmt, out=out, plot_dir=plot_dir, baseline=baseline, console=console, warn=warn)
     if text is not None and out is None:
         click.echo(text, nl=False)
     elif out is not None:
-        err_console.print(f"report written to {out}", highlight=False)
+        term.say(f"report written to {out}", stderr=True)
 
 
 @cli.command(name="check-plugin")
@@ -893,7 +898,7 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
         )
     path = conformance.write(record, out)
     conformance.print_table(record, console)
-    console.print(f"conformance record written to {path}", highlight=False)
+    term.say(f"conformance record written to {path}")
     if not record.passed:
         sys.exit(1)
 
@@ -953,21 +958,18 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         click.echo(json.dumps(data, indent=2))
         return
     for result in results:
-        table = Table(
-            # Text, not markup: the device name comes from the plugin.
-            title=Text(f"{result.precision} matmul on {result.device} ({result.device_name}), median of {repeats}"),
-            title_justify="left",
-        )
+        # The device name comes from the plugin: text, never markup.
+        table = term.table(f"{result.precision} matmul on {result.device} ({result.device_name}), median of {repeats}")
         for column in ("GEMM", "m x n x k", "iters", "TFLOP/s"):
-            table.add_column(column, justify="left" if column == "GEMM" else "right")
+            term.column(table, column, numeric=column != "GEMM")
         for rate in result.rates:
             g = rate.gemm
             table.add_row(g.name, f"{g.m} x {g.n} x {g.k}", str(rate.iters), f"{rate.flops_per_second / 1e12:.4g}")
-        console.print(table, highlight=False)
+        console.print(table)
         line = f"measured matmul peak {result.peak_flops / 1e12:.4g} TFLOP/s"
         if result.model_gemm_flops:
             line += f"; the model's GEMMs together {result.model_gemm_flops / 1e12:.4g} TFLOP/s"
-        console.print(line, highlight=False)
+        term.say(line)
 
 
 @cli.command(name="features")
@@ -987,12 +989,12 @@ def features_command(paths, markdown) -> None:
     for column in ("Feature", *features.PARALLEL.values()):
         table.add_column(column)
     for row in features.support_table(records):
-        table.add_row(*(Text(c) for c in row))  # Text: failure reasons come from records
+        term.row(table, *row)  # failure reasons come from records: text, never markup
     console.print(table)
     for parallel, title in features.PARALLEL.items():
         pairs = Table(title=f"Feature compatibility: {title}", title_justify="left")
         for column in ("", *features.FEATURES.values()):
             pairs.add_column(column)
         for row in features.pair_table(records, parallel):
-            pairs.add_row(*(Text(c) for c in row))
+            term.row(pairs, *row)
         console.print(pairs)

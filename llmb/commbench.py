@@ -165,13 +165,12 @@ def default_nproc(options: CommOptions) -> int:
 
 def table(record: Commbench):
     """The sweep as nccl-tests prints it: size, time, algbw, busbw (GB/s = 1e9 bytes/s)."""
-    from rich.table import Table
-    from rich.text import Text
+    from llmb import console as term
 
     title = f"all-reduce, {record.backend} on {record.world_size} x {record.device.name} ({record.dtype})"
-    out = Table(title=Text(title))
+    out = term.table(title)
     for column in ("size (B)", "elements", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
-        out.add_column(column, justify="right")
+        term.column(out, column, numeric=True)
     for row in record.results:
         out.add_row(
             f"{row.bytes:,}",

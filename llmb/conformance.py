@@ -431,23 +431,24 @@ def _figure(value) -> str:
 
 def print_table(record: Conformance, console) -> None:
     """One row per check, then the verdict (the CLI's view of the record)."""
-    from rich.table import Table
     from rich.text import Text
+
+    from llmb import console as term
 
     prec = record.precision
     title = (
         f"llmb check-plugin {record.plugin.name} on {record.device.spec}: requested {prec.requested} "
         f"{prec.mode}, audited {prec.effective}, {record.preset} preset, {record.steps} steps"
     )
-    table = Table(title=Text(title))
+    table = term.table(title)
     for column in ("check", "result", "measured", "tolerance", "detail"):
-        table.add_column(column)
+        term.column(table, column, numeric=column in ("measured", "tolerance"))
     for check in record.checks:
-        verdict = "[green]PASS[/]" if check.passed else "[bold red]FAIL[/]"
+        verdict = Text("PASS", style="green") if check.passed else Text("FAIL", style="bold red")
         # The detail quotes parameter names and plugin text: plain text, never rich markup.
-        table.add_row(check.name, verdict, _figure(check.measured), _figure(check.tolerance), Text(check.detail))
+        term.row(table, check.name, verdict, _figure(check.measured), _figure(check.tolerance), check.detail)
     console.print(table)
     if record.passed:
-        console.print("[bold green]CONFORMS: every check passed[/]")
+        console.print(Text("CONFORMS: every check passed", style="bold green"))
     else:
-        console.print(f"[bold red]DOES NOT CONFORM: failed {', '.join(failed_checks(record))}[/]")
+        console.print(term.text(f"DOES NOT CONFORM: failed {', '.join(failed_checks(record))}", "bold red"))

@@ -168,18 +168,18 @@ def check_against(measured: dict, result: dict, comm: dict) -> dict:
 
 def table(p: dict):
     """Each term with its formula and numbers, then the step time and the FOM."""
-    from rich.table import Table
+    from llmb import console as term
 
     shape = p["shape"]
     s, d, layers, b = shape["seq"], shape["hidden"], shape["layers"], p["batch_per_replica"]
     tp, pp, nbytes = shape["tp"], shape["pp"], shape["bytes_per_element"]
-    out = Table(
-        title=f"ALCF time-to-solution model: L={layers} d={d} s={s} B={shape['global_batch']} "
+    out = term.table(
+        f"ALCF time-to-solution model: L={layers} d={d} s={s} B={shape['global_batch']} "
         f"TP={tp} PP={pp} DP={shape['dp']} ({p['devices']} devices)",
         show_header=False,
     )
-    out.add_column("what", style="bold")
-    out.add_column("value")
+    term.column(out, "what", style="bold")
+    term.column(out, "value")
     if tp > 1:
         beta = (
             f"1 / {p['allreduce_algbw_bytes_per_second'] / 1e9:.4g} GB/s: algbw in the TP group of {tp} = busbw "
@@ -219,5 +219,5 @@ def table(p: dict):
             )
         )
     for row in rows:
-        out.add_row(*row)
+        term.row(out, *row)
     return out

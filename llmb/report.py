@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table as RichTable
-from rich.text import Text
 
 from llmb import __version__, flops, precision
+from llmb import console as term
 from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
 from llmb.records import (
@@ -342,7 +341,12 @@ class Table:
     warnings: list[str] = field(default_factory=list)
 
     def cells(self) -> list[list[str]]:
-        return [[c.missing if row.get(c.key) is None else c.fmt(row[c.key]) for c in self.columns] for row in self.rows]
+        """Each row's cells as printable text: the records' own text (names, settings, reasons) capped and with
+        control characters shown, in every format."""
+        return [
+            [c.missing if row.get(c.key) is None else term.clean(c.fmt(row[c.key])) for c in self.columns]
+            for row in self.rows
+        ]
 
     def to_json(self) -> dict:
         return {"name": self.name, "title": self.title, "note": self.note, "warnings": self.warnings, "rows": self.rows}
@@ -745,13 +749,14 @@ def make_plots(points: list[Point], tables: list[Table]) -> dict[str, bytes]:
 def to_markdown(tables: list[Table], plots: dict[str, str]) -> str:
     lines = ["# llmb report", ""]
     for table in tables:
-        lines += [f"## {table.title}", ""]
+        lines += [f"## {term.clean(table.title)}", ""]
         lines.append("| " + " | ".join(c.header for c in table.columns) + " |")
         lines.append("|" + "|".join("--:" if c.numeric else "---" for c in table.columns) + "|")
         for cells in table.cells():
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         lines += ["", f"_{table.note}_" if table.note else "", ""]
-        lines += [f"**Noisy:** {w.replace('|', '/')}" for w in table.warnings] + ([""] if table.warnings else [])
+        lines += [f"**Noisy:** {term.clean(w).replace('|', '/')}" for w in table.warnings]
+        lines += [""] if table.warnings else []
     for name, path in plots.items():
         lines += [f"![{name}]({path})", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -768,7 +773,9 @@ img { max-width: 100%; display: block; margin: 1em 0; }
 
 
 def to_html(tables: list[Table], plots: dict[str, bytes], inputs: Inputs) -> str:
-    e = html.escape
+    def e(value: object) -> str:
+        return html.escape(term.clean(value, limit=None))
+
     created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     parts = [
         "<!DOCTYPE html>",
@@ -805,8 +812,8 @@ def to_csv(points: list[Point]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=POINT_FIELDS, lineterminator="\n")
     writer.writeheader()
-    for p in points:
-        writer.writerow(asdict(p))
+    for p in points:  # text fields as printable text: the CSV may go to a terminal
+        writer.writerow({k: term.clean(v, limit=None) if isinstance(v, str) else v for k, v in asdict(p).items()})
     return buffer.getvalue()
 
 
@@ -826,16 +833,14 @@ def to_json(tables: list[Table], inputs: Inputs) -> str:
 def print_tables(tables: list[Table], console: Console) -> None:
     # Titles and cells quote the records (plugin names, settings, devices): plain text, never rich markup.
     for table in tables:
-        rich_table = RichTable(
-            title=Text(table.title), title_justify="left", caption=Text(table.note), caption_justify="left"
-        )
+        rich_table = term.table(table.title, caption=term.text(table.note), caption_justify="left")
         for c in table.columns:
-            rich_table.add_column(c.header, justify="right" if c.numeric else "left")
+            term.column(rich_table, c.header, numeric=c.numeric)
         for cells in table.cells():
-            rich_table.add_row(*map(Text, cells))
+            term.row(rich_table, *cells)
         console.print(rich_table)
         for warning in table.warnings:
-            console.print(Text(f"NOISY: {warning}", style="bold yellow"))
+            console.print(term.text(f"NOISY: {warning}", "bold yellow"), soft_wrap=True)
 
 
 def report(
@@ -868,7 +873,7 @@ def report(
             write_bytes_atomic(plot_dir / name, data)
             links[name] = str(plot_dir / name)
     if fmt is None:
-        print_tables(tables, console or Console())
+        print_tables(tables, console or term.out)
         return None
     text = {
         "md": lambda: to_markdown(tables, links),

@@ -8,6 +8,9 @@ from typing import Any
 from llmb.errors import UsageError
 from llmb.redact import REDACTED, is_secret
 
+# How a sweep hands secret settings to its trials' `llmb run`: an environment is readable by its user only, a command
+# line by anyone on the host.
+SECRET_OPTIONS_ENV = "LLMB_SECRET_OPTIONS"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 

@@ -24,7 +24,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.spinner import Spinner
 from rich.table import Table
+from rich.text import Text
 
+from llmb import console as term
 from llmb import precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
@@ -40,8 +42,9 @@ from llmb.records import (
 )
 from llmb.records import SWEEP_LOG_NAME as LOG_NAME
 from llmb.records import SweepTrial as Trial
+from llmb.redact import REDACTED, is_secret
 from llmb.results import check_writable, read_result, write_json_atomic
-from llmb.settings import recorded
+from llmb.settings import SECRET_OPTIONS_ENV, recorded
 
 SUMMARY_NAME = "sweep-summary.json"
 # A doubling that gains less than this is a plateau: a larger batch only costs memory.
@@ -74,6 +77,7 @@ class SweepOptions:
     max_batch_size: int = 1024
     trial_timeout: float = 600.0
     resume: bool = False
+    secret: frozenset[str] = frozenset()  # settings kept off the trials' command lines (set by sweep())
 
 
 # The search: pure functions of the points found so far. A batch size's points are its search trials (the first,
@@ -203,8 +207,11 @@ def headline_of(points: Points, repeats: list[Trial]) -> tuple[Trial, list[Trial
 # Trials: a subprocess each, classified from its exit code, stderr and result JSON.
 
 
-def child_args(run_options: runner.RunOptions, precision_name: str, batch: int) -> list[str]:
-    """The `llmb run` arguments for one trial (one repeat; the sweep does its own repeats)."""
+def child_args(
+    run_options: runner.RunOptions, precision_name: str, batch: int, secret: frozenset[str] = frozenset()
+) -> list[str]:
+    """The `llmb run` arguments for one trial (one repeat; the sweep does its own repeats). Secret settings are
+    not among them (any user can read a command line): run_trial passes them in the trial's environment."""
     o = run_options
     args = ["--plugin", o.plugin, "--device", o.device, "--precision", precision_name, "--precision-mode", o.mode]
     args += ["--batch-size", batch, "--steps", o.steps, "--warmup-steps", o.warmup_steps, "--repeats", 1]
@@ -214,8 +221,22 @@ def child_args(run_options: runner.RunOptions, precision_name: str, batch: int) 
         if getattr(o.config, name) != getattr(base, name):
             args += [f"--{name.replace('_', '-')}", getattr(o.config, name)]
     for key, value in o.settings.items():  # the raw -O values, as given
-        args += ["-O", f"{key}={value}"]
+        if key not in secret and not is_secret(key):
+            args += ["-O", f"{key}={value}"]
     return [str(a) for a in args]
+
+
+def argv_settings(argv: list[str]) -> set[str]:
+    """The setting names given as -O on a command line."""
+    return {argv[i + 1].partition("=")[0] for i, a in enumerate(argv[:-1]) if a == "-O"}
+
+
+def _redact_values(text: str, values) -> str:
+    """A trial's stderr (kept in failed/) with any secret setting's value taken out, whatever printed it."""
+    for value in values:
+        if value:
+            text = text.replace(str(value), REDACTED)
+    return text
 
 
 def _die_with(parent: int):
@@ -272,9 +293,10 @@ def classify(returncode: int | None, stderr: str, record: dict | None, timeout: 
 def run_trial(options: SweepOptions, precision_name: str, batch: int, phase: str, index: int) -> Trial:
     """Run one trial in its own process, in a scratch directory; move its result beside the log."""
     scratch = Path(tempfile.mkdtemp(prefix=".trial-", dir=options.out))
-    argv = [sys.executable, "-m", "llmb", "run", *child_args(options.run, precision_name, batch)]
+    argv = [sys.executable, "-m", "llmb", "run", *child_args(options.run, precision_name, batch, options.secret)]
     argv += ["--out", str(scratch)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    hidden = {k: v for k, v in options.run.settings.items() if k not in argv_settings(argv)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", SECRET_OPTIONS_ENV: json.dumps(hidden)}
     start = time.monotonic()
     returncode: int | None = None
     try:
@@ -295,7 +317,7 @@ def run_trial(options: SweepOptions, precision_name: str, batch: int, phase: str
                 if proc.poll() is None:
                     _kill(proc)
         seconds = time.monotonic() - start
-        stderr = (scratch / "stderr.txt").read_text(errors="replace")
+        stderr = _redact_values((scratch / "stderr.txt").read_text(errors="replace"), hidden.values())
         results = sorted(scratch.glob("*.json"))
         try:
             record = read_result(results[0]).to_dict() if results and returncode == 0 else None
@@ -394,15 +416,16 @@ class LiveDisplay(Display):
     live: Live | None = None
 
     def __enter__(self) -> LiveDisplay:
-        self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4, transient=False)
-        self.live.__enter__()
+        # Off a terminal (nohup, CI, Slurm) a live table draws nothing until the end: a line per trial instead.
+        if self.console.is_terminal:
+            self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4, transient=False)
+            self.live.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self.current = ""
-        self.live.__exit__(*exc)
-        if not self.console.is_terminal and self.rows:  # off a terminal, Live leaves its last line open
-            self.console.line()
+        if self.live is not None:
+            self.live.__exit__(*exc)
 
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:
         what = ("search" if number == 1 else f"confirm {number}") if phase == "search" else f"repeat {number}"
@@ -410,8 +433,14 @@ class LiveDisplay(Display):
         self.started = time.monotonic()
 
     def finished(self, trial: Trial, reused: bool) -> None:
-        self.rows.append(replace(trial, detail=("from the log; " if reused else "") + trial.detail))
+        done = replace(trial, detail=("from the log; " if reused else "") + trial.detail)
+        self.rows.append(done)
         self.current = ""
+        if self.live is None:
+            tps = f"{done.tokens_per_second:,.1f} tokens/s" if done.tokens_per_second else ""
+            parts = [f"trial {len(self.rows)}: {done.precision} batch {done.batch_size} {_phase(done)} ", _status(done)]
+            parts += [f" {tps} {done.seconds:.1f} s", f" {done.detail}" if done.detail else ""]
+            self.console.print(term.line(*parts), soft_wrap=True)
 
     def best(self, precision_name: str, headline: tuple[Trial, list[Trial]] | None) -> None:
         if headline is not None:
@@ -424,16 +453,9 @@ class LiveDisplay(Display):
         for column in ("precision", "batch", "phase", "status", "tokens/s", "s", "detail"):
             numeric = column in ("batch", "tokens/s", "s")
             table.add_column(column, justify="right" if numeric else "left", no_wrap=True, overflow="ellipsis")
-        for t in self.rows[-12:]:
-            style = "green" if t.ok else "red"
+        for t in self.rows[-12:]:  # the live view on a terminal: the last trials, the log holds them all
             tps = f"{t.tokens_per_second:,.0f}" if t.tokens_per_second else ""
-            if t.phase == "search":
-                phase = "search" if t.index == 0 else f"confirm {t.index + 1}"
-            else:
-                phase = f"repeat {t.index + 1}"
-            table.add_row(
-                t.precision, str(t.batch_size), phase, f"[{style}]{t.status}[/]", tps, f"{t.seconds:.1f}", t.detail
-            )
+            term.row(table, t.precision, str(t.batch_size), _phase(t), _status(t), tps, f"{t.seconds:.1f}", t.detail)
         # The same figure the summary will show: the median trial of the runs that decide (records.median_index).
         best = "  ".join(
             f"{p}: b{t.batch_size} {t.tokens_per_second:,.1f} tok/s (median of {len(runs)})"
@@ -444,6 +466,16 @@ class LiveDisplay(Display):
             spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s")
             parts.append(spinner)
         return Group(*parts)
+
+
+def _phase(t: Trial) -> str:
+    if t.phase == "search":
+        return "search" if t.index == 0 else f"confirm {t.index + 1}"
+    return f"repeat {t.index + 1}"
+
+
+def _status(t: Trial) -> Text:
+    return term.text(t.status, "green" if t.ok else "red")
 
 
 # The sweep.
@@ -518,7 +550,8 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         "refine_points": REFINE_POINTS,
         "confirm_trials": CONFIRM_TRIALS,
     }
-    options = replace(options, run=run_options, out=Path(options.out))
+    secret = frozenset(getattr(settings, "secret", frozenset()))
+    options = replace(options, run=run_options, out=Path(options.out), secret=secret)
     log = SweepLog.open(options.out, header, options.resume)
     for stale in options.out.glob(".trial-*"):  # scratch left by a killed sweep
         shutil.rmtree(stale, ignore_errors=True)
@@ -649,27 +682,25 @@ def parse_batch_sizes(text: str) -> list[int] | None:
 
 
 def print_summary(summary: dict, console: Console) -> None:
-    from rich.text import Text
-
-    title = Text(f"llmb sweep: {summary['plugin']} on {summary['device']}")
-    table = Table(title=title, title_justify="left")
+    table = term.table(f"llmb sweep: {summary['plugin']} on {summary['device']}")
     columns = ("precision", "best batch", "tokens/s (median)", "spread (min-max)", "runs", "TFLOP/s", "stopped because")
     for column in columns:
-        table.add_column(column)
+        term.column(table, column, numeric=column in ("best batch", "tokens/s (median)", "runs", "TFLOP/s"))
     warnings = []
     for name, entry in summary["precisions"].items():
         if entry.get("status") != "ok":
-            table.add_row(name, "", Text(entry["status"]), "", "", "", Text(entry.get("stop", "")))
+            term.row(table, name, "", entry["status"], "", "", "", entry.get("stop", ""))
             continue
         low, high = entry["spread"]
-        table.add_row(
+        term.row(
+            table,
             name,
             str(entry["best_batch_size"]),
             f"{entry['tokens_per_second']:,.1f}",
             f"{low:,.1f}-{high:,.1f}",
             str(entry["runs"]),
             f"{entry['tflops']:.3g}",
-            Text(entry["stop"]),
+            entry["stop"],
         )
         spread = (high - low) / entry["tokens_per_second"]
         if spread > SPREAD_WARNING:
@@ -679,4 +710,4 @@ def print_summary(summary: dict, console: Console) -> None:
             )
     console.print(table)
     for warning in warnings:
-        console.print(Text(warning, style="bold yellow"))
+        console.print(term.text(warning, "bold yellow"), soft_wrap=True)

@@ -36,6 +36,7 @@ from llmb.submission import (
     CODE_STATUS,
     MANIFEST_FILE,
     MIN_RUNS,
+    NAME_PATTERN,
     RELEASE_MANIFEST,
     SUBMISSION_JSON,
     SUMMARY_MD,
@@ -172,6 +173,9 @@ def check_submission(b: Bundle) -> None:
     for key, kind in (("submitter", str), ("system_name", str), ("plugins", list), ("debug", dict), ("results", list)):
         if not isinstance(sub.get(key), kind):
             problems.append(f"{key} missing or not a {kind.__name__}")
+    for key in ("submitter", "system_name"):  # folder names, as the packager wrote them: no markup, no escapes
+        if isinstance(sub.get(key), str) and not NAME_PATTERN.match(sub[key]):
+            problems.append(f"{key} {sub[key][:100]!r} does not match {NAME_PATTERN.pattern}")
     if not problems:
         b.submission = sub
     b.add("submission.json", problems, f"{sub.get('submitter')} / {sub.get('system_name')}")

@@ -1,0 +1,93 @@
+"""All of llmb's terminal output goes through here.
+
+Text that llmb did not write (exceptions, plugin names and settings, device names, paths, the fields of results and
+bundles) is data: it is never parsed as rich markup, its control characters are shown as ``\\xNN`` (an ESC sequence
+from a competitor's bundle must not retitle, clear or write to a reviewer's terminal) and each piece is capped so
+that a 60 MB string costs one short line. The consoles themselves are built with markup, emoji and highlighting off,
+so even a string that slipped past ``text()`` is printed as the characters it holds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# A few hundred characters: enough for an error message or a path, short enough to keep a table readable.
+DETAIL_LIMIT = 400
+# C0 and C1 controls and DEL; tab and newline stay (tables wrap on them), everything else is shown as \xNN.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Off a terminal nothing is truncated to fit 80 columns: a pasted path or number must be whole (rich's default there).
+_WIDE = 240
+
+
+def clean(value: object, limit: int | None = DETAIL_LIMIT) -> str:
+    """``value`` as printable text: capped at ``limit`` characters (None: no cap), control characters as ``\\xNN``."""
+    s = value if isinstance(value, str) else str(value)
+    if limit is not None and len(s) > limit:
+        s = f"{s[:limit]}... ({len(s) - limit:,} more characters)"
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+
+
+def text(value: object, style: str = "", limit: int | None = DETAIL_LIMIT) -> Text:
+    """External text as a rich ``Text``: never markup, control characters shown, capped."""
+    return Text(clean(value, limit), style=style)
+
+
+def line(*parts: object) -> Text:
+    """One line from parts: a ``(value, style)`` pair is styled, anything else is external text (``text()``)."""
+    out = Text()
+    for part in parts:
+        if isinstance(part, Text):
+            out.append_text(part)
+        elif isinstance(part, tuple):
+            value, style = part
+            out.append_text(text(value, style))
+        else:
+            out.append_text(text(part))
+    return out
+
+
+def _console(stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    terminal = hasattr(stream, "isatty") and stream.isatty()
+    width = None if terminal or os.environ.get("COLUMNS") else _WIDE
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, width=width)
+
+
+# Console reads sys.stdout/sys.stderr at each print, so click's test runner still captures these.
+out = _console(stderr=False)
+err = _console(stderr=True)
+
+
+def say(*parts: object, stderr: bool = False) -> None:
+    """Print one line (see ``line()``); long lines wrap, never truncate."""
+    (err if stderr else out).print(line(*parts), soft_wrap=True)
+
+
+def error(*parts: object) -> None:
+    say(("error:", "bold red"), " ", *parts, stderr=True)
+
+
+def warning(*parts: object) -> None:
+    say(("warning:", "yellow"), " ", *parts, stderr=True)
+
+
+def table(title: object = None, *, show_header: bool = True, **kwargs) -> Table:
+    """A table whose title is external text; add columns with ``column()`` so that nothing is cut."""
+    caption = title if isinstance(title, Text) or title is None else text(title)
+    return Table(title=caption, title_justify="left", show_header=show_header, **kwargs)
+
+
+def column(t: Table, header: str, *, numeric: bool = False, style: str = "") -> None:
+    """A column that folds long values instead of cutting them ("…"); numbers never wrap."""
+    t.add_column(header, justify="right" if numeric else "left", overflow="fold", no_wrap=numeric, style=style)
+
+
+def row(t: Table, *cells: object) -> None:
+    """A row of external values (``Text`` cells, pre-styled by llmb, pass through)."""
+    t.add_row(*(c if isinstance(c, Text) else text(c) for c in cells))

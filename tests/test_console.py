@@ -1,0 +1,187 @@
+"""Text from others (plugins, results, bundles, exceptions, paths) reaches the terminal as the characters it holds:
+never parsed as rich markup, control characters shown as \\xNN, each detail capped (llmb/console.py)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from llmb import console as term
+from llmb import hookimpl
+from llmb.cli import cli
+from llmb.errors import LlmbError
+from llmb.settings import Setting
+
+# rich markup that would raise MarkupError ([/]) or restyle ([bold]), and the ESC sequences of a hostile terminal
+# title, a clipboard write and a screen clear.
+HOSTILE = "x[/]y[bold]z\x1b]0;owned\x07\x1b]52;c;cHduZWQ=\x07\x1b[2J"
+SHOWN = "x[/]y[bold]z\\x1b]0;owned\\x07\\x1b]52;c;cHduZWQ=\\x07\\x1b[2J"
+TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
+
+
+def assert_clean(output: str, expect_shown: bool = True) -> None:
+    assert "\x1b" not in output and "\x07" not in output, repr(output[:2000])
+    assert "Traceback" not in output and "MarkupError" not in output, output[-2000:]
+    if expect_shown:
+        assert "x[/]y[bold]z" in output, output[-3000:]
+
+
+def test_clean_shows_controls_and_caps():
+    assert term.clean(HOSTILE) == SHOWN
+    assert term.clean("tab\tand\nnewline") == "tab\tand\nnewline"
+    capped = term.clean("a" * 100_000)
+    assert len(capped) < term.DETAIL_LIMIT + 50 and capped.endswith("(99,600 more characters)")
+    assert term.text("[bold]x[/]").plain == "[bold]x[/]"
+
+
+def test_console_never_parses_markup(capsys):
+    term.say("plots need matplotlib: pip install 'llmb[report]'")
+    term.error("a [/] b ", ("[bold]", "red"))
+    out, err = capsys.readouterr()
+    assert "pip install 'llmb[report]'" in out
+    assert "error: a [/] b [bold]" in err
+
+
+class HostilePlugin:
+    """A plugin whose every piece of text (device name, settings, facts) holds markup and ESC sequences."""
+
+    __name__ = "hostile"
+
+    @hookimpl
+    def device_types(self):
+        return ["cpu"]
+
+    @hookimpl
+    def plugin_settings(self):
+        return [Setting("mode", str, HOSTILE, f"help {HOSTILE}", choices=(HOSTILE, "plain"))]
+
+    @hookimpl
+    def device_name(self, device):
+        return f"CPU {HOSTILE}"
+
+    @hookimpl
+    def run_facts(self, device):
+        return {"note": HOSTILE}
+
+
+class FailingPlugin:
+    __name__ = "hostile_fails"
+
+    @hookimpl
+    def device_types(self):
+        return ["cpu"]
+
+    @hookimpl
+    def setup_backend(self, device, precision, settings):
+        raise RuntimeError(f"driver said {HOSTILE}")
+
+
+def test_hostile_plugin_text_through_run_plugins_and_report(register_plugin, tmp_path):
+    register_plugin(HostilePlugin(), "hostile")
+    runner = CliRunner()
+    out = tmp_path / "results"
+    result = runner.invoke(cli, ["run", *TINY, "--plugin", "hostile", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert_clean(result.output)
+    [path] = out.glob("*.json")
+    assert HOSTILE in json.loads(path.read_text())["device"]["name"]  # the record keeps the text as it was
+
+    listed = runner.invoke(cli, ["plugins"], catch_exceptions=False)
+    assert listed.exit_code == 0, listed.output
+    assert_clean(listed.output)
+    assert "one of " in listed.output  # a setting's allowed values are shown
+
+    for fmt in (None, "md", "html", "csv"):
+        args = ["report", str(out)] + (["--format", fmt] if fmt else [])
+        shown = runner.invoke(cli, args, catch_exceptions=False)
+        assert shown.exit_code == 0, shown.output
+        assert_clean(shown.output)
+
+
+def test_plugin_error_text_is_shown_not_parsed(register_plugin, tmp_path, monkeypatch):
+    monkeypatch.delenv("LLMB_DEBUG", raising=False)
+    register_plugin(FailingPlugin(), "hostile_fails")
+    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "hostile_fails", "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert_clean(result.output)
+    assert "driver said x[/]y[bold]z\\x1b]0;owned" in result.output
+
+
+def test_llmb_debug_shows_the_plugins_own_traceback(register_plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMB_DEBUG", "1")
+    register_plugin(FailingPlugin(), "hostile_fails")
+    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "hostile_fails", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "Traceback" in result.output and "in setup_backend" in result.output  # the plugin's frame
+    assert "raise RuntimeError" in result.output
+
+
+def test_error_messages_keep_their_brackets(monkeypatch):
+    import click
+
+    from llmb.cli import handle_errors
+
+    @click.command()
+    @handle_errors
+    def fails():
+        raise LlmbError(f"plots need matplotlib: pip install 'llmb[report]' ({HOSTILE}{'y' * 10_000})")
+
+    result = CliRunner().invoke(fails, [])
+    assert result.exit_code == 1
+    assert "pip install 'llmb[report]'" in result.output
+    assert_clean(result.output)
+    assert len(result.output) < 2_000  # capped
+
+
+def test_hostile_bundle_fields_in_verify(tmp_path):
+    """A folder bundle whose submission, system and result fields hold markup, ESC and a giant string."""
+    bundle = tmp_path / "bundle"
+    (bundle / "results").mkdir(parents=True)
+    giant = "g" * 2_000_000
+    (bundle / "submission.json").write_text(
+        json.dumps(
+            {
+                "schema": "nope",
+                "submitter": HOSTILE,
+                "system_name": HOSTILE,
+                "plugins": [],
+                "debug": {},
+                "results": [f"results/{HOSTILE}.json"],
+                "note": giant,
+            }
+        )  # fmt: skip
+    )
+    (bundle / "system.json").write_text(
+        json.dumps({"submitter": HOSTILE, "system_name": HOSTILE, "host_processor_model_name": HOSTILE + giant})
+    )
+    (bundle / "results" / "r.json").write_text(json.dumps({"schema": HOSTILE, "device": {"name": HOSTILE}}))
+    result = CliRunner().invoke(cli, ["verify", str(bundle)], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert_clean(result.output)
+    assert "does not match" in result.output  # submitter and system_name held to the packager's name pattern
+    assert len(result.output) < 200_000  # every detail capped: the 2 MB string is not drawn
+
+
+def test_sweep_keeps_secret_settings_off_the_command_line():
+    from llmb import runner, sweep
+    from llmb.config import PRESETS
+
+    options = runner.RunOptions(
+        config=PRESETS["tiny"], preset="tiny", plugin="cpu", device="cpu", settings={"threads": "1", "tok": "S3CRET"}
+    )
+    args = sweep.child_args(options, "FP32", 1, secret=frozenset({"tok"}))
+    assert "threads=1" in args and not any("S3CRET" in a for a in args)
+    args = sweep.child_args(options, "FP32", 1)  # a credential-like name is kept off without being declared
+    options.settings["license_token"] = "L1CENSE"
+    assert not any("L1CENSE" in a for a in sweep.child_args(options, "FP32", 1))
+    assert sweep._redact_values("error near S3CRET here", ["S3CRET"]) == "error near <redacted> here"
+
+
+@pytest.mark.parametrize("value", ['{"a": 1', "[1]"])
+def test_secret_options_env_must_be_an_object(monkeypatch, value):
+    from llmb.cli import _secret_options
+    from llmb.settings import SECRET_OPTIONS_ENV
+
+    monkeypatch.setenv(SECRET_OPTIONS_ENV, value)
+    with pytest.raises(LlmbError):
+        _secret_options()
