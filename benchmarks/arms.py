@@ -9,6 +9,7 @@ Arms:
 - torchtitan: torchtitan's Llama3Model (same shape, SDPA attention; see titan.py) + torch.optim.AdamW, by hand.
 - bare: llmb's model and the benchmark's AdamW in a bare loop with one device sync at the end.
 - interleaved: the harness's step and models stepped by hand in one process, alternating step by step.
+- step_memory: models by hand one after another in one process, each one step's tensor peak from the profiler.
 """
 
 from __future__ import annotations
@@ -274,7 +275,59 @@ def run_interleaved(spec: dict) -> dict:
     }
 
 
-ARMS = {"llmb": run_llmb, "hf": run_hf, "bare": run_bare, "torchtitan": run_titan, "interleaved": run_interleaved}
+def step_peak_bytes(step) -> int:
+    """Peak bytes of tensors allocated during one step above those live when it starts, from the profiler's
+    allocation events: unlike max RSS it does not depend on where the allocator put things or what it kept."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()  # negative for a free
+        peak = max(peak, live)
+    return peak
+
+
+def held_bytes(optimizer) -> int:
+    """Bytes held between steps: parameters, their gradients and the optimizer's state."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors += [p.grad for p in tensors if p.grad is not None]
+    tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def run_step_memory(spec: dict) -> dict:
+    """Each by-hand model in turn, in this process: after warmup steps, the tensor peak of one profiled step (two,
+    the second kept: the profiler's first recording counts extra) and the bytes held between steps."""
+    import gc
+
+    peaks, held = {}, {}
+    for label, arm in spec["by_hand"].items():
+        hand = {**spec, "optimizer_options": arm.get("optimizer_options") or {}}
+        step, optimizer, _ = hand_setup(hand, *MODELS[arm["model"]])
+        for _ in range(max(spec["warmup_steps"], 1)):
+            step()
+        step_peak_bytes(step)
+        peaks[label], held[label] = step_peak_bytes(step), held_bytes(optimizer)
+        del step, optimizer
+        gc.collect()
+    return {
+        "step_peak_bytes": peaks,
+        "held_bytes": held,
+        "window_seconds": 1.0,
+        "step_seconds": [],
+        "peak_memory_bytes": None,
+    }
+
+
+ARMS = {
+    "llmb": run_llmb,
+    "hf": run_hf,
+    "bare": run_bare,
+    "torchtitan": run_titan,
+    "interleaved": run_interleaved,
+    "step_memory": run_step_memory,
+}
 
 
 def main(spec: dict) -> dict:

@@ -9,8 +9,10 @@ Two comparisons, both at every batch size:
 First all arms in one process, alternating step by step (the order flips every pair): each ratio is the median of
 step-pair ratios, with their interquartile range as the noise. Then each arm in its own fresh process, in
 alternating rounds: tokens/s over the whole window, and peak memory (max RSS, every arm having imported transformers
-and torchtitan first so that it is like for like; training memory = peak minus the RSS after those imports). Every
-figure comes with the 1-minute load average around it.
+and torchtitan first so that it is like for like; training memory = peak minus the RSS after those imports). Between
+them, in one process, each model's tensor peak over one step (the profiler's allocation events, plus the parameters,
+gradients and AdamW state held between steps), which allocator noise cannot move. Every figure comes with the
+1-minute load average around it.
 
     python benchmarks/vs_peers.py --preset small --batch-sizes 1,4,8 --threads 1 --rounds 2
     python benchmarks/vs_peers.py --preset tiny --hidden-size 256 --intermediate-size 512 --num-hidden-layers 2 \
@@ -42,6 +44,7 @@ from rich.table import Table
 SHAPE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "sequence_length")
 # (ours, peer) pairs: model vs model with one AdamW, and end to end as each is run by its users.
 MODEL_PAIRS = {"HF": ("llmb-model", "hf-model"), "torchtitan": ("llmb-model", "torchtitan-model")}
+MEMORY_ARMS = ("llmb-model", "hf-model", "torchtitan-model")
 END_TO_END_PAIRS = {"HF": ("llmb", "hf-user"), "torchtitan": ("llmb", "torchtitan-model")}
 
 
@@ -72,8 +75,8 @@ def measure_batch(base: dict, fused: dict, rounds: int, interleave_steps: int) -
         "hf-user": {"model": "hf", "optimizer_options": {}},
     }
     spec = {**base, "arm": "interleaved", "settings": {}, "by_hand": hand, "steps": interleave_steps}
-    interleaved = run_arm(spec)
-    ratios: dict[str, dict] = {}
+    interleaved = run_arm(spec) if interleave_steps else {"error": "skipped (--interleave-steps 0)"}
+    ratios: dict[str, dict] = {f"{kind}/{peer}": {} for kind in ("model", "end_to_end") for peer in MODEL_PAIRS}
     if "error" in interleaved:
         console.print(f"interleaved: [red]{interleaved['error']}[/]", highlight=False)
     else:
@@ -81,6 +84,13 @@ def measure_batch(base: dict, fused: dict, rounds: int, interleave_steps: int) -
         for kind, pairs in (("model", MODEL_PAIRS), ("end_to_end", END_TO_END_PAIRS)):
             for peer, (ours, theirs) in pairs.items():
                 ratios[f"{kind}/{peer}"] = {"interleaved": pair_ratios(seconds[ours], seconds[theirs])}
+    memory = run_arm({**base, "arm": "step_memory", "by_hand": {k: hand[k] for k in MEMORY_ARMS}, "steps": 1})
+    if "error" in memory:
+        console.print(f"step memory: [red]{memory['error']}[/]", highlight=False)
+    else:
+        for peer, (ours, theirs) in MODEL_PAIRS.items():
+            total = {k: memory["step_peak_bytes"][k] + memory["held_bytes"][k] for k in (ours, theirs)}
+            ratios[f"model/{peer}"]["tensor_peak_ratio"] = total[ours] / total[theirs]
     arms = {
         "llmb": {**base, "arm": "llmb", "settings": {}},
         "llmb-model": {**base, "arm": "bare", "optimizer_options": fused},
@@ -99,7 +109,13 @@ def measure_batch(base: dict, fused: dict, rounds: int, interleave_steps: int) -
             for key in ("peak_memory_bytes", "training_memory_bytes"):
                 if a.get(key) and b.get(key):
                     entry[key.replace("_bytes", "_ratio")] = a[key] / b[key]
-    return {"interleaved": interleaved, "measurements": measurements, "summary": summary, "ratios": ratios}
+    return {
+        "interleaved": interleaved,
+        "step_memory": memory,
+        "measurements": measurements,
+        "summary": summary,
+        "ratios": ratios,
+    }
 
 
 def print_batch(batch: int, result: dict) -> None:
@@ -108,8 +124,9 @@ def print_batch(batch: int, result: dict) -> None:
         "comparison",
         "interleaved: median [IQR] of step pairs",
         "separate processes, per round",
-        "peak memory",
-        "training memory",
+        "peak memory (RSS)",
+        "training memory (RSS)",
+        "tensor peak",
     ):
         table.add_column(column, justify="left" if column == "comparison" else "right")
     for name, r in result["ratios"].items():
@@ -119,6 +136,7 @@ def print_batch(batch: int, result: dict) -> None:
             ", ".join(f"{x:.3f}" for x in r.get("separate_same_round", [])) or "n/a",
             f"{r['peak_memory_ratio']:.3f}" if "peak_memory_ratio" in r else "n/a",
             f"{r['training_memory_ratio']:.3f}" if "training_memory_ratio" in r else "n/a",
+            f"{r['tensor_peak_ratio']:.4f}" if "tensor_peak_ratio" in r else "n/a",
         )
     console.print(table)
     inter = result["interleaved"]

@@ -87,6 +87,23 @@ def test_torchtitan_arm_is_llmbs_shape_and_trains(bench):
     assert abs(result["loss_first"] - 10.37) < 1.0  # near ln(32000): torchtitan's init, llmb's vocabulary
 
 
+def test_step_memory_arm_counts_tensor_peaks_from_allocation_events(bench):
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
+    arms, _, _ = bench
+    by_hand = {"ours": {"model": "llmb", "optimizer_options": {"fused": True}}, "hf": {"model": "hf"}}
+    result = arms.main({**SPEC, "arm": "step_memory", "by_hand": by_hand, "steps": 1, "warmup_steps": 1})
+    config = build_config("tiny")
+    from llmb.flops import parameter_count
+
+    logits = SPEC["batch_size"] * config.sequence_length * config.vocab_size * 4
+    weights_and_moments = 3 * 4 * parameter_count(config)
+    for label in by_hand:
+        # At its peak a step holds the weights, AdamW's two moments, the logits and their log-softmax at least.
+        assert result["step_peak_bytes"][label] + result["held_bytes"][label] > weights_and_moments + 2 * logits
+    # Between steps: weights, gradients, two moments (and AdamW's step counts): the same for both models.
+    assert result["held_bytes"]["ours"] == result["held_bytes"]["hf"] >= 4 * 4 * parameter_count(config)
+
+
 def test_interleaved_arm_times_the_harness_step_and_hf_pair_by_pair(bench):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
     arms, _, _ = bench
