@@ -16,7 +16,7 @@ def invoke(*args):
 
 def written_paths(data: dict, prefix: str = "") -> set[str]:
     """Every key of a written record, nested objects dotted, lists of objects as name[] (free-form maps excluded)."""
-    free = {"config", "facts", "plugin.settings", "plugin.defaults", "optimizer.defaults"}
+    free = {"config", "facts", "plugin.settings", "plugin.defaults", "optimizer.defaults", "evidence", "judge"}
     dtypes = ("parameter_dtypes", "gradient_dtypes", "optimizer_state_dtypes", "operator_dtypes")
     free |= {f"precision.audit.{k}" for k in dtypes}
     free.add("precision.audit.evidence")
