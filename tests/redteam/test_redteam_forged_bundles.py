@@ -11,6 +11,7 @@ from cleanroom_kit import TINY, llmb
 
 from llmb import submission, verify
 from llmb.cleanroom import headline_figures
+from llmb.records import Result
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,8 @@ def forge(honest, tmp_path, edit) -> tuple:
     sub = json.loads((root / submission.SUBMISSION_JSON).read_text())
     sub["results"] = sorted(p.relative_to(root).as_posix() for p in records)
     (root / submission.SUBMISSION_JSON).write_text(json.dumps(sub, indent=2) + "\n")
-    (root / submission.SUMMARY_MD).write_text(submission.render_summary(sub, list(records.values())))
+    results = [Result.from_dict(r) for r in records.values()]
+    (root / submission.SUMMARY_MD).write_text(submission.render_summary(sub, results))
     submission.write_manifest(root)
     return root
 
