@@ -27,9 +27,9 @@ MARKER = "LLMB_BENCH_RESULT "
 
 def rss_bytes() -> int:
     """This process's max RSS so far (the same figure the cpu plugin reports as peak memory)."""
-    from llmb.default_plugins.cpu import peak_memory_bytes
+    from llmb import CpuBackend
 
-    return peak_memory_bytes(torch.device("cpu"))
+    return CpuBackend().peak_memory_bytes(torch.device("cpu"))
 
 
 def synchronize(device: torch.device) -> None:
@@ -173,8 +173,7 @@ def by_hand(spec: dict, build, loss_of) -> dict:
 
 def hf_model(config):
     import transformers
-
-    from llmb.hf import llama_config
+    from hf import llama_config  # benchmarks/hf.py, beside this script
 
     return transformers.LlamaForCausalLM(llama_config(config))
 

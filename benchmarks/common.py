@@ -20,8 +20,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from llmb import CpuBackend
 from llmb.config import PRESETS
-from llmb.default_plugins.cpu import device_name
 from llmb.precision import MODES, PRECISIONS
 from llmb.results import write_json_atomic
 
@@ -39,7 +39,7 @@ def load() -> list[float]:
 def machine() -> dict:
     info = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": device_name(torch.device("cpu")),
+        "cpu": CpuBackend().device_name(torch.device("cpu")),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
@@ -224,7 +224,7 @@ def plugin_optimizer_options(spec: dict, settings: dict | None = None) -> dict:
         settings=dict(settings or {}),
     )
     plugin, device, resolved = runner.resolve(options)
-    return dict(plugin.call("optimizer_options", device=device, precision=spec["precision"], settings=resolved) or {})
+    return dict(plugin.backend.optimizer_options(device, spec["precision"], resolved) or {})
 
 
 def command_line() -> str:

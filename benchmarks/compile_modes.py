@@ -29,7 +29,7 @@ from common import (
 from rich.table import Table
 
 from llmb.errors import UsageError
-from llmb.plugins import select_plugin
+from llmb.plugins import resolve_settings, select_backend
 
 # The reference: no compile, torch's default AdamW, no recomputation. Each method changes only its own settings.
 EAGER = {"compile": "none", "fused_adamw": "false", "activation_checkpointing": "none"}
@@ -49,13 +49,13 @@ METHODS = {
 def method_settings(plugin, changes: dict[str, str]) -> dict[str, str]:
     """The eager reference's settings (those the plugin declares) with the method's changes; UsageError when the
     plugin does not offer the method."""
-    declared = {s.name for s in plugin.settings()}
+    declared = {s.name for s in plugin.settings()}  # plugin: the llmb.Backend
     settings = {k: v for k, v in EAGER.items() if k in declared}
     missing = sorted(set(changes) - declared)
     if missing:
         raise UsageError(f"the {plugin.name} plugin has no {', '.join(missing)} setting")
     settings.update(changes)
-    plugin.resolve_settings(settings)  # a value outside the plugin's choices is not offered either
+    resolve_settings(plugin, settings)  # a value outside the plugin's choices is not offered either
     return settings
 
 
@@ -71,7 +71,7 @@ def method_settings(plugin, changes: dict[str, str]) -> dict[str, str]:
 def main(methods: str, timeout: float, **options) -> None:
     """Time and memory per method for one plugin; speed-up against eager."""
     base = base_spec(**options)
-    plugin = select_plugin(base["plugin"])
+    plugin = select_backend(base["plugin"]).backend
     base["plugin"] = plugin.name
     wanted = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in wanted if m not in METHODS]

@@ -128,15 +128,14 @@ def main(interleave_steps: int, **options) -> None:
 def per_step_hook_seconds(spec: dict, calls: int = 2000) -> float:
     """What the harness adds to every timed step besides the step itself, timed directly (immune to load drift
     over minutes, unlike whole runs): the plugin calls its timer makes per step."""
-    from llmb.device import Device
-    from llmb.plugins import select_plugin
+    from llmb.plugins import select_backend
 
-    services = Device(select_plugin(spec["plugin"]), torch.device(spec["device"]))
-    services.synchronize()
+    backend, device = select_backend(spec["plugin"]).backend, torch.device(spec["device"])
+    backend.synchronize(device)
     start = time.perf_counter()
     for _ in range(calls):
-        services.step_end()
-        services.synchronize()
+        backend.step_end(device)
+        backend.synchronize(device)
     return (time.perf_counter() - start) / calls
 
 

@@ -1,14 +1,41 @@
-"""llmb: a vendor-neutral benchmark of LLM training throughput."""
+"""llmb: a vendor-neutral benchmark of LLM training throughput.
 
-from importlib.metadata import PackageNotFoundError, version
+The public API for plugins is what this module exports. Importing it imports no torch (the command line's --help
+must not wait for torch); `llmb.CpuBackend` is loaded, with torch, on first use.
+"""
 
-try:
-    __version__ = version("llmb")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0"
+from llmb.backend import Backend, Peak, PrecisionFact
+from llmb.errors import LlmbError, UsageError
+from llmb.hookspecs import hookimpl
+from llmb.settings import Setting
 
-from llmb.hookspecs import hookimpl  # noqa: E402
-from llmb.precision import PrecisionFact  # noqa: E402
-from llmb.settings import Setting  # noqa: E402
+__all__ = [
+    "Backend",
+    "CpuBackend",
+    "LlmbError",
+    "Peak",
+    "PrecisionFact",
+    "Setting",
+    "UsageError",
+    "hookimpl",
+    "__version__",
+]
 
-__all__ = ["hookimpl", "Setting", "PrecisionFact", "__version__"]
+
+def __getattr__(name: str):
+    # Loaded on first use (PEP 562): the reference backend imports torch, and importlib.metadata costs a few hundred
+    # ms on a loaded machine, which `llmb --help` must not pay.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        global __version__
+        try:
+            __version__ = version("llmb")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            __version__ = "0.0.0"
+        return __version__
+    if name == "CpuBackend":
+        from llmb.default_plugins.cpu import CpuBackend
+
+        return CpuBackend
+    raise AttributeError(f"module 'llmb' has no attribute {name!r}")

@@ -240,14 +240,14 @@ def expand_all(runs: list, link: Link | None) -> list:
     from dataclasses import replace
 
     from llmb import precision
-    from llmb.plugins import select_plugin
+    from llmb.plugins import select_backend
 
     expanded = []
     for options in runs:
         if options.precision != "ALL":
             expanded.append(options)
             continue
-        supported = select_plugin(options.plugin).precisions()
+        supported = select_backend(options.plugin).backend.precisions()
         for name in precision.PRECISIONS:
             if name in supported:
                 expanded.append(replace(options, precision=name))

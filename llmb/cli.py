@@ -8,19 +8,22 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from llmb import __version__, bounds, cleanroom, conformance, distributed, evidence, mesh, plugins, precision, runner
+# Only what --help needs is imported here: torch (about 6 s to import on a loaded machine) and the modules that
+# import it are imported inside the commands that train, so `llmb --help` and `llmb CMD --help` answer at once.
+from llmb import bounds, names
 from llmb import console as term
-from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
-from llmb.plugins import Plugin, plugin_names
-from llmb.results import check_writable, save_result
 from llmb.settings import parse_options
+
+if TYPE_CHECKING:  # annotations only: records and the runner import the model, and so torch
+    from llmb import runner
+    from llmb.records import Result
 
 console = term.out
 err_console = term.err
@@ -56,13 +59,13 @@ def handle_errors(func):
 
 
 @click.group()
-@click.version_option(__version__, prog_name="llmb")
+@click.version_option(package_name="llmb", prog_name="llmb")  # read from the metadata only when asked
 def cli() -> None:
     """llmb: a vendor-neutral benchmark of LLM training throughput."""
 
 
 def shape_options(func):
-    for name in reversed(SHAPE_FIELDS):
+    for name in reversed(names.SHAPE_FIELDS):
         func = click.option(
             f"--{name.replace('_', '-')}",
             name,
@@ -108,18 +111,21 @@ def launch_options(func):
     return func
 
 
-def launch_spec(
-    nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout=distributed.DEFAULT_TIMEOUT_SECONDS
-) -> distributed.LaunchSpec | None:
+def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout=names.DEFAULT_TIMEOUT_SECONDS):
+    """The torchrun launch the options ask for (a distributed.LaunchSpec), or None for a single process."""
     if nproc_per_node is None:
         if nnodes != 1 or node_rank or master_addr or master_port:
             raise click.UsageError("--nnodes, --node-rank, --master-addr and --master-port need --nproc-per-node")
         return None
+    from llmb import distributed
+
     return distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
 
 
-class RichProgress(runner.Progress):
-    def __init__(self, progress: Progress, label: str) -> None:
+class RichProgress:
+    """runner.Progress drawn with rich's progress bars."""
+
+    def __init__(self, progress, label: str) -> None:
         self.progress, self.label, self.task = progress, label, None
 
     def phase(self, name: str, total: int) -> None:
@@ -148,7 +154,7 @@ class RichProgress(runner.Progress):
     "mode",
     default="pure",
     show_default=True,
-    type=click.Choice(precision.MODES),
+    type=click.Choice(names.MODES),
     help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
 )
 @click.option("--strict-precision", is_flag=True, help="Fail when the audited precision is below the requested one.")
@@ -163,7 +169,7 @@ class RichProgress(runner.Progress):
     help="Measurements on the same model; the median is reported.",
 )
 @click.option("--seed", default=0, show_default=True, type=bounds.SEED)
-@click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
+@click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))
 @shape_options
 @click.option(
     "--out",
@@ -175,7 +181,7 @@ class RichProgress(runner.Progress):
 @launch_options
 @click.option(
     "--parallel",
-    type=click.Choice(distributed.PARALLEL),
+    type=click.Choice(names.PARALLEL),
     default=None,
     help="Several processes: DDP, FSDP2 (each decoder layer a unit) or HSDP (replicate x shard); default ddp. "
     "Batch size is per data-parallel rank.",
@@ -187,20 +193,20 @@ class RichProgress(runner.Progress):
     "--pp", type=bounds.PROCESSES, default=1, show_default=True, help="Pipeline stages (torch.distributed.pipelining)."
 )
 @click.option("--microbatches", type=bounds.COUNT, default=None, help="Pipeline microbatches per step (default: --pp).")
-@click.option("--pp-schedule", type=click.Choice(mesh.SCHEDULES), default="gpipe", show_default=True)
+@click.option("--pp-schedule", type=click.Choice(names.SCHEDULES), default="gpipe", show_default=True)
 @click.option("--grad-accum", type=bounds.COUNT, default=1, show_default=True, help="Micro-steps per optimizer step.")
 @click.option("--sequence-parallel", is_flag=True, help="With --tp: shard norms and the residual along the sequence.")
 @click.option(
     "--dist-timeout",
     type=bounds.SECONDS,
-    default=distributed.DEFAULT_TIMEOUT_SECONDS,
+    default=names.DEFAULT_TIMEOUT_SECONDS,
     show_default=True,
     help="Seconds a collective waits for a peer before the run fails.",
 )
 @click.option(
     "--replay-steps",
     type=int,
-    default=evidence.DEFAULT_REPLAY_STEPS,
+    default=names.DEFAULT_REPLAY_STEPS,
     show_default=True,
     help="Steps of the headline window replayed on the CPU in FP32 before the record is written (0: none, "
     "and the result is not valid).",
@@ -237,8 +243,13 @@ def run(
     **shape,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
+    from llmb import cleanroom, distributed, runner
+    from llmb.config import build_config
+
     launch = launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, dist_timeout)
     config = build_config(preset, **shape)
+    from llmb.results import check_writable  # results imports the records, and so torch
+
     check_writable(out)  # before anything is measured, not after
     base = runner.RunOptions(
         config=config,
@@ -279,6 +290,10 @@ def _run_clean(
     base: runner.RunOptions, requested: str, launch, replay_steps: int, out: Path, unsaved: list[Path]
 ) -> list[dict]:
     """Judged from this process, which imports no plugin: the worker it starts runs the plugin (llmb.cleanroom)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from llmb import cleanroom, distributed, runner
+
     # Under --nproc-per-node the parallel strategy is the job's; this process is not in it.
     parallel = None if launch is not None else base.parallel
     runner.check_request(runner.RunOptions(**{**base.__dict__, "precision": requested, "parallel": parallel}), True)
@@ -305,20 +320,23 @@ def _run_clean(
 
 def _run_in_process(base: runner.RunOptions, requested: str, launch, out: Path, unsaved: list[Path]) -> list[dict]:
     """Library and test use (LLMB_IN_PROCESS=1): the plugin's own process judges, and no record is valid."""
+    from llmb import precision, runner
+    from llmb.plugins import call, select_backend
+
     if requested == "ALL":
-        supported = runner.select_plugin(base.plugin).precisions()
-        names = [p for p in precision.PRECISIONS if p in supported]
+        supported = call(select_backend(base.plugin).backend.precisions)
+        wanted = [p for p in precision.PRECISIONS if p in supported]
         for p in precision.PRECISIONS:
             if p not in supported:
                 term.say((f"{p}: unsupported by this plugin", "yellow"))
     else:
-        names = [requested]
+        wanted = [requested]
     records = []
-    runs = [runner.RunOptions(**{**base.__dict__, "precision": name}) for name in names]
+    runs = [runner.RunOptions(**{**base.__dict__, "precision": name}) for name in wanted]
     if launch is not None:
         for options_for in runs:  # bad input fails here, before any process starts
             runner.check_launch(options_for, launch.nproc_per_node * launch.nnodes, launch.nnodes)
-        for record in distributed.launch_runs(launch, runs):
+        for record in runner.launch_runs(launch, runs):
             records.append(record)
             _print_record(record, _save(record, out, unsaved))
     for options_for in runs if launch is None else []:
@@ -345,8 +363,10 @@ def _secret_options() -> dict[str, str]:
     return {str(k): str(v) for k, v in given.items()}
 
 
-def _save(record: runner.Result, out: Path, unsaved: list[Path]) -> Path:
+def _save(record: Result, out: Path, unsaved: list[Path]) -> Path:
     """Write the result; if --out fails after the measurement, it is printed and saved under the temporary folder."""
+    from llmb.results import save_result  # results imports the records, and so torch
+
     path, problem = save_result(record, out)
     if problem is not None:
         click.echo(json.dumps(record.to_dict(), indent=2))
@@ -355,7 +375,12 @@ def _save(record: runner.Result, out: Path, unsaved: list[Path]) -> Path:
     return path
 
 
-def _run_one(options: runner.RunOptions) -> runner.Result | None:
+def _run_one(options):
+    """A run with rich's progress bars (a runner.Result, or None on ranks other than 0)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from llmb import distributed, runner
+
     world = distributed.current_world()
     if world is not None and world.rank != 0:
         return runner.run(options)
@@ -364,7 +389,7 @@ def _run_one(options: runner.RunOptions) -> runner.Result | None:
         return runner.run(options, RichProgress(progress, options.precision))
 
 
-def _print_record(record: runner.Result, path: Path) -> None:
+def _print_record(record: Result, path: Path) -> None:
     prec = record.precision
     table = term.table(f"llmb {record.plugin.name} on {record.device.name}", show_header=False)
     term.column(table, "what", style="bold")
@@ -434,31 +459,38 @@ def _print_record(record: runner.Result, path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @handle_errors
 def plugins_command(as_json: bool) -> None:
-    """List installed plugins: name, distribution, devices, precisions, hooks, settings."""
-    described = [Plugin(name).describe() for name in plugin_names()]
+    """List installed backends: plugin, devices, precisions, methods overridden, settings, peak sources."""
+    from rich.text import Text
+
+    from llmb import plugins
+
+    described = [plugins.describe(r) for r in plugins.all_registrations().values()]
     for name, error in plugins.load_errors.items():
         term.warning(f"plugin {name!r} failed to load: {error}")
     if as_json:
         click.echo(json.dumps(described, indent=2))
         return
-    # One small table per plugin: the hook and setting lists are too long for columns of one wide table.
-    for p in described:
-        hardware = "present" if p["hardware_available"] else "absent"
-        table = term.table(f"{p['name']}  ({p['distribution']} {p['version']}, hardware {hardware})", show_header=False)
+    # One small table per backend: the method and setting lists are too long for columns of one wide table.
+    for b in described:
+        hardware = "present" if b["hardware_available"] else "absent"
+        title = f"{b['name']}  (plugin {b['plugin']}: {b['distribution']} {b['version']}, hardware {hardware})"
+        table = term.table(title, show_header=False)
         term.column(table, "", style="bold")
-        term.column(table, "")
-        term.row(table, "devices", ", ".join(p["device_types"]))
-        term.row(table, "precisions", ", ".join(p["precisions"]))
-        term.row(table, "hooks", ", ".join(p["hooks"]))
-        settings = Text("\n").join(_setting_line(s) for s in p["settings"])
-        term.row(table, "settings", settings if p["settings"] else "none")
+        term.column(table, "")  # folds long values (URLs) instead of cutting them
+        term.row(table, "devices", ", ".join(b["device_types"]))
+        term.row(table, "precisions", ", ".join(b["precisions"]))
+        term.row(table, "methods overridden", ", ".join(b["methods_overridden"]) or "none")
+        settings = Text("\n").join(_setting_line(s) for s in b["settings"])
+        term.row(table, "settings", settings if b["settings"] else "none")
+        peaks = "\n".join(f"{device}: {source}" for device, source in b["peak_sources"].items())
+        term.row(table, "peak sources", peaks or "none (no MFU)")
         console.print(table)
 
 
 def _setting_line(s: dict) -> Text:
-    """One setting: name=default, its allowed values when it has a list, and its help (all the plugin's text)."""
+    """One setting: name=default, its type, its allowed values when it has a list, and its help (the plugin's text)."""
     choices = f" (one of {', '.join(map(str, s['choices']))})" if s.get("choices") else ""
-    return term.text(f"{s['name']}={s['default']}{choices}  {s['help']}")
+    return term.text(f"{s['name']}={s['default']} [{s['type']}]{choices}  {s['help']}")
 
 
 @cli.command(name="package-submission")
@@ -508,7 +540,7 @@ def package_submission(
     force,
 ) -> None:
     """Write a submission bundle: results, system, code diff, plugin source, conformance, summary, manifest."""
-    from llmb import submission, verify
+    from llmb import conformance, submission, verify
 
     options = submission.PackageOptions(
         submitter=submitter,
@@ -548,7 +580,7 @@ def package_submission(
 @click.option(
     "--replay-steps",
     type=click.IntRange(min=1),
-    default=evidence.DEFAULT_REPLAY_STEPS,
+    default=names.DEFAULT_REPLAY_STEPS,
     show_default=True,
     help="Steps of each headline window that --replay replays (the whole window, digest included, when it covers it).",
 )
@@ -614,7 +646,7 @@ def reproduce_command(path: Path, tolerance: float, runs: int) -> None:
 )
 @handle_errors
 def new_plugin(name: str, directory: Path | None) -> None:
-    """Write an installable plugin package with every hook stubbed: a vendor's starting point."""
+    """Write an installable plugin package: a llmb.Backend subclass with every method stubbed, a vendor's start."""
     from llmb.scaffold import write_plugin
 
     target = write_plugin(name, directory)
@@ -637,8 +669,8 @@ def new_plugin(name: str, directory: Path | None) -> None:
 @handle_errors
 def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:
     """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
-    from llmb import commbench
-    from llmb.results import write_json_atomic
+    from llmb import commbench, distributed
+    from llmb.results import check_writable, write_json_atomic
 
     options = commbench.CommOptions(plugin=plugin, device=device, iters=iters, warmup=warmup, dtype=dtype)
     if out is not None:
@@ -758,7 +790,7 @@ def project_command(
     show_default=True,
     help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
 )
-@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(precision.MODES))
+@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(names.MODES))
 @click.option(
     "--batch-sizes",
     default="auto",
@@ -776,7 +808,7 @@ def project_command(
 @click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help="Measured steps per trial.")
 @click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP)
 @click.option("--seed", default=0, show_default=True, type=bounds.SEED)
-@click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
+@click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))
 @shape_options
 @click.option(
     "--trial-timeout", default=600.0, show_default=True, type=bounds.SECONDS, help="Seconds before a trial is killed."
@@ -809,7 +841,9 @@ def sweep(
     **shape,
 ) -> None:
     """Find the best batch size per precision: each trial its own `llmb run` process, resumable."""
+    from llmb import runner
     from llmb import sweep as sweeps
+    from llmb.config import build_config
 
     run_options = runner.RunOptions(
         config=build_config(preset, **shape),
@@ -868,21 +902,24 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
 @cli.command(name="check-plugin")
 @plugin_options
 @click.option("--precision", "precision_name", default="FP32", show_default=True, help="FP32, TF32, FP16 or BF16.")
-@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(precision.MODES))
-@click.option("--preset", default="tiny", show_default=True, type=click.Choice(conformance.CONFORMANCE_PRESETS))
+@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(names.MODES))
+@click.option("--preset", default="tiny", show_default=True, type=click.Choice(names.CONFORMANCE_PRESETS))
 @click.option(
     "--steps",
-    default=conformance.DEFAULT_STEPS,
+    default=names.CONFORMANCE_STEPS,
     show_default=True,
     type=bounds.STEPS,
     help="Optimizer steps whose results are compared.",
 )
-@click.option("--batch-size", default=conformance.DEFAULT_BATCH_SIZE, show_default=True, type=bounds.BATCH)
+@click.option("--batch-size", default=names.CONFORMANCE_BATCH_SIZE, show_default=True, type=bounds.BATCH)
 @click.option("--seed", default=0, show_default=True, type=bounds.SEED)
 @click.option("--out", default="conformance.json", show_default=True, type=click.Path(dir_okay=False, path_type=Path))
 @handle_errors
 def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
     """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
+    from llmb import conformance
+    from llmb.results import check_writable
+
     check_writable(out.parent)  # before the check runs, not after
     with err_console.status("running the candidate and the reference"):
         record = conformance.check_plugin(
@@ -909,10 +946,10 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     "--precision",
     "precisions",
     multiple=True,
-    type=click.Choice(precision.PRECISIONS),
+    type=click.Choice(names.PRECISIONS),
     help="Precision to measure (repeatable; default: every one the plugin supports).",
 )
-@click.option("--preset", default="official", show_default=True, type=click.Choice(list(PRESETS)))
+@click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))
 @shape_options
 @click.option(
     "--batch-size", default=1, show_default=True, type=bounds.BATCH, help="The batch whose GEMM shapes are measured."
@@ -932,6 +969,7 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
 def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
     from llmb import roofline
+    from llmb.config import build_config
     from llmb.results import write_json_atomic
 
     results = roofline.peak(

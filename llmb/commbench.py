@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 
 from llmb import distributed
-from llmb.device import Device, check_device_present, parse_device
+from llmb.device import check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
-from llmb.plugins import select_plugin
+from llmb.names import DEFAULT_TIMEOUT_SECONDS
+from llmb.plugins import call, resolve_settings, select_backend
 from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
 
 # 1 KiB to 64 MiB by x16: latency-bound to bandwidth-bound (nccl-tests sweeps 8 B to 128 MiB by x2).
@@ -34,7 +35,7 @@ class CommOptions:
     iters: int = 20
     warmup: int = 5
     dtype: str = "float32"
-    timeout_seconds: float = distributed.DEFAULT_TIMEOUT_SECONDS
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
@@ -73,17 +74,17 @@ def run(options: CommOptions) -> Commbench | None:
 
 
 def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
-    plugin = select_plugin(options.plugin)
-    types = plugin.device_types()
+    plugin = select_backend(options.plugin)
+    devices = plugin.backend
+    types = list(call(devices.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
     if types and device.type not in types:
         raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
     device = distributed.rank_device(device, world)
-    settings = plugin.resolve_settings({})
-    plugin.call("setup_backend", device=device, precision="FP32", settings=settings)
+    settings = resolve_settings(devices, {})
+    call(devices.setup, device, "FP32", settings)
     check_device_present(device)
-    services = Device(plugin, device)
-    backend = distributed.init_process_group(plugin, device, world, options.timeout_seconds)
+    backend = distributed.init_process_group(devices, device, world, options.timeout_seconds)
     dtype = getattr(torch, options.dtype)
     element = torch.empty((), dtype=dtype).element_size()
     n = world.world_size
@@ -92,18 +93,18 @@ def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
         count = max(1, size // element)
         buffer = torch.full((count,), float(world.rank + 1), dtype=dtype, device=device)
         dist.all_reduce(buffer)  # one checked reduction: the backend really sums every rank's data
-        services.synchronize()
+        devices.synchronize(device)
         if not bool((buffer == n * (n + 1) / 2).all()):
             raise LlmbError(f"all-reduce of {count * element} bytes returned a wrong sum on rank {world.rank}")
         buffer.zero_()  # zeros stay finite however many times they are summed
         for _ in range(options.warmup):
             dist.all_reduce(buffer)
-        services.synchronize()
+        devices.synchronize(device)
         distributed.barrier()
         start = time.perf_counter()
         for _ in range(options.iters):
             dist.all_reduce(buffer)
-        services.synchronize()
+        devices.synchronize(device)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's loop
         seconds = float(elapsed.item()) / options.iters
@@ -129,7 +130,7 @@ def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
             settings=settings,
             defaults=settings,
         ),
-        device=DeviceRef(type=device.type, name=services.name()),
+        device=DeviceRef(type=device.type, name=call(devices.device_name, device)),
         backend=backend,
         world_size=n,
         nodes=world.nodes,
@@ -157,10 +158,10 @@ def launch(spec: distributed.LaunchSpec, options: CommOptions) -> Commbench | No
 
 def default_nproc(options: CommOptions) -> int:
     """The host's devices for the plugin's device type, at least two (one process per device; the CPU is shared)."""
-    plugin = select_plugin(options.plugin)
-    types = plugin.device_types()
+    backend = select_backend(options.plugin).backend
+    types = list(call(backend.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
-    return max(2, int(plugin.call("device_count", device=device) or 1))
+    return max(2, int(call(backend.device_count, device) or 1))
 
 
 def table(record: Commbench):

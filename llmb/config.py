@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from llmb.errors import UsageError
 from llmb.model import OFFICIAL_CONFIG, ModelConfig
+from llmb.names import SHAPE_FIELDS
 
 PRESETS: dict[str, ModelConfig] = {
     "official": OFFICIAL_CONFIG,
@@ -23,14 +24,6 @@ PRESETS: dict[str, ModelConfig] = {
     ),
 }
 
-SHAPE_FIELDS = (
-    "sequence_length",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "vocab_size",
-)
 
 
 def build_config(preset: str, **overrides: int | None) -> ModelConfig:

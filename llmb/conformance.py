@@ -68,16 +68,16 @@ from llmb.config import PRESETS
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import count_parameters
-from llmb.plugins import Plugin
+from llmb.names import CONFORMANCE_BATCH_SIZE as DEFAULT_BATCH_SIZE
+from llmb.names import CONFORMANCE_PRESETS
+from llmb.names import CONFORMANCE_STEPS as DEFAULT_STEPS
+from llmb.plugins import call, get_backend, resolve_settings
 from llmb.records import Check, Conformance, DeviceRef, PluginRef, Precision
 from llmb.results import write_json_atomic
 from llmb.runner import RunOptions, Session, audit_session, is_out_of_memory, prepare, resolve
 from llmb.settings import recorded
 from llmb.train import optimizer_problems
 
-DEFAULT_STEPS = 5
-DEFAULT_BATCH_SIZE = 2
-CONFORMANCE_PRESETS = ("tiny", "small")
 REFERENCE_PLUGIN = "cpu"
 WRAPPER_SEGMENTS = frozenset(
     {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_offload_wrapped_module", "module"}
@@ -161,7 +161,7 @@ def trace(session: Session, steps: int) -> Trace:
     gradients = {name: (_host(p.grad) if p.grad is not None else None) for name, p in named}
     audit = audit_session(session)
     losses += [float(trainer.step()) for _ in range(steps - 1)]
-    session.services.synchronize()
+    session.backend.synchronize(session.device)
     problems = [p.removeprefix("optimizer: ") for p in session.invalid if p.startswith("optimizer: ")]
     problems += optimizer_problems(session.optimizer, model)  # again after the steps: a forward may change it
     if "step" in vars(session.optimizer):
@@ -330,8 +330,8 @@ REFERENCE_SETTINGS = {"fused_adamw": "false"}
 
 
 def reference_session(options: RunOptions) -> Session:
-    reference = Plugin(REFERENCE_PLUGIN)
-    settings = reference.resolve_settings(REFERENCE_SETTINGS)
+    reference = get_backend(REFERENCE_PLUGIN)
+    settings = resolve_settings(reference.backend, REFERENCE_SETTINGS)
     return prepare(reference_options(options), reference, torch.device("cpu"), settings)
 
 
@@ -381,7 +381,8 @@ def check_plugin(
         with _restored_global_state():
             session = prepare(options, chosen, torch_device, resolved)
             mode = session.recipe.mode
-            device_info = DeviceRef(type=torch_device.type, spec=str(torch_device), name=session.services.name())
+            name = call(session.backend.device_name, torch_device)
+            device_info = DeviceRef(type=torch_device.type, spec=str(torch_device), name=name)
             candidate = trace(session, steps)
             del session
             gc.collect()  # the trainer and its optimizer hold each other (the step hook): free the model now
@@ -400,8 +401,8 @@ def check_plugin(
             version=chosen.version,
             distribution=chosen.distribution,
             settings=recorded(resolved),  # a secret setting's value is never recorded
-            defaults=recorded(chosen.resolve_settings({})),
-            precisions=chosen.precisions(),
+            defaults=recorded(resolve_settings(chosen.backend, {})),
+            precisions=list(call(chosen.backend.precisions)),
         ),
         device=device_info,
         precision=Precision(requested=options.precision, effective=candidate.audit["effective"], mode=mode),

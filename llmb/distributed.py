@@ -27,11 +27,8 @@ import torch.distributed as dist
 
 from llmb import cluster
 from llmb.errors import LlmbError, UsageError
+from llmb.names import DEFAULT_TIMEOUT_SECONDS, PARALLEL  # noqa: F401  (PARALLEL: re-exported, the CLI's vocabulary)
 
-PARALLEL = ("ddp", "fsdp", "hsdp")
-# How long a collective may wait for a peer before the group fails it: long enough for a slow first step (compile),
-# short enough that a rank lost without its process dying (a hung device, a lost node) fails the run, not hangs it.
-DEFAULT_TIMEOUT_SECONDS = 600
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 _LLMB_ERROR = re.compile(r"^(LlmbError|UsageError|PluginError): (rank \d+: )?")
 # What a collective says when its peer went away (gloo, NCCL, the store): worth asking which peer fell silent.
@@ -245,10 +242,13 @@ def failure_error(failures: dict) -> LlmbError:
 
 
 def init_process_group(plugin, device: torch.device, world: World, timeout_seconds: float) -> str:
-    """Join the job's process group (once per process) with the plugin's backend; returns the backend's name."""
+    """Join the job's process group (once per process) with the plugin's backend; returns the backend's name.
+    `plugin` is the run's `llmb.Backend`."""
     if dist.is_initialized():
         return dist.get_backend()
-    backend = plugin.call("distributed_backend", device=device)
+    from llmb.plugins import call
+
+    backend = call(plugin.distributed_backend, device)
     if not backend:
         try:
             backend = dist.get_default_backend_for_device(device)
@@ -382,44 +382,6 @@ def gather(value: Any, world: World) -> list[Any] | None:
     return gathered
 
 
-# The run on every rank
-
-
-def run_job(runs: list) -> list[dict]:
-    """Each rank's entrypoint: the runs (one per precision) in this process's group; rank 0 returns the records."""
-    from llmb import runner
-
-    try:
-        return [record for record in (runner.run(options) for options in runs) if record is not None]
-    finally:
-        shutdown()
-
-
-def launch_runs(spec: LaunchSpec, runs: list) -> list[dict]:
-    """Launch the runs on every rank; the records come back from rank 0 (none on the other nodes)."""
-    return launch(spec, run_job, runs).get(0) or []
-
-
-def gradients_after_one_step(runs: list) -> list[dict[str, torch.Tensor]]:
-    """Each rank's entrypoint for the equivalence check: prepare each run exactly as `llmb run` does (its own seeded
-    batch per rank, the parallel wrapper), take one harness step, and return rank 0's view of the whole gradients.
-    With the same global batch, one process must get the same gradients: that is what data parallelism promises."""
-    from llmb import runner
-
-    gathered = []
-    try:
-        for options in runs:
-            plugin, device, settings = runner.resolve(options)
-            session = runner.prepare(options, plugin, device, settings)
-            session.trainer.step()
-            grads = full_gradients(session.model)
-            if session.world.rank == 0:
-                gathered.append(grads)
-    finally:
-        shutdown()
-    return gathered
-
-
 def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """This rank's parameters made whole (DTensor shards gathered: a collective on their mesh, so every rank of
     the mesh calls it), named as in the unwrapped model."""
@@ -430,36 +392,6 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             value = value.full_tensor()
         params[name.removeprefix("module.").replace("_orig_mod.", "")] = value.cpu().clone()
     return params
-
-
-def updates_after_steps(runs: list, steps: int) -> list[dict[str, torch.Tensor]]:
-    """Each rank's entrypoint for the equivalence check: prepare each run exactly as `llmb run` does (its layout,
-    its batches seeded by data-parallel rank), take `steps` harness steps, and return, on rank 0, every parameter's
-    update (after minus before) over the whole model: the pipeline stages' parts gathered into one."""
-    from llmb import runner
-
-    gathered = []
-    try:
-        for options in runs:
-            plugin, device, settings = runner.resolve(options)
-            session = runner.prepare(options, plugin, device, settings)
-            before = full_parameters(session.model)
-            for _ in range(steps):
-                session.trainer.step()
-            after = full_parameters(session.model)
-            mine = {name: after[name] - before[name] for name in after}
-            world = session.world
-            parts = [None] * world.world_size
-            dist.all_gather_object(parts, mine)
-            if world.rank == 0:
-                whole: dict = {}
-                for part in parts:
-                    for name, value in part.items():
-                        whole.setdefault(name, value)
-                gathered.append(whole)
-    finally:
-        shutdown()
-    return gathered
 
 
 class JobJudge:

@@ -16,9 +16,9 @@ class UsageError(LlmbError):
 
 
 class PluginError(LlmbError):
-    """A plugin raised inside a hook; the message names the plugin and the hook."""
+    """A backend raised inside one of its methods; the message names the backend and the method."""
 
-    def __init__(self, plugin: str, hook: str, error: BaseException) -> None:
-        self.plugin, self.hook, self.error = plugin, hook, error
+    def __init__(self, backend: str, method: str, error: BaseException) -> None:
+        self.backend, self.method, self.error = backend, method, error
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""  # one line, never a traceback
-        super().__init__(f"plugin {plugin!r} failed in hook {hook}: {type(error).__name__}: {first_line}")
+        super().__init__(f"backend {backend!r} failed in {method}: {type(error).__name__}: {first_line}")

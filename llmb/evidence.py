@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from llmb.model import LlamaModel, ModelConfig
+from llmb.names import DEFAULT_REPLAY_STEPS  # noqa: F401  (defined where the CLI reads it without torch)
 
 SCHEMA = "llmb.evidence/1"
-DEFAULT_REPLAY_STEPS = 2
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
 CHALLENGE_BITS = 62
 # Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead.

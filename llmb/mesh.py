@@ -29,10 +29,10 @@ from torch import nn
 
 from llmb.errors import UsageError
 from llmb.model import DecoderLayer, LlamaModel, ModelConfig, causal_lm_loss
+from llmb.names import SCHEDULES
 from llmb.train import Trainer
 
 STRATEGIES = ("ddp", "fsdp", "hsdp")
-SCHEDULES = ("gpipe", "1f1b")
 
 
 @dataclass(frozen=True)
@@ -373,7 +373,7 @@ class AccumulatingTrainer(Trainer):
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.device.step_end()
+        self.backend.step_end(self.device)
         self.harness_steps += 1
         return total / self.accumulation
 
@@ -403,6 +403,6 @@ class PipelineTrainer(Trainer):
         loss = loss.float()
         dist.all_reduce(loss, group=self.pp_group)  # only the last stage's is non-zero
         self.optimizer.step()
-        self.device.step_end()
+        self.backend.step_end(self.device)
         self.harness_steps += 1
         return loss

@@ -1,123 +1,220 @@
-"""Plugin loading (entry point group "llmb" plus the built-in cpu plugin) and calls to the selected plugin."""
+"""Plugins: found by entry point (group "llmb", plus the built-in cpu plugin), loaded on demand, and the backends they
+register through the one hook, ``register_backends(register)``.
+
+A run imports only the plugin its backend comes from: a backend is named after its plugin's entry point ("cuda", or
+"cuda-something" for a plugin with several), so `llmb run --plugin NAME` loads that entry point alone and no other
+installed plugin's import-time code runs in the benchmark's process. Only `llmb plugins` and auto-selection (no
+--plugin) load them all. `installed()` lists every plugin from package metadata without importing any.
+"""
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, TypeVar
 
 import pluggy
 
 from llmb import __version__, hookspecs
+from llmb.backend import Backend
 from llmb.errors import LlmbError, PluginError, UsageError
-from llmb.settings import Setting, resolve_settings
 
-DEFAULT_PLUGINS = {"cpu": "llmb.default_plugins.cpu"}
+GROUP = "llmb"
+BUILTIN = {"cpu": "llmb.default_plugins.cpu"}
 
-pm = pluggy.PluginManager("llmb")
+pm = pluggy.PluginManager(GROUP)
 pm.add_hookspecs(hookspecs)
 
-# name -> (distribution, version) for every registered plugin; name -> error for entry points that failed to load.
-distributions: dict[str, tuple[str, str]] = {}
+# Plugin name -> "ExceptionType: message" for plugins that failed to import or to register their backends.
 load_errors: dict[str, str] = {}
-_loaded = False
 
 
-def load_plugins() -> None:
-    """Register the built-in plugins and every installed entry point in group "llmb" (once)."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name, module_name in DEFAULT_PLUGINS.items():
-        pm.register(importlib.import_module(module_name), name=name)
-        distributions[name] = ("llmb", __version__)
-    for ep in entry_points(group="llmb"):
-        if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
-            continue
-        try:
-            pm.register(ep.load(), name=ep.name)
-        except Exception as exc:  # a broken third-party plugin must not break llmb
-            load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
-            continue
-        dist = ep.dist
-        distributions[ep.name] = (dist.name, dist.version) if dist else ("unknown", "unknown")
+@dataclass(frozen=True)
+class PluginInfo:
+    """An installed plugin as its package metadata describes it: nothing of it is imported to know this."""
 
-
-def plugin_names() -> list[str]:
-    """Registered plugin names: built-ins first, then entry points in installation order."""
-    load_plugins()
-    return [name for name, _ in pm.list_name_plugin() if name is not None and not name.startswith("_")]
-
-
-class Plugin:
-    """The selected plugin: every hook call goes to it alone, and its failures name it and the hook."""
-
-    def __init__(self, name: str) -> None:
-        load_plugins()
-        self.module = pm.get_plugin(name)
-        if self.module is None:
-            if name in load_errors:
-                raise LlmbError(f"plugin {name!r} failed to load: {load_errors[name]}")
-            known = ", ".join(plugin_names())
-            raise UsageError(f"no plugin named {name!r} (installed: {known})")
-        self.name = name
-        self.distribution, self.version = distributions.get(name, ("unknown", "unknown"))
-
-    def implements(self, hook: str) -> bool:
-        return any(impl.plugin is self.module for impl in getattr(pm.hook, hook).get_hookimpls())
-
-    def hooks(self) -> list[str]:
-        return sorted(caller.name for caller in pm.get_hookcallers(self.module) or [])
-
-    def call(self, hook: str, **kwargs: Any) -> Any:
-        others = [p for p in pm.get_plugins() if p is not self.module]
-        caller = pm.subset_hook_caller(hook, remove_plugins=others)
-        try:
-            return caller(**kwargs)
-        except LlmbError:
-            raise
-        except Exception as exc:
-            raise PluginError(self.name, hook, exc) from exc
-
-    # Capability, with the defaults a plugin that says nothing gets.
-
-    def device_types(self) -> list[str]:
-        return list(self.call("device_types") or [])
-
-    def precisions(self) -> list[str]:
-        return list(self.call("supported_precisions") or ["FP32"])
-
-    def available(self) -> bool:
-        return bool(self.call("hardware_available"))
-
-    def settings(self) -> list[Setting]:
-        return list(self.call("plugin_settings") or [])
-
-    def resolve_settings(self, given: dict[str, str]) -> dict[str, Any]:
-        return resolve_settings(self.name, self.settings(), given)
+    name: str  # the entry point's name
+    distribution: str
+    version: str
+    value: str  # the entry point's target, "module" or "module:attribute"
 
     def describe(self) -> dict:
-        return {
-            "name": self.name,
-            "distribution": self.distribution,
-            "version": self.version,
-            "device_types": self.device_types(),
-            "precisions": self.precisions(),
-            "hardware_available": self.available(),
-            "hooks": self.hooks(),
-            "settings": [s.describe() for s in self.settings()],
-        }
+        return {"name": self.name, "distribution": self.distribution, "version": self.version}
 
 
-def select_plugin(name: str | None) -> Plugin:
-    """The named plugin; without a name, the first installed plugin whose hardware is present, else cpu."""
-    if name:
-        return Plugin(name)
-    for candidate in plugin_names():
-        if candidate in DEFAULT_PLUGINS:
+# Plugin name -> its metadata, for each plugin loaded from an entry point.
+_infos: dict[str, PluginInfo] = {}
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A registered backend and the plugin that registered it."""
+
+    backend: Backend
+    plugin: PluginInfo
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def distribution(self) -> str:
+        return self.plugin.distribution
+
+    @property
+    def version(self) -> str:
+        return self.plugin.version
+
+
+def installed() -> list[PluginInfo]:
+    """Every installed llmb plugin (built-ins first, then entry points), from metadata only: nothing is imported."""
+    infos = [PluginInfo(name, "llmb", __version__, value) for name, value in BUILTIN.items()]
+    seen = set(BUILTIN)
+    for ep in entry_points(group=GROUP):
+        if ep.name in seen:
             continue
-        plugin = Plugin(candidate)
-        if plugin.available():
-            return plugin
-    return Plugin("cpu")
+        seen.add(ep.name)
+        dist = ep.dist
+        infos.append(
+            PluginInfo(ep.name, dist.name if dist else "unknown", dist.version if dist else "unknown", ep.value)
+        )
+    return infos
+
+
+def installed_records() -> list[dict]:
+    """`installed()` as plain dicts, for result records."""
+    return [info.describe() for info in installed()]
+
+
+def load(names: Iterable[str] | None = None) -> None:
+    """Import and register the named installed plugins (all when None), each once. A plugin that fails to import is
+    recorded in `load_errors`, never raised: a broken third-party plugin must not break llmb."""
+    wanted = None if names is None else set(names)
+    for info in installed():
+        if wanted is not None and info.name not in wanted:
+            continue
+        if pm.has_plugin(info.name) or pm.is_blocked(info.name) or info.name in load_errors:
+            continue
+        try:
+            module = EntryPoint(info.name, info.value, GROUP).load()
+        except Exception as exc:
+            load_errors[info.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        _infos[info.name] = info
+        pm.register(module, name=info.name)
+
+
+def registrations() -> dict[str, Registration]:
+    """Every backend the loaded plugins register, by name. Each plugin's hook is called on its own, so a failure or
+    a bad registration is charged to the plugin that made it (and its backends are left out)."""
+    found: dict[str, Registration] = {}
+    # Built-ins first, then installed plugins, then any registered in memory (tests), each in registration order.
+    impls = sorted(
+        pm.hook.register_backends.get_hookimpls(),
+        key=lambda impl: 0 if impl.plugin_name in BUILTIN else 1 if impl.plugin_name in _infos else 2,
+    )
+    for impl in impls:
+        plugin = impl.plugin_name
+        info = _infos.get(plugin) or PluginInfo(plugin, "unknown", "unknown", "")
+        mine: list[Backend] = []
+        try:
+            impl.function(register=mine.append)
+            for backend in mine:
+                _check_registration(backend, plugin, found)
+        except Exception as exc:
+            load_errors[plugin] = f"{type(exc).__name__}: {exc}"
+            continue
+        for backend in mine:
+            found[backend.name] = Registration(backend, info)
+    return found
+
+
+def _check_registration(backend: Any, plugin: str, found: dict[str, Registration]) -> None:
+    if not isinstance(backend, Backend):
+        raise TypeError(f"register() takes llmb.Backend instances, got {type(backend).__name__}")
+    name = backend.name
+    if not isinstance(name, str) or not (name == plugin or name.startswith(f"{plugin}-")):
+        raise ValueError(f"backend name {name!r} must be the entry point's name {plugin!r} or start with '{plugin}-'")
+    if name in found:
+        raise ValueError(f"backend {name!r} is already registered by plugin {found[name].plugin.name!r}")
+
+
+def _plugins_for(name: str) -> list[str]:
+    """The installed plugins a backend of this name can come from (its own entry point, by the naming rule)."""
+    return [info.name for info in installed() if name == info.name or name.startswith(f"{info.name}-")]
+
+
+def get_backend(name: str) -> Registration:
+    """The backend of this name, loading only the plugin it can come from; a one-line error otherwise."""
+    sources = _plugins_for(name)
+    load(sources)
+    found = registrations()
+    if name in found:
+        return found[name]
+    for plugin in sources:
+        if plugin in load_errors:
+            raise LlmbError(f"plugin {plugin!r} failed to load: {load_errors[plugin]}")
+    known = ", ".join(sorted({*found, *(info.name for info in installed())}))
+    raise UsageError(f"no plugin named {name!r} (installed: {known})")
+
+
+def all_registrations() -> dict[str, Registration]:
+    """Every installed plugin loaded, and every backend they register (for `llmb plugins` and auto-selection)."""
+    load()
+    return registrations()
+
+
+def select_backend(name: str | None) -> Registration:
+    """The named backend; without a name, the first installed non-built-in backend whose hardware is present,
+    else cpu. Auto-selection has to load every plugin to ask; `--plugin NAME` loads one."""
+    if name:
+        return get_backend(name)
+    for registration in all_registrations().values():
+        if registration.plugin.name in BUILTIN:
+            continue
+        if call(registration.backend.available):
+            return registration
+    return get_backend("cpu")
+
+
+T = TypeVar("T")
+
+
+def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call a backend's method; a failure leaves as one error naming the backend and the method. (The timed loop
+    calls its few methods directly: the harness's errors still name the run, and the window stays lean.)"""
+    try:
+        return method(*args, **kwargs)
+    except LlmbError:
+        raise
+    except Exception as exc:
+        backend = getattr(method, "__self__", None)
+        raise PluginError(getattr(backend, "name", "?"), method.__name__, exc) from exc
+
+
+def resolve_settings(backend: Backend, given: dict[str, str]) -> dict[str, Any]:
+    """The backend's settings validated against what it declares: every declared setting's value."""
+    from llmb.settings import resolve_settings as resolve
+
+    return resolve(backend.name, list(call(backend.settings)), given)
+
+
+def describe(registration: Registration) -> dict:
+    """What `llmb plugins` shows of a backend: origin, devices, precisions, methods overridden, settings, peaks."""
+    from llmb.backend import overridden
+
+    backend = registration.backend
+    return {
+        "name": backend.name,
+        "plugin": registration.plugin.name,
+        "distribution": registration.plugin.distribution,
+        "version": registration.plugin.version,
+        "device_types": list(call(backend.device_types)),
+        "precisions": list(call(backend.precisions)),
+        "hardware_available": bool(call(backend.available)),
+        "methods_overridden": overridden(backend),
+        "settings": [s.describe() for s in call(backend.settings)],
+        "peak_sources": dict(call(backend.peak_sources)),
+    }
+

@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
-PRECISIONS = ("FP32", "TF32", "FP16", "BF16")
-MODES = ("pure", "amp")
+# PrecisionFact and PRECISIONS live in torch-free modules; importable from here as before.
+from llmb.backend import PrecisionFact  # noqa: F401
+from llmb.names import MODES, PRECISIONS  # noqa: F401
+
 # Lowest format last. FP8 is not a benchmark precision: a run that shows it cannot be labelled with any of the four.
 RANK = {"FP32": 0, "TF32": 1, "FP16": 2, "BF16": 3, "FP8": 4}
 HALF_DTYPES = {"FP16": torch.float16, "BF16": torch.bfloat16}
@@ -35,15 +37,6 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
 PROBE_FP32_MAX_ERROR = 1e-5
 PROBE_10BIT_MAX_ERROR = 1.2e-3
 PROBE_BF16_MAX_ERROR = 1.5e-2
-
-
-@dataclass(frozen=True)
-class PrecisionFact:
-    """One fact about backend state; ``implies`` is the numeric format it lets run, or None if it says nothing."""
-
-    name: str
-    value: Any
-    implies: str | None = None
 
 
 @dataclass(frozen=True)

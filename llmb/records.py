@@ -436,6 +436,15 @@ class JobLayout(Typed):
         return " ".join(parts)
 
 
+@dataclass(kw_only=True)
+class InstalledPlugin(Typed):
+    """An llmb plugin installed where a run ran, from package metadata (its code was not imported for this)."""
+
+    name: str
+    distribution: str
+    version: str
+
+
 # The records
 
 
@@ -460,6 +469,8 @@ class Result(Record):
     repeats: int
     seed: int
     plugin: PluginRef
+    # Every llmb plugin installed where the run ran (absent in records written before it was recorded).
+    plugins_installed: list[InstalledPlugin] | None = None
     device: DeviceRef
     software: Software
     facts: dict[str, Any]
@@ -488,6 +499,8 @@ class Result(Record):
     model_flops_per_token: int
     tflops: float
     peak_flops: float | None
+    # Where the peak is published (the backend's llmb.Peak source); absent in records written before it was recorded.
+    peak_flops_source: str | None = None
     mfu: float | None
     fom: float
     peak_memory_bytes: int | None

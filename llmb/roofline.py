@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from llmb import precision as precisions
-from llmb.device import Device, check_device_present, parse_device
+from llmb.backend import Backend, overridden
+from llmb.device import check_device_present, parse_device
 from llmb.errors import UsageError
 from llmb.model import ModelConfig
-from llmb.plugins import Plugin, select_plugin
+from llmb.plugins import call, resolve_settings, select_backend
 from llmb.records import ROOFLINE_SCHEMA
 
 SCHEMA = ROOFLINE_SCHEMA  # each roofline entry names its kind
@@ -118,65 +119,67 @@ def model_gemms(config: ModelConfig, batch_size: int) -> list[Gemm]:
     return unique
 
 
-def square_gemm(services: Device, dtype: torch.dtype, side: int | None = None) -> Gemm:
+def square_gemm(backend: Backend, device: torch.device, dtype: torch.dtype, side: int | None = None) -> Gemm:
     """The square GEMM of the given side, or of the side where one matmul lasts SQUARE_SECONDS on this device."""
     if side:
         return Gemm("square", side, side, side)
     side = MIN_SQUARE
     while side < MAX_SQUARE:
-        a = torch.ones(side, side).to(services.device, dtype)
-        _timed(services, a, a, 1)  # compile / select the kernel first
+        a = torch.ones(side, side).to(device, dtype)
+        _timed(backend, device, a, a, 1)  # compile / select the kernel first
         # The fastest of three: a size is chosen by what the device can do, not by a moment of contention.
-        if min(_timed(services, a, a, 1) for _ in range(3)) >= SQUARE_SECONDS:
+        if min(_timed(backend, device, a, a, 1) for _ in range(3)) >= SQUARE_SECONDS:
             break
         side *= 2
     return Gemm("square", side, side, side)
 
 
-def _timed(services: Device, a: torch.Tensor, b: torch.Tensor, iters: int) -> float:
+def _timed(backend: Backend, device: torch.device, a: torch.Tensor, b: torch.Tensor, iters: int) -> float:
     """Seconds for `iters` matmuls, the device synchronised before the clock starts and before it stops."""
-    # A lazy device (XLA) runs each matmul at its step_end; elsewhere the hook call (~10 us) would be timed too.
-    step_end = services.step_end if services.plugin.implements("step_end") else None
-    services.synchronize()
+    # A lazy device (XLA) runs each matmul at its step_end; elsewhere the call would be timed too, for nothing.
+    step_end = backend.step_end if "step_end" in overridden(backend) else None
+    backend.synchronize(device)
     start = time.perf_counter()
     for _ in range(iters):
         out = a @ b
         if step_end:
-            step_end()
+            step_end(device)
     del out
-    services.synchronize()
+    backend.synchronize(device)
     return time.perf_counter() - start
 
 
-def measure_gemm(services: Device, gemm: Gemm, dtype: torch.dtype, repeats: int) -> GemmRate:
+def measure_gemm(backend: Backend, device: torch.device, gemm: Gemm, dtype: torch.dtype, repeats: int) -> GemmRate:
     """Warm up, size the batch of matmuls to last MIN_BATCH_SECONDS, then time `repeats` batches; median rate."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(gemm.m, gemm.k, generator=generator).to(services.device, dtype)
-    b = torch.randn(gemm.k, gemm.n, generator=generator).to(services.device, dtype)
-    _timed(services, a, b, 2)  # first calls: kernel selection, lazy compilation, page faults
+    a = torch.randn(gemm.m, gemm.k, generator=generator).to(device, dtype)
+    b = torch.randn(gemm.k, gemm.n, generator=generator).to(device, dtype)
+    _timed(backend, device, a, b, 2)  # first calls: kernel selection, lazy compilation, page faults
     iters = 1
     # timeit's autorange: grow the batch until it lasts MIN_BATCH_SECONDS (one slow sample only ends it sooner).
-    while iters < MAX_ITERS and _timed(services, a, b, iters) < MIN_BATCH_SECONDS:
+    while iters < MAX_ITERS and _timed(backend, device, a, b, iters) < MIN_BATCH_SECONDS:
         iters = min(MAX_ITERS, iters * 2)
-    seconds = [_timed(services, a, b, iters) for _ in range(repeats)]
+    seconds = [_timed(backend, device, a, b, iters) for _ in range(repeats)]
     median = statistics.median_low(seconds)
     return GemmRate(gemm, iters, seconds, gemm.flops * iters / median)
 
 
-def measure(services: Device, precision: str, gemms: list[Gemm], repeats: int = 5) -> Roofline:
+def measure(
+    backend: Backend, device: torch.device, precision: str, gemms: list[Gemm], repeats: int = 5
+) -> Roofline:
     """The roofline for one precision in the backend state the caller set (a run's own, or `prepare_backend`)."""
     if precision not in MATMUL_DTYPE:
         raise ValueError(f"no matmul dtype for precision {precision!r}")
-    result = Roofline(precision, str(services.device), services.name(), repeats)
+    result = Roofline(precision, str(device), str(call(backend.device_name, device)), repeats)
     for gemm in gemms:
-        result.rates.append(measure_gemm(services, gemm, MATMUL_DTYPE[precision], repeats))
+        result.rates.append(measure_gemm(backend, device, gemm, MATMUL_DTYPE[precision], repeats))
     return result
 
 
-def prepare_backend(plugin: Plugin, device: torch.device, precision: str, settings: dict) -> None:
-    """The backend state a run at this precision gets: the harness's switches, then the plugin's setup_backend."""
+def prepare_backend(backend: Backend, device: torch.device, precision: str, settings: dict) -> None:
+    """The backend state a run at this precision gets: the harness's switches, then the backend's setup."""
     precisions.apply_backend_recipe(precision)
-    plugin.call("setup_backend", device=device, precision=precision, settings=settings)
+    call(backend.setup, device, precision, settings)
 
 
 def efficiency(tflops: float, measured_peak_flops: float | None) -> float | None:
@@ -198,29 +201,28 @@ def peak(
     repeats: int = 5,
 ) -> list[Roofline]:
     """`llmb peak`: the roofline of each precision on the plugin's device, at the model's GEMMs and a square one."""
-    selected = select_plugin(plugin)
-    resolved = selected.resolve_settings(settings)
-    wanted = precisions_wanted or selected.precisions()
+    selected = select_backend(plugin)
+    backend = selected.backend
+    resolved = resolve_settings(backend, settings)
+    supported = list(call(backend.precisions))
+    wanted = precisions_wanted or supported
     for name in wanted:
         if name not in MATMUL_DTYPE:
             raise UsageError(f"unknown precision {name!r} (choose from {', '.join(MATMUL_DTYPE)})")
-        if name not in selected.precisions():
-            raise UsageError(
-                f"plugin {selected.name!r} does not support {name} (supports {', '.join(selected.precisions())})"
-            )
+        if name not in supported:
+            raise UsageError(f"plugin {selected.name!r} does not support {name} (supports {', '.join(supported)})")
     if batch_size < 1 or repeats < 1 or (square is not None and square < 1):
         raise UsageError("--batch-size, --repeats and --square must be at least 1")
-    types = selected.device_types()
+    types = list(call(backend.device_types))
     torch_device = parse_device(device or (types[0] if types else "cpu"))
     if types and torch_device.type not in types:
         raise UsageError(f"plugin {selected.name!r} serves {', '.join(types)}, not {torch_device.type!r}")
     results = []
     for name in wanted:
-        prepare_backend(selected, torch_device, name, resolved)
+        prepare_backend(backend, torch_device, name, resolved)
         check_device_present(torch_device)
-        services = Device(selected, torch_device)
-        gemms = model_gemms(config, batch_size) + [square_gemm(services, MATMUL_DTYPE[name], square)]
-        results.append(measure(services, name, gemms, repeats))
+        gemms = model_gemms(config, batch_size) + [square_gemm(backend, torch_device, MATMUL_DTYPE[name], square)]
+        results.append(measure(backend, torch_device, name, gemms, repeats))
     return results
 
 
@@ -230,11 +232,12 @@ def compile_seconds(warmup_step_seconds: list[float], steady_step_seconds: float
 
 
 def for_run(
-    services: Device, precision: str, config: ModelConfig, batch_size: int, repeats: int = 3
+    backend: Backend, device: torch.device, precision: str, config: ModelConfig, batch_size: int, repeats: int = 3
 ) -> Roofline | None:
     """The roofline of a finished run, in its own backend state, at its own GEMM shapes; None for a format with no
     matmul dtype of its own (FP8: its GEMMs are not dense matmuls of one of the four precisions)."""
     if precision not in MATMUL_DTYPE:
         return None
     dtype = MATMUL_DTYPE[precision]
-    return measure(services, precision, model_gemms(config, batch_size) + [square_gemm(services, dtype)], repeats)
+    gemms = model_gemms(config, batch_size) + [square_gemm(backend, device, dtype)]
+    return measure(backend, device, precision, gemms, repeats)

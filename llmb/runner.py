@@ -13,12 +13,14 @@ from pathlib import Path
 import torch
 
 from llmb import __version__, census, distributed, evidence, flops, mesh, precision, ranks, records, sysinfo
+from llmb.backend import Peak
 from llmb.config import official_reasons
-from llmb.device import Device, check_device_present, parse_device
+from llmb.device import check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import LlamaModel, ModelConfig, count_parameters
-from llmb.plugins import Plugin, select_plugin
+from llmb.names import DEFAULT_TIMEOUT_SECONDS
+from llmb.plugins import Registration, call, installed_records, resolve_settings, select_backend
 from llmb.records import Result, loss_band
 from llmb.settings import recorded
 from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
@@ -41,7 +43,7 @@ class RunOptions:
     strict_precision: bool = False
     # Under torchrun (or `--nproc-per-node`): ddp or fsdp (default ddp); "none" for a single process.
     parallel: str | None = None
-    timeout_seconds: float = distributed.DEFAULT_TIMEOUT_SECONDS
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     # The layout on the job's DeviceMesh (llmb.mesh): tensor and pipeline parallel sizes, the pipeline's schedule
     # and microbatches, gradient accumulation (also in one process), sequence parallel with tensor parallel.
     tp: int = 1
@@ -87,16 +89,18 @@ def check_request(options: RunOptions, allow_all: bool = False) -> None:
         raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
 
 
-def resolve(options: RunOptions) -> tuple[Plugin, torch.device, dict]:
+def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
     """Check the request before any work: plugin, settings, device, precision, sizes."""
     check_request(options)
-    plugin = select_plugin(options.plugin)
-    settings = plugin.resolve_settings(options.settings)
-    if options.precision not in plugin.precisions():
+    plugin = select_backend(options.plugin)
+    backend = plugin.backend
+    settings = resolve_settings(backend, options.settings)
+    supported = list(call(backend.precisions))
+    if options.precision not in supported:
         raise UsageError(
-            f"plugin {plugin.name!r} does not support {options.precision} (supports {', '.join(plugin.precisions())})"
+            f"plugin {plugin.name!r} does not support {options.precision} (supports {', '.join(supported)})"
         )
-    types = plugin.device_types()
+    types = list(call(backend.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
     if types and device.type not in types:
         raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
@@ -180,10 +184,9 @@ def run(options: RunOptions, progress: Progress | None = None, judge=None) -> Re
 class Session:
     """A model prepared for training the way a run prepares it: backend, placement, recipe, plugin, optimizer."""
 
-    plugin: Plugin
+    plugin: Registration
     device: torch.device
     settings: dict
-    services: Device
     recipe: precision.Recipe
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -194,19 +197,26 @@ class Session:
     layout: mesh.Layout | None = None
     rows: int = 0  # samples of the global batch this rank contributes per step (0 on a tensor/pipeline peer)
 
+    @property
+    def backend(self):
+        return self.plugin.backend
 
-def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, judge=None) -> Session:
+
+
+def prepare(
+    options: RunOptions, plugin: Registration, device: torch.device, settings: dict, judge=None
+) -> Session:
     """Everything before the first step: the precision recipe, the plugin's backend setup, the model built from the
     seed on the CPU and moved to the device, AdamW, the plugin's post-processing, and the checks on its output."""
     config = options.config
     recipe = precision.recipe(options.precision, options.mode)
     precision.apply_backend_recipe(options.precision)
-    plugin.call("setup_backend", device=device, precision=options.precision, settings=settings)
+    backend = plugin.backend
+    call(backend.setup, device, options.precision, settings)
     check_device_present(device)
-    services = Device(plugin, device)
     world = distributed.current_world()
     if world is not None:
-        distributed.init_process_group(plugin, device, world, options.timeout_seconds)
+        distributed.init_process_group(backend, device, world, options.timeout_seconds)
         ranks.check_agreement(agreement_facts(options, plugin, settings))
 
     torch.manual_seed(options.seed)
@@ -214,19 +224,12 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
     parameters = count_parameters(model)
     model.to(device=device, dtype=recipe.param_dtype)
     model.train()
-    optimizer_options = plugin.call("optimizer_options", device=device, precision=options.precision, settings=settings)
+    optimizer_options = call(backend.optimizer_options, device, options.precision, settings)
     try:
         optimizer = build_optimizer(model, optimizer_options)
     except ValueError as exc:
         raise LlmbError(f"plugin {plugin.name!r}: {exc}") from None
-    processed = plugin.call(
-        "process_model",
-        model=model,
-        optimizer=optimizer,
-        device=device,
-        precision=options.precision,
-        settings=settings,
-    )
+    processed = call(backend.process_model, model, optimizer, device, options.precision, settings)
     model = processed if processed is not None else model
     processed_parameters = count_parameters(model)
     plan = layout(options)
@@ -259,7 +262,7 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
         # A measured window's batch: drawn from the judge's challenge, per data-parallel rank as the warmup's.
         return evidence.window_batch(config, rows, challenge, coords.dp, device)
 
-    common = (model, optimizer, batch, recipe, services)
+    common = (model, optimizer, batch, recipe, backend, device)
     judged = {"barrier": barrier, "window_batch": window_batch, "judge": judge}
     if plan.pp > 1:
         schedule = mesh.pipeline_schedule(model, plan, coords, device, device_mesh)
@@ -278,7 +281,6 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
         plugin,
         device,
         settings,
-        services,
         recipe,
         model,
         optimizer,
@@ -291,7 +293,7 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
     )
 
 
-def agreement_facts(options: RunOptions, plugin: Plugin, settings: dict) -> dict:
+def agreement_facts(options: RunOptions, plugin: Registration, settings: dict) -> dict:
     """What every rank of a job must have the same of: its options (bar the device's index, which is per rank),
     the model, and the versions of llmb, torch and the plugin."""
     facts = {f"option {k}": v for k, v in options.__dict__.items() if k not in ("config",)}
@@ -308,16 +310,14 @@ def agreement_facts(options: RunOptions, plugin: Plugin, settings: dict) -> dict
 
 def audit_session(session: Session) -> dict:
     """The precision audit in the run's real state (call it after the first step, so gradients exist)."""
-    facts = session.plugin.call(
-        "precision_facts", device=session.device, precision=session.recipe.precision, settings=session.settings
-    )
+    facts = call(session.backend.precision_facts, session.device, session.recipe.precision, session.settings)
     audit = precision.audit(
         model=session.model,
         optimizer=session.optimizer,
         device=session.device,
         recipe=session.recipe,
-        plugin_facts=_flatten(facts),
-        sync=session.services.synchronize,
+        plugin_facts=list(facts or []),
+        sync=lambda: session.backend.synchronize(session.device),
     )
     # What the operators produce: a format that lives only inside the GEMMs (float8) shows up only here.
     probe = mesh.stage_input(session.model, session.trainer.batch)  # a later pipeline stage takes hidden states
@@ -326,15 +326,15 @@ def audit_session(session: Session) -> dict:
 
 
 def _run(
-    options: RunOptions, plugin: Plugin, device: torch.device, settings: dict, progress: Progress, judge=None
+    options: RunOptions, plugin: Registration, device: torch.device, settings: dict, progress: Progress, judge=None
 ) -> Result:
     session = prepare(options, plugin, device, settings, judge)
-    trainer, services, invalid = session.trainer, session.services, session.invalid
+    trainer, backend, invalid = session.trainer, session.backend, session.invalid
     # Every window starts from the initial weights and a fresh AdamW state, so it replays from the seed alone.
     initial_state = evidence.InitialState(session.model)
 
     progress.phase("warmup", options.warmup_steps)
-    services.reset_peak_memory()
+    call(backend.reset_peak_memory, device)
     initial_loss = float(trainer.step())  # a freshly initialised model's loss, for the band guard
     progress.advance()
     audit = audit_session(session)
@@ -357,7 +357,8 @@ def _run(
         cpu_affinity=sysinfo.cpu_affinity(),
         cpu_count=os.cpu_count(),
     )
-    peak_memory = services.peak_memory_bytes()
+    peak_memory = call(backend.peak_memory_bytes, device)
+    peak_memory = int(peak_memory) if peak_memory is not None else None
     chosen = median_measurement(measurements)
 
     invalid += loss_problems(options.config, initial_loss, measurements)
@@ -426,7 +427,7 @@ def _run(
         options=options,
         plugin=plugin,
         settings=settings,
-        services=services,
+        device=device,
         parameters=session.parameters,
         audit=audit,
         measurements=measurements,
@@ -486,16 +487,12 @@ def loss_problems(config: ModelConfig, initial_loss: float, measurements: list) 
     return []
 
 
-def _flatten(lists) -> list:
-    return [item for items in (lists or []) for item in (items or [])]
-
-
 def build_record(
     *,
     options,
     plugin,
     settings,
-    services,
+    device,
     parameters,
     audit,
     measurements,
@@ -528,7 +525,11 @@ def build_record(
     tokens_per_second = tokens / chosen.window_seconds
     flops_per_token = flops.model_flops_per_token(config, parameters)
     tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
-    peak = services.peak_flops(effective) if effective in precision.PRECISIONS else None
+    backend = plugin.backend
+    peak = call(backend.peak_flops, device, effective) if effective in precision.PRECISIONS else None
+    if peak is not None and not isinstance(peak, Peak):
+        raise LlmbError(f"backend {plugin.name!r}: peak_flops must return llmb.Peak(flops, source) or None")
+    peak_flops = float(peak.flops) if peak is not None else None
     debug = official_reasons(config)
     optimizer = trainer.optimizer
     return Result(
@@ -552,16 +553,21 @@ def build_record(
             version=plugin.version,
             distribution=plugin.distribution,
             settings=recorded(settings),  # a secret setting's value is never recorded
-            defaults=recorded(plugin.resolve_settings({})),
-            precisions=plugin.precisions(),
+            defaults=recorded(resolve_settings(backend, {})),
+            precisions=list(call(backend.precisions)),
         ),
+        # Every installed llmb plugin, from package metadata (none of them but the run's own was imported).
+        plugins_installed=[records.InstalledPlugin(**p) for p in installed_records()],
         device=records.DeviceRef(
-            type=services.device.type, spec=str(services.device), name=services.name(), count=services.count()
+            type=device.type,
+            spec=str(device),
+            name=str(call(backend.device_name, device)),
+            count=int(call(backend.device_count, device)),
         ),
         software=records.Software(
             python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
         ),
-        facts=_merge(plugin.call("run_facts", device=services.device)),
+        facts=_facts(call(backend.run_facts, device)),
         optimizer=records.OptimizerInfo(
             class_name=f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
             defaults={
@@ -604,8 +610,9 @@ def build_record(
         samples_per_second=global_batch * options.steps / chosen.window_seconds,
         model_flops_per_token=flops_per_token,
         tflops=tflops,
-        peak_flops=peak,
-        mfu=flops.mfu(tflops, peak),
+        peak_flops=peak_flops,
+        peak_flops_source=peak.source if peak is not None else None,
+        mfu=flops.mfu(tflops, peak_flops),
         fom=flops.fom(config, global_batch, chosen.window_seconds / options.steps),
         peak_memory_bytes=peak_memory,
         loss=records.Loss(initial=initial_loss, first=chosen.loss_first, last=chosen.loss_last),
@@ -618,12 +625,11 @@ def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def _merge(dicts) -> dict:
-    merged: dict = {}
-    for item in dicts or []:
-        merged.update(item or {})
+def _facts(facts: dict | None) -> dict:
+    """A backend's run facts as JSON values (anything else as its text)."""
     return {
-        k: (v if isinstance(v, (bool, int, float, str, type(None), list, dict)) else str(v)) for k, v in merged.items()
+        str(k): (v if isinstance(v, (bool, int, float, str, type(None), list, dict)) else str(v))
+        for k, v in (facts or {}).items()
     }
 
 
@@ -631,3 +637,65 @@ def write(record: Result, out_dir: Path) -> Path:
     from llmb.results import write_result
 
     return write_result(record, out_dir)
+
+
+# The run on every rank of a multi-process job (torch's launcher starts these functions in each process)
+
+
+def run_job(runs: list[RunOptions]) -> list[dict]:
+    """Each rank's entrypoint: the runs (one per precision) in this process's group; rank 0 returns the records."""
+    try:
+        return [record for record in (run(options) for options in runs) if record is not None]
+    finally:
+        distributed.shutdown()
+
+
+def launch_runs(spec: distributed.LaunchSpec, runs: list[RunOptions]) -> list[dict]:
+    """Launch the runs on every rank; the records come back from rank 0 (none on the other nodes)."""
+    return distributed.launch(spec, run_job, runs).get(0) or []
+
+
+def gradients_after_one_step(runs: list[RunOptions]) -> list[dict[str, torch.Tensor]]:
+    """Each rank's entrypoint for the equivalence check: prepare each run exactly as `llmb run` does (its own seeded
+    batch per rank, the parallel wrapper), take one harness step, and return rank 0's view of the whole gradients.
+    With the same global batch, one process must get the same gradients: that is what data parallelism promises."""
+    gathered = []
+    try:
+        for options in runs:
+            plugin, device, settings = resolve(options)
+            session = prepare(options, plugin, device, settings)
+            session.trainer.step()
+            grads = distributed.full_gradients(session.model)
+            if session.world.rank == 0:
+                gathered.append(grads)
+    finally:
+        distributed.shutdown()
+    return gathered
+
+
+def updates_after_steps(runs: list[RunOptions], steps: int) -> list[dict[str, torch.Tensor]]:
+    """Each rank's entrypoint for the equivalence check: prepare each run exactly as `llmb run` does (its layout,
+    its batches seeded by data-parallel rank), take `steps` harness steps, and return, on rank 0, every parameter's
+    update (after minus before) over the whole model: the pipeline stages' parts gathered into one."""
+    gathered = []
+    try:
+        for options in runs:
+            plugin, device, settings = resolve(options)
+            session = prepare(options, plugin, device, settings)
+            before = distributed.full_parameters(session.model)
+            for _ in range(steps):
+                session.trainer.step()
+            after = distributed.full_parameters(session.model)
+            mine = {name: after[name] - before[name] for name in after}
+            world = session.world
+            parts = [None] * world.world_size
+            torch.distributed.all_gather_object(parts, mine)
+            if world.rank == 0:
+                whole: dict = {}
+                for part in parts:
+                    for name, value in part.items():
+                        whole.setdefault(name, value)
+                gathered.append(whole)
+    finally:
+        distributed.shutdown()
+    return gathered

@@ -1,7 +1,8 @@
 """`llmb new-plugin NAME`: write a vendor's starting point, an installable plugin package that runs as written.
 
-The module it writes stubs every hook in llmb.hookspecs, each documented with the hook's own docstring, so the
-template cannot fall behind the hooks. The stubs run the benchmark on the host CPU; a vendor replaces them.
+The module it writes subclasses `llmb.Backend` and stubs every public method, each documented with the method's own
+docstring, so the template cannot fall behind the contract. The stubs run the benchmark on the host CPU (most call
+the base class, whose body is llmb's default); a vendor replaces them and deletes the ones it does not need.
 """
 
 from __future__ import annotations
@@ -15,26 +16,26 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from llmb import hookspecs
+from llmb.backend import Backend, public_methods
 from llmb.errors import UsageError
-from llmb.plugins import DEFAULT_PLUGINS
+from llmb.plugins import BUILTIN
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
-# Stub bodies that keep a fresh plugin runnable on the CPU. A hook not listed here gets only its docstring: it
-# returns None, which llmb reads as "no answer" (the default), so a hook added to llmb later still stubs cleanly.
+# Stub bodies that keep a fresh backend runnable on the CPU. A method not listed here calls the base class, which
+# holds llmb's default, so a method added to llmb later still stubs cleanly.
 STUB_BODIES = {
     "device_types": "return [DEVICE_TYPE]",
-    "supported_precisions": """
+    "precisions": """
         # Add "TF32", "FP16", "BF16" as your hardware runs them; the audit checks what ran.
         return ["FP32"]
     """,
-    "hardware_available": """
-        # Detect your hardware here. True makes llmb pick this plugin when --plugin is not given.
+    "available": """
+        # Detect your hardware here. True makes llmb pick this backend when --plugin is not given.
         return False
     """,
-    "plugin_settings": 'return [Setting("example", bool, False, "an example setting: -O example=true")]',
-    "setup_backend": "# e.g. torch.backends flags, environment variables, vendor library initialisation.",
+    "settings": 'return [Setting("example", bool, False, "an example setting: -O example=true")]',
+    "setup": "# e.g. torch.backends flags, environment variables, vendor library initialisation.",
     "process_model": """
         # e.g. torch.compile, fused kernels, wrappers. Keep the parameters: the optimizer holds them.
         return model
@@ -45,14 +46,18 @@ STUB_BODIES = {
     """,
     "synchronize": """
         # Asynchronous devices block here (e.g. torch.cuda.synchronize(device)); eager CPU ops are done.
-        return True if device.type == "cpu" else None
+        super().synchronize(device)
     """,
-    "device_event": "# e.g. torch.cuda.Event(enable_timing=True); no event: steps are timed on the host with a sync.",
-    "device_name": "# Without an answer llmb records the host's processor name.",
-    "device_count": "return 1",
-    "peak_flops": "# A dense vendor-published figure for this precision, its source in a comment; no answer: no MFU.",
+    "new_event": """
+        # e.g. torch.cuda.Event(enable_timing=True); None: steps are timed on the host with a sync.
+        return None
+    """,
+    "peak_flops": """
+        # A dense vendor-published figure with its source, e.g. Peak(989.4e12, "https://..."); None: no MFU.
+        return None
+    """,
     "precision_facts": """
-        # e.g. [PrecisionFact("mylib.fast_math", True, implies="BF16")], PrecisionFact from llmb.
+        # e.g. [PrecisionFact("mylib.fast_math", True, implies="BF16")].
         return []
     """,
     "run_facts": """
@@ -63,13 +68,42 @@ STUB_BODIES = {
 }
 
 
-def hook_specs() -> list[tuple[str, inspect.Signature, str]]:
-    """Every hook llmb defines, in definition order: (name, signature, one-line docstring)."""
-    specs = []
-    for name, func in vars(hookspecs).items():
-        if inspect.isfunction(func) and hasattr(func, "llmb_spec"):
-            specs.append((name, inspect.signature(func), inspect.getdoc(func) or ""))
-    return specs
+def contract() -> list[tuple[str, inspect.Signature, str]]:
+    """Every public Backend method, in definition order: (name, signature, docstring)."""
+    return [
+        (name, inspect.signature(getattr(Backend, name)), inspect.getdoc(getattr(Backend, name)) or "")
+        for name in public_methods()
+    ]
+
+
+def _source_parts(signature: inspect.Signature) -> tuple[list[str], str]:
+    """The parameters and the return annotation as written in source (annotations are strings here, under
+    postponed evaluation)."""
+
+    def annotation(value) -> str:
+        return value if isinstance(value, str) else inspect.formatannotation(value)
+
+    params = [
+        p.name if p.annotation is inspect.Parameter.empty else f"{p.name}: {annotation(p.annotation)}"
+        for p in signature.parameters.values()
+    ]
+    empty = signature.return_annotation is inspect.Signature.empty
+    return params, "" if empty else f" -> {annotation(signature.return_annotation)}"
+
+
+def _def_line(name: str, signature: inspect.Signature) -> str:
+    params, returns = _source_parts(signature)
+    line = f"    def {name}({', '.join(params)}){returns}:"
+    if len(line) <= 120:
+        return line
+    lines = "".join(f"        {p},\n" for p in params)  # one parameter a line, as a formatter would
+    return f"    def {name}(\n{lines}    ){returns}:"
+
+
+def _default_body(name: str, signature: inspect.Signature) -> str:
+    args = ", ".join(p for p in signature.parameters if p != "self")
+    call = f"super().{name}({args})"
+    return call if signature.return_annotation == "None" else f"return {call}"
 
 
 def package_names(name: str) -> dict[str, str]:
@@ -80,28 +114,48 @@ def package_names(name: str) -> dict[str, str]:
 def check_name(name: str) -> None:
     if not NAME_PATTERN.fullmatch(name) or keyword.iskeyword(name):
         raise UsageError(f"plugin name {name!r} must be lower case letters, digits and _, starting with a letter")
-    if name in DEFAULT_PLUGINS:
+    if name in BUILTIN:
         raise UsageError(f"plugin name {name!r} is taken by llmb's built-in plugin")
 
 
 def render_module(name: str) -> str:
-    stubs = []
-    for hook, signature, doc in hook_specs():
-        body = textwrap.indent(textwrap.dedent(STUB_BODIES[hook]).strip() + "\n", "    ") if hook in STUB_BODIES else ""
-        stubs.append(f'@hookimpl\ndef {hook}{signature}:\n    """{doc}"""\n{body}')
-    header = f'''"""llmb plugin {name!r}: every llmb hook, stubbed so that the package runs on the host CPU as written.
+    methods = []
+    for method, signature, doc in contract():
+        body = STUB_BODIES.get(method) or _default_body(method, signature)
+        body = textwrap.indent(textwrap.dedent(body).strip(), "        ")
+        docstring = textwrap.indent(f'"""{doc}"""', "        ").lstrip()
+        methods.append(f"{_def_line(method, signature)}\n        {docstring}\n{body}\n")
+    class_name = "".join(part.title() for part in name.split("_")) + "Backend"
+    header = f'''"""llmb plugin {name!r}: a `llmb.Backend` with every method stubbed, so the package runs on the host.
 
-Generated by `llmb new-plugin {name}`. Each docstring is llmb's contract for the hook. Replace the stubs for your
-hardware and delete the hooks you do not need: a hook a plugin does not implement gets llmb's default.
+Generated by `llmb new-plugin {name}`. Each docstring is llmb's contract for the method (the README documents each
+with its parameters). Replace the stubs for your hardware and delete the methods you do not need: a method a
+backend does not define is `llmb.Backend`'s default.
 """
 
 from __future__ import annotations
 
-from llmb import Setting, hookimpl
+from typing import Any
+
+import torch
+
+from llmb import Backend, Peak, PrecisionFact, Setting, hookimpl
 
 DEVICE_TYPE = "cpu"  # your torch device type, e.g. "cuda", "xpu", "hpu"
+
+
+class {class_name}(Backend):
+    # What `llmb run --plugin` takes: the entry point's name (or "{name}-..." for more backends in one plugin).
+    name = "{name}"
+
 '''
-    return header + "\n\n" + "\n\n".join(stubs)
+    footer = f"""
+
+@hookimpl
+def register_backends(register):
+    register({class_name}())
+"""
+    return header + "\n".join(methods) + footer
 
 
 def render_pyproject(names: dict[str, str]) -> str:
@@ -165,7 +219,7 @@ def test_tiny_run_writes_a_result(tmp_path):
 
 
 def render_readme(names: dict[str, str]) -> str:
-    rows = "\n".join(f"| `{hook}` | {doc} |" for hook, _, doc in hook_specs())
+    rows = "\n".join(f"| `{method}` | {doc.splitlines()[0]} |" for method, _, doc in contract())
     return f"""# {names["distribution"]}
 
 An llmb hardware plugin (entry point `{names["name"]}`, module `{names["module"]}`), generated by
@@ -180,18 +234,19 @@ pip install pytest && pytest tests
 
 ## Settings
 
-Given as `llmb run --plugin {names["name"]} -O key=value`, validated against `plugin_settings()` and recorded in
+Given as `llmb run --plugin {names["name"]} -O key=value`, validated against `settings()` and recorded in
 the result JSON.
 
 | setting | type | default | help |
 | --- | --- | --- | --- |
 | `example` | bool | false | an example setting |
 
-## Hooks
+## Backend methods
 
-Implement the ones your hardware needs; each stub's docstring is its contract.
+Override the ones your hardware needs; each stub's docstring is its contract, and llmb's README documents each
+method with its parameters and an example.
 
-| hook | contract |
+| method | contract |
 | --- | --- |
 {rows}
 """

@@ -483,7 +483,7 @@ def _status(t: Trial) -> Text:
 
 def precisions_to_sweep(plugin, requested: str) -> tuple[list[str], list[str]]:
     """(precisions to sweep, precisions the plugin does not support) for a --precision value."""
-    supported = plugin.precisions()
+    supported = plugin.backend.precisions()
     if requested.upper() == "ALL":
         return [p for p in precision.PRECISIONS if p in supported], [
             p for p in precision.PRECISIONS if p not in supported

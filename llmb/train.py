@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from llmb import evidence
-from llmb.device import Device
+from llmb.backend import Backend
 from llmb.model import ModelConfig
 from llmb.precision import Recipe
 from llmb.records import median_index
@@ -110,18 +110,22 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         batch: torch.Tensor,
         recipe: Recipe,
-        device: Device,
+        backend: Backend,
+        device: torch.device,
         barrier: Callable[[], None] | None = None,
         window_batch: Callable[[int], torch.Tensor] | None = None,
         judge=None,
     ) -> None:
-        self.model, self.optimizer, self.batch, self.recipe, self.device = model, optimizer, batch, recipe, device
+        self.model, self.optimizer, self.batch, self.recipe = model, optimizer, batch, recipe
+        self.backend, self.device = backend, device
+        # Asked once: a backend without device events is timed on the host with a sync after each step.
+        self.has_events = backend.new_event(device) is not None
         # In a multi-process run, every rank waits for all the others at both window edges.
         self.barrier = barrier or (lambda: None)
         # A measured window trains on the batch drawn from the judge's challenge, handed over as its clock starts.
         self.window_batch = window_batch or (lambda challenge: self.batch)
         self.judge = judge or LocalJudge()
-        self.scaler = torch.amp.GradScaler(device.device.type) if recipe.grad_scaler else None
+        self.scaler = torch.amp.GradScaler(device.type) if recipe.grad_scaler else None
         self.harness_steps = 0
         self.optimizer_steps = 0
         # Counts real AdamW.step() calls, so a plugin that bypasses the harness's step shows up.
@@ -133,7 +137,7 @@ class Trainer:
     def _autocast(self):
         if self.recipe.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.device.type, dtype=self.recipe.autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.recipe.autocast_dtype)
 
     def step(self) -> torch.Tensor:
         """One training step, all from Python: zero_grad, forward, backward, optimizer.step()."""
@@ -147,17 +151,17 @@ class Trainer:
         else:
             loss.backward()
             self.optimizer.step()
-        self.device.step_end()
+        self.backend.step_end(self.device)
         self.harness_steps += 1
         return loss.detach()
 
     def timed_step(self) -> tuple[torch.Tensor, float]:
         """One step between two device synchronisations: the warmup's steps, where compilers trace and compile,
         timed apart from the measured window."""
-        self.device.synchronize()
+        self.backend.synchronize(self.device)
         start = time.perf_counter()
         loss = self.step()
-        self.device.synchronize()
+        self.backend.synchronize(self.device)
         return loss, time.perf_counter() - start
 
     def measure(self, steps: int, on_step: Callable[[], None] | None = None) -> Measurement:
@@ -166,12 +170,13 @@ class Trainer:
         The judge's clock brackets the window: it hands over the challenge (the seed of the window's batch) as it
         starts, and stops on the answer, which holds every step's loss and a digest of the trained parameters
         computed on the device, so the answer cannot exist before the device has finished the last update."""
-        device = self.device
-        events = [(device.new_event(), device.new_event()) for _ in range(steps)] if device.has_events else None
+        backend, device = self.backend, self.device
+        pairs = steps if self.has_events else 0
+        events = [(backend.new_event(device), backend.new_event(device)) for _ in range(pairs)]
         losses = []
         host_steps = []
         parameters = list(self.model.parameters())
-        device.synchronize()
+        backend.synchronize(device)
         digest_start = evidence.as_list(evidence.digest(parameters))
         self.barrier()
         challenge = self.judge.open(digest_start)
@@ -186,13 +191,13 @@ class Trainer:
             if events:
                 events[index][1].record()
             else:
-                device.synchronize()
+                backend.synchronize(device)
                 host_steps.append(time.perf_counter() - step_start)
             if on_step:
                 on_step()
         digest_end = evidence.as_list(evidence.digest(parameters))  # to the host: waits for the last update
         step_losses = [float(v) for v in torch.stack(losses).float().cpu().tolist()]
-        device.synchronize()
+        backend.synchronize(device)
         end = time.perf_counter()
         own_window = end - start
         self.barrier()

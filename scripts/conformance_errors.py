@@ -16,7 +16,7 @@ import torch
 
 from llmb.config import PRESETS
 from llmb.conformance import TOLERANCES, compare, reference_options, reference_session, trace
-from llmb.plugins import Plugin
+from llmb.plugins import get_backend, resolve_settings
 from llmb.runner import RunOptions, prepare
 
 METRICS = {
@@ -35,11 +35,12 @@ def measure(preset: str, seed: int, steps: int, batch_size: int) -> dict:
     session = reference_session(options)
     session.model.to(torch.float64)  # in place: the optimizer keeps the same parameters
     float64 = trace(session, steps)
-    cpu = Plugin("cpu")
+    cpu = get_backend("cpu")
+    cpu_settings = resolve_settings(cpu.backend, {})
     errors = {}
     for precision, mode in CANDIDATES:
         candidate_options = replace(reference_options(options), precision=precision, mode=mode)
-        candidate = trace(prepare(candidate_options, cpu, torch.device("cpu"), cpu.resolve_settings({})), steps)
+        candidate = trace(prepare(candidate_options, cpu, torch.device("cpu"), cpu_settings), steps)
         against = float64 if precision == "FP32" else reference
         checks = {c.name: c for c in compare(candidate, against, precision, mode)}
         errors[(precision, mode)] = {metric: checks[name].measured for name, metric in METRICS.items()}

@@ -1,40 +1,123 @@
-import pytest
+"""Shared test helpers: the tiny run shape, the CLI invoker, run records, in-memory backends, the OOM test backend."""
 
-from llmb.plugins import load_plugins, pm
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmb import Backend, hookimpl
+from llmb.plugins import pm
+
+TESTS = Path(__file__).parent
+# The smallest run that exercises everything: the tiny preset, a couple of steps (a debug run, never official).
+TINY = ["--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
+TINY_CPU = ["--device", "cpu", *TINY]
+
+
+def invoke(*args, **kwargs):
+    """`llmb ARGS` in this process; exceptions propagate (an llmb error is still exit code and one line)."""
+    from llmb.cli import cli
+
+    kwargs.setdefault("catch_exceptions", False)
+    return CliRunner().invoke(cli, [str(a) for a in args], **kwargs)
+
+
+def only_record(out: Path) -> dict:
+    (path,) = Path(out).glob("*.json")
+    return json.loads(path.read_text())
+
+
+def run_record(out: Path, *args) -> dict:
+    """`llmb run` on the tiny shape into `out`, which must end up holding exactly one result: that record."""
+    result = invoke("run", *TINY, "--out", out, *args)
+    assert result.exit_code == 0, result.output
+    return only_record(out)
+
+
+class _OneBackend:
+    """A plugin object registering one backend: what an installed plugin module does, in memory."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    @hookimpl
+    def register_backends(self, register):
+        register(self.backend)
 
 
 @pytest.fixture
-def register_plugin(monkeypatch):
-    """Register in-memory plugin objects for one test, unregister them afterwards (llm/datasette style). A plugin
-    in memory exists in this process only, so `llmb run` runs in process (its records are never valid)."""
+def register_backend(monkeypatch):
+    """Register in-memory backends for one test, each as a plugin named after it; unregistered afterwards. A
+    backend in memory exists in this process only, so `llmb run` runs in process (its records are never valid)."""
     monkeypatch.setenv("LLMB_IN_PROCESS", "1")
-    load_plugins()
     names = []
 
-    def register(plugin, name: str) -> None:
-        pm.register(plugin, name=name)
-        names.append(name)
+    def register(backend: Backend, name: str | None = None) -> Backend:
+        if name is not None:
+            backend.name = name
+        pm.register(_OneBackend(backend), name=backend.name)
+        names.append(backend.name)
+        return backend
 
     yield register
     for name in names:
         pm.unregister(name=name)
 
 
+@pytest.fixture(scope="session")
+def oomtest_site(tmp_path_factory) -> Path:
+    """A folder that, on PYTHONPATH, installs tests/llmb_oomtest.py as plugin "oomtest": a dist-info with its entry
+    point, found by the real discovery (a subprocess cannot see an in-memory backend)."""
+    site = tmp_path_factory.mktemp("oomtest-site")
+    write_dist_info(site, "llmb-oomtest", "0.0.0", "oomtest", "llmb_oomtest")
+    return site
+
+
+def write_dist_info(site: Path, distribution: str, version: str, entry_point: str, module: str) -> None:
+    """What pip leaves for an installed plugin, minus the code: its metadata and its llmb entry point."""
+    info = site / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[llmb]\n{entry_point} = {module}\n")
+
+
+def oomtest_env(site: Path) -> dict:
+    paths = [str(site), str(TESTS), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
 # A finished sweep shared by tests/test_sweep.py and tests/test_report.py (it takes six `llmb run` subprocesses).
-# The out-of-memory points are simulated (the cpu plugin's oom_above_batch_size): the CPU has no device memory limit.
+# The out-of-memory points are simulated by the oomtest backend: the CPU has no device memory limit.
 TINY_SWEEP = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--warmup-steps", "1"]
 
 
 @pytest.fixture(scope="session")
-def tiny_sweep(tmp_path_factory):
-    import subprocess
-    import sys
-
+def tiny_sweep(tmp_path_factory, oomtest_site):
     out = tmp_path_factory.mktemp("sweep")
     args = ["--precision", "all", "--batch-sizes", "auto", "--max-batch-size", "4", "--repeats", "0"]
-    args += ["-O", "oom_above_batch_size=1", "--out", str(out)]
+    args += ["--plugin", "oomtest", "-O", "oom_above_batch_size=1", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "llmb", "sweep", *TINY_SWEEP, *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "llmb", "sweep", *TINY_SWEEP, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=oomtest_env(oomtest_site),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out
+
+
+# Tests that need a finished sweep or a packaged bundle build it first (minutes of subprocess runs): the slow layer.
+SLOW_FIXTURES = {"tiny_sweep", "made", "inputs"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -8,7 +8,7 @@ import torch
 from llmb import runner
 from llmb.config import build_config
 from llmb.errors import UsageError
-from llmb.plugins import Plugin
+from llmb.plugins import get_backend
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -155,7 +155,7 @@ def test_medians_and_same_round_ratios(bench):
 
 def test_compile_modes_lists_what_the_plugin_does_not_offer(bench):
     _, _, compile_modes = bench
-    cpu = Plugin("cpu")
+    cpu = get_backend("cpu").backend
     fused = compile_modes.method_settings(cpu, compile_modes.METHODS["fused AdamW"])
     assert fused == {"compile": "none", "fused_adamw": "true"}
     assert compile_modes.method_settings(cpu, {})["fused_adamw"] == "false"  # eager is the unfused reference

@@ -1,7 +1,7 @@
 """`llmb check-plugin`: bad plugins fail the check that names what they broke; faithful ones pass.
 
 Every bad plugin is an in-memory plugin serving the CPU, so these run anywhere; each does what a cheating or buggy
-plugin would really do through the hooks it has.
+plugin would really do through the methods it has.
 """
 
 import json
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from llmb import Setting, hookimpl
+from llmb import Backend, Setting
 from llmb.config import PRESETS
 from llmb.conformance import check_plugin, failed_checks, normalise_name
 from llmb.records import CONFORMANCE_SCHEMA as SCHEMA
@@ -30,31 +30,23 @@ def details(record):
     return {c["name"]: c["detail"] for c in record["checks"]}
 
 
-class CpuPlugin:
-    """Serves the CPU at every precision the cpu plugin has; subclasses add the misbehaviour."""
+class CpuPlugin(Backend):
+    """Serves the CPU at every precision the cpu backend has; subclasses add the misbehaviour."""
 
-    @hookimpl
-    def device_types(self):
-        return ["cpu"]
-
-    @hookimpl
-    def supported_precisions(self):
+    def precisions(self):
         return ["FP32", "FP16", "BF16"]
 
 
 class DropLayer(CpuPlugin):
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         del model.layers[-1]  # "the last layer barely matters": it is the model's function
         return model
 
 
 class ScaleLogits(CpuPlugin):
-    @hookimpl
-    def plugin_settings(self):
+    def settings(self):
         return [Setting("scale", float, 1.05, "factor on lm_head's output")]
 
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         model.lm_head.register_forward_hook(lambda module, args, out: out * settings["scale"])
         return model
@@ -63,14 +55,12 @@ class ScaleLogits(CpuPlugin):
 class ReplaceStep(CpuPlugin):
     """Swaps AdamW for SGD by replacing the harness optimizer's step on the instance."""
 
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         optimizer.step = torch.optim.SGD(model.parameters(), lr=1e-2).step
         return model
 
 
 class RaiseLearningRate(CpuPlugin):
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         for group in optimizer.param_groups:
             group["lr"] = 1e-3
@@ -80,7 +70,6 @@ class RaiseLearningRate(CpuPlugin):
 class SgdInForward(CpuPlugin):
     """Trains with its own SGD inside forward, and hands the harness a loss that reaches no parameter."""
 
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         forward = model.forward
         parameters = list(model.parameters())
@@ -99,7 +88,6 @@ class SgdInForward(CpuPlugin):
 
 
 class FreezeNorm(CpuPlugin):
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         model.norm.weight.requires_grad_(False)
         return model
@@ -108,7 +96,6 @@ class FreezeNorm(CpuPlugin):
 class CastToBF16(CpuPlugin):
     """Claims FP32, runs the model in BF16."""
 
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         return model.to(torch.bfloat16)
 
@@ -116,26 +103,25 @@ class CastToBF16(CpuPlugin):
 class MediumMatmul(CpuPlugin):
     """Claims FP32, lets FP32 matmuls run with BF16 inputs."""
 
-    @hookimpl
-    def setup_backend(self, device, precision, settings):
+    def setup(self, device, precision, settings):
         torch.set_float32_matmul_precision("medium")
 
 
 @pytest.mark.parametrize(
     "plugin, broken",
     [
-        (DropLayer, {"parameter-names", "forward-logits"}),
-        (ScaleLogits, {"forward-logits", "forward-loss"}),
+        pytest.param(DropLayer, {"parameter-names", "forward-logits"}, marks=pytest.mark.slow),
+        pytest.param(ScaleLogits, {"forward-logits", "forward-loss"}, marks=pytest.mark.slow),
         (ReplaceStep, {"optimizer", "optimizer-steps"}),
-        (RaiseLearningRate, {"optimizer", "trained-parameters"}),
-        (SgdInForward, {"gradients", "trained-parameters", "loss-curve"}),
-        (FreezeNorm, {"optimizer", "gradients"}),
+        pytest.param(RaiseLearningRate, {"optimizer", "trained-parameters"}, marks=pytest.mark.slow),
+        pytest.param(SgdInForward, {"gradients", "trained-parameters", "loss-curve"}, marks=pytest.mark.slow),
+        pytest.param(FreezeNorm, {"optimizer", "gradients"}, marks=pytest.mark.slow),
         (CastToBF16, {"precision"}),
-        (MediumMatmul, {"precision"}),
+        pytest.param(MediumMatmul, {"precision"}, marks=pytest.mark.slow),
     ],
 )
-def test_bad_plugin_fails_the_check_it_broke(plugin, broken, register_plugin):
-    register_plugin(plugin(), "bad")
+def test_bad_plugin_fails_the_check_it_broke(plugin, broken, register_backend):
+    register_backend(plugin(), name="bad")
     record = check("bad")
     assert record["passed"] is False
     failed = set(failed_checks(Conformance.from_dict(record)))
@@ -158,14 +144,16 @@ def test_bad_plugin_fails_the_check_it_broke(plugin, broken, register_plugin):
         assert text["precision"].startswith("requested FP32, audited BF16")
 
 
-def test_the_run_guard_misses_the_subtle_logit_scale_that_conformance_catches(register_plugin):
-    register_plugin(ScaleLogits(), "scaler")  # its default scale, 1.05, fails forward-logits above
+@pytest.mark.slow
+def test_the_run_guard_misses_the_subtle_logit_scale_that_conformance_catches(register_backend):
+    register_backend(ScaleLogits(), name="scaler")  # its default scale, 1.05, fails forward-logits above
     options = RunOptions(config=PRESETS["tiny"], preset="tiny", plugin="scaler", steps=2, warmup_steps=1)
     assert run(options).invalid_reasons == []
 
 
-def test_run_loss_guard_makes_a_run_with_scaled_logits_invalid(register_plugin):
-    register_plugin(ScaleLogits(), "scaler")
+@pytest.mark.slow
+def test_run_loss_guard_makes_a_run_with_scaled_logits_invalid(register_backend):
+    register_backend(ScaleLogits(), name="scaler")
     options = RunOptions(
         config=PRESETS["tiny"], preset="tiny", plugin="scaler", steps=2, warmup_steps=1, settings={"scale": "100"}
     )
@@ -174,6 +162,7 @@ def test_run_loss_guard_makes_a_run_with_scaled_logits_invalid(register_plugin):
 
 
 # FP32 through the CLI below.
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, mode", [("BF16", "pure"), ("BF16", "amp")])
 def test_cpu_plugin_conforms(precision, mode):
     record = check("cpu", precision, mode=mode)
@@ -181,31 +170,33 @@ def test_cpu_plugin_conforms(precision, mode):
     assert record["precision"] == {"requested": precision, "effective": precision, "mode": mode}
 
 
+@pytest.mark.slow
 def test_torch_compile_post_processing_conforms():
     record = check("cpu", settings={"compile": "default"})
     assert record["passed"], record["checks"]
     assert record["plugin"]["settings"]["compile"] == "default"
 
 
-def test_cuda_plugin_post_processing_conforms_on_the_cpu(register_plugin):
+@pytest.mark.slow
+def test_cuda_plugin_post_processing_conforms_on_the_cpu(register_backend):
     llmb_cuda = pytest.importorskip("llmb_cuda", reason="llmb-cuda (plugins/cuda) is not installed")
 
     class CudaPostProcessingOnCpu(CpuPlugin):
         """llmb-cuda's model and optimizer hooks on the CPU: no GPU here, but the same Python post-processing."""
 
-        @hookimpl
-        def plugin_settings(self):
-            return llmb_cuda.plugin_settings()
+        name = "cuda_on_cpu"
+        cuda = llmb_cuda.CudaBackend()
 
-        @hookimpl
+        def settings(self):
+            return self.cuda.settings()
+
         def optimizer_options(self, device, precision, settings):
-            return llmb_cuda.optimizer_options(device, precision, settings)
+            return self.cuda.optimizer_options(device, precision, settings)
 
-        @hookimpl
         def process_model(self, model, optimizer, device, precision, settings):
-            return llmb_cuda.process_model(model, optimizer, device, precision, settings)
+            return self.cuda.process_model(model, optimizer, device, precision, settings)
 
-    register_plugin(CudaPostProcessingOnCpu(), "cuda_on_cpu")
+    register_backend(CudaPostProcessingOnCpu())
     record = check("cuda_on_cpu", settings={"activation_checkpointing": "full", "fused_adamw": "true"})
     assert record["passed"], record["checks"]
 
@@ -218,7 +209,7 @@ def test_wrapper_segments_are_normalised_away():
     assert normalise_name("lm_head.weight") == "lm_head.weight"
 
 
-def test_cli_writes_the_record_and_exits_by_the_verdict(tmp_path, register_plugin):
+def test_cli_writes_the_record_and_exits_by_the_verdict(tmp_path, register_backend):
     from click.testing import CliRunner
 
     from llmb.cli import cli
@@ -237,7 +228,7 @@ def test_cli_writes_the_record_and_exits_by_the_verdict(tmp_path, register_plugi
     assert all(set(c) == {"name", "passed", "detail", "measured", "tolerance"} for c in record["checks"])
     assert "CONFORMS" in result.output and not list(tmp_path.glob(".*"))
 
-    register_plugin(FreezeNorm(), "freezer")
+    register_backend(FreezeNorm(), "freezer")
     result = CliRunner().invoke(cli, [*common, "--plugin", "freezer"], catch_exceptions=False)
     assert result.exit_code == 1, result.output
     assert "DOES NOT CONFORM: failed optimizer, gradients" in result.output

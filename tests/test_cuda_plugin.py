@@ -12,10 +12,17 @@ from llmb.cli import cli
 from llmb.config import build_config
 from llmb.errors import UsageError
 from llmb.model import LlamaModel, count_parameters
-from llmb.plugins import Plugin
+from llmb.plugins import get_backend, resolve_settings
 
 HAS_CUDA = torch.cuda.is_available() and torch.version.hip is None
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
+CUDA = llmb_cuda.CudaBackend()
+
+
+def flops(name: str, precision: str, table=llmb_cuda.PEAKS) -> float | None:
+    """The table's figure alone (match_peak returns it with its source)."""
+    peak = llmb_cuda.match_peak(name, precision, table)
+    return peak.flops if peak else None
 
 
 @pytest.mark.parametrize(
@@ -46,7 +53,7 @@ def test_device_names_match_one_table_entry_or_none(name, label):
     entry = llmb_cuda.match_entry(name)
     assert (entry.label if entry else None) == label
     if label is None:
-        assert all(llmb_cuda.match_peak(name, p) is None for p in ("FP32", "TF32", "FP16", "BF16"))
+        assert all(flops(name, p) is None for p in ("FP32", "TF32", "FP16", "BF16"))
 
 
 @pytest.mark.parametrize(
@@ -61,11 +68,11 @@ def test_device_names_match_one_table_entry_or_none(name, label):
     ],
 )
 def test_peaks_are_dense_figures(name, sparse_bf16_tflops):
-    assert llmb_cuda.match_peak(name, "BF16") == pytest.approx(sparse_bf16_tflops * 1e12 / 2, rel=1e-3)
-    assert llmb_cuda.match_peak(name, "FP16") == llmb_cuda.match_peak(name, "BF16")
-    fp32, tf32, bf16 = (llmb_cuda.match_peak(name, p) for p in ("FP32", "TF32", "BF16"))
+    assert flops(name, "BF16") == pytest.approx(sparse_bf16_tflops * 1e12 / 2, rel=1e-3)
+    assert flops(name, "FP16") == flops(name, "BF16")
+    fp32, tf32, bf16 = (flops(name, p) for p in ("FP32", "TF32", "BF16"))
     assert fp32 < tf32 < bf16
-    assert llmb_cuda.match_peak(name, "FP8") is None  # not a benchmark precision: never a peak
+    assert flops(name, "FP8") is None  # not a benchmark precision: never a peak
 
 
 def test_every_entry_covers_the_four_precisions():
@@ -73,37 +80,40 @@ def test_every_entry_covers_the_four_precisions():
         assert set(entry.peaks) == {"FP32", "TF32", "FP16", "BF16"}, entry.label
 
 
+def test_every_peak_names_its_public_source():
+    peak = llmb_cuda.match_peak("NVIDIA H100 80GB HBM3", "BF16")
+    assert peak.source.startswith("H100 SXM: https://")
+    assert CUDA.peak_sources() == {entry.label: entry.source for entry in llmb_cuda.PEAKS}
+    assert all(source.startswith("https://") for source in CUDA.peak_sources().values())
+
+
 def test_settings_are_declared_and_validated():
-    plugin = Plugin("cuda")
-    assert plugin.distribution == "llmb-cuda"
-    assert plugin.resolve_settings({}) == {"compile": "none", "fused_adamw": False, "activation_checkpointing": "none"}
+    assert get_backend("cuda").plugin.distribution == "llmb-cuda"
+    assert resolve_settings(CUDA, {}) == {"compile": "none", "fused_adamw": False, "activation_checkpointing": "none"}
     given = {"compile": "max-autotune", "fused_adamw": "true", "activation_checkpointing": "selective"}
-    assert plugin.resolve_settings(given) == {
+    assert resolve_settings(CUDA, given) == {
         "compile": "max-autotune",
         "fused_adamw": True,
         "activation_checkpointing": "selective",
     }
     for bad in ({"compile": "fast"}, {"activation_checkpointing": "half"}, {"fused_adamw": "sure"}, {"tf32": "1"}):
         with pytest.raises(UsageError):
-            plugin.resolve_settings(bad)
+            resolve_settings(CUDA, bad)
 
 
 def test_capabilities_here():
-    plugin = Plugin("cuda")
-    assert plugin.device_types() == ["cuda"]
-    assert plugin.precisions() == ["FP32", "TF32", "FP16", "BF16"]
-    assert plugin.available() is HAS_CUDA
+    assert CUDA.device_types() == ["cuda"]
+    assert CUDA.precisions() == ["FP32", "TF32", "FP16", "BF16"]
+    assert CUDA.available() is HAS_CUDA
     device = torch.device("cuda")
-    assert plugin.call("optimizer_options", device=device, precision="FP32", settings={"fused_adamw": True}) == {
-        "fused": True
-    }
-    assert plugin.call("optimizer_options", device=device, precision="FP32", settings={"fused_adamw": False}) == {}
-    assert plugin.call("distributed_backend", device=device) == "nccl"
+    assert CUDA.optimizer_options(device, "FP32", {"fused_adamw": True}) == {"fused": True}
+    assert CUDA.optimizer_options(device, "FP32", {"fused_adamw": False}) == {}
+    assert CUDA.distributed_backend(device) == "nccl"
 
 
 def test_facts_record_what_the_plugin_changes():
     settings = {"compile": "default", "fused_adamw": True, "activation_checkpointing": "full"}
-    facts = {f.name: f for f in llmb_cuda.precision_facts(torch.device("cuda"), "BF16", settings)}
+    facts = {f.name: f for f in CUDA.precision_facts(torch.device("cuda"), "BF16", settings)}
     assert facts["llmb_cuda.compile"].value == "default" and facts["llmb_cuda.fused_adamw"].value is True
     assert all(f.implies is None for f in facts.values())
 
@@ -142,9 +152,7 @@ def test_activation_checkpointing_keeps_loss_and_gradients(mode):
     eager_loss, eager_grads = loss_and_grads(model, ids)
 
     settings = {"activation_checkpointing": mode, "compile": "none"}
-    processed = Plugin("cuda").call(
-        "process_model", model=model, optimizer=None, device=torch.device("cpu"), precision="FP32", settings=settings
-    )
+    processed = CUDA.process_model(model, None, torch.device("cpu"), "FP32", settings)
     wrapped = [i for i, layer in enumerate(processed.layers) if isinstance(layer, llmb_cuda.CheckpointedLayer)]
     assert wrapped == llmb_cuda.checkpointed_layers(mode, 4)
     # The same parameter objects, so the optimizer built before post-processing still holds every one.
@@ -193,19 +201,18 @@ def test_compile_default_mode_gives_the_same_loss():
 @needs_cuda
 def test_device_services_on_the_gpu():
     device = torch.device("cuda")
-    plugin = Plugin("cuda")
-    start, end = plugin.call("device_event", device=device), plugin.call("device_event", device=device)
-    plugin.call("reset_peak_memory", device=device)
+    start, end = CUDA.new_event(device), CUDA.new_event(device)
+    CUDA.reset_peak_memory(device)
     start.record()
     x = torch.randn(1024, 1024, device=device)
     y = x @ x
     end.record()
-    assert plugin.call("synchronize", device=device) is True
+    CUDA.synchronize(device)
     assert start.elapsed_time(end) > 0
-    assert plugin.call("peak_memory_bytes", device=device) >= y.numel() * 4
-    assert plugin.call("device_name", device=device) == torch.cuda.get_device_name(0)
-    assert plugin.call("device_count", device=device) == torch.cuda.device_count()
-    facts = llmb_cuda.run_facts(device)
+    assert CUDA.peak_memory_bytes(device) >= y.numel() * 4
+    assert CUDA.device_name(device) == torch.cuda.get_device_name(0)
+    assert CUDA.device_count(device) == torch.cuda.device_count()
+    facts = CUDA.run_facts(device)
     assert facts["cuda_runtime"] == torch.version.cuda and facts["gpu"]
 
 
@@ -223,4 +230,5 @@ def test_tiny_run_on_the_gpu(tmp_path):
     assert record["optimizer"]["defaults"]["fused"] is True
     assert record["device"]["name"] == torch.cuda.get_device_name(0)
     assert record["facts"]["cuda_runtime"] == torch.version.cuda
-    assert (record["mfu"] is None) == (llmb_cuda.match_peak(record["device"]["name"], "BF16") is None)
+    assert (record["mfu"] is None) == (flops(record["device"]["name"], "BF16") is None)
+    assert (record.get("peak_flops_source") is None) == (record["mfu"] is None)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_CPU as TINY
 
 from llmb import commbench, distributed, runner
 from llmb.config import PRESETS
 from llmb.errors import LlmbError, UsageError
 from llmb.train import synthetic_batch
 
-TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
 # A 2-process job here: two interpreters importing torch plus a few tiny steps; minutes mean a hang.
 JOB_TIMEOUT = 240
 
@@ -30,6 +30,7 @@ def llmb_command(args, env=None, launcher=()):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "parallel, launcher",
     [
@@ -64,6 +65,7 @@ def test_two_process_run_writes_one_correct_result(parallel, launcher, tmp_path)
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_gradients_after_one_step_equal_one_process_on_the_global_batch():
     """Two ranks, each its own seeded batch of 2 (seed + rank), against one process on both batches concatenated:
     DDP's averaged gradients and FSDP's gathered shards must equal the single process's, which proves the job trains
@@ -72,7 +74,7 @@ def test_gradients_after_one_step_equal_one_process_on_the_global_batch():
     value: 1e-5 leaves a margin, while a wrong slice or a missing average is off by order one."""
     base = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", batch_size=2, seed=3)
     runs = [replace(base, parallel=p) for p in distributed.PARALLEL]
-    per_strategy = distributed.launch(distributed.LaunchSpec(2), distributed.gradients_after_one_step, runs)[0]
+    per_strategy = distributed.launch(distributed.LaunchSpec(2), runner.gradients_after_one_step, runs)[0]
 
     single = replace(base, batch_size=4)
     session = runner.prepare(single, *runner.resolve(single))
@@ -90,21 +92,24 @@ def test_gradients_after_one_step_equal_one_process_on_the_global_batch():
 
 FAILING_PLUGIN = """
 import os
-from llmb import hookimpl
+from llmb import Backend, hookimpl
+
+class Failing(Backend):
+    name = "failing"
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        # Fails on rank 1 only, after the process group exists: rank 0 is then waiting for it in a collective.
+        if os.environ.get("RANK") == "1":
+            raise RuntimeError("boom on rank 1")
+        return model
 
 @hookimpl
-def device_types():
-    return ["cpu"]
-
-@hookimpl
-def process_model(model, optimizer, device, precision, settings):
-    # Fails on rank 1 only, after the process group exists: rank 0 is then waiting for it in a collective.
-    if os.environ.get("RANK") == "1":
-        raise RuntimeError("boom on rank 1")
-    return model
+def register_backends(register):
+    register(Failing())
 """
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_run_naming_it_without_a_hang(tmp_path):
     """A plugin installed for this test only (an entry point in a dist-info on PYTHONPATH, as pip would lay out),
     so both the launcher and every rank load it."""
@@ -126,6 +131,7 @@ def test_a_failing_rank_fails_the_run_naming_it_without_a_hang(tmp_path):
     assert not list(Path(out).glob("*.json")) if out.exists() else True
 
 
+@pytest.mark.slow
 def test_commbench_gloo_two_processes(tmp_path):
     options = commbench.CommOptions(device="cpu", sizes=(1024, 65536), iters=3, warmup=1)
     record = commbench.launch(distributed.LaunchSpec(2), options).to_dict()
@@ -165,12 +171,12 @@ class _Failure:
 def test_failure_prefers_a_ranks_own_error_over_a_peers_consequence():
     failures = {
         0: _Failure({"message": "LlmbError: rank 0: RuntimeError: Connection closed by peer", "extraInfo": {}}, 100),
-        1: _Failure("LlmbError: rank 1: plugin 'x' failed in hook process_model: RuntimeError: boom", 100),
+        1: _Failure("LlmbError: rank 1: backend 'x' failed in process_model: RuntimeError: boom", 100),
     }
     error = distributed.failure_error(failures)
     assert type(error) is LlmbError
     assert (
-        str(error) == "rank 1 failed: plugin 'x' failed in hook process_model: RuntimeError: boom (also failed: rank 0)"
+        str(error) == "rank 1 failed: backend 'x' failed in process_model: RuntimeError: boom (also failed: rank 0)"
     )
     usage = distributed.failure_error({1: _Failure("UsageError: rank 1: device 'cuda:1' is not available", 5)})
     assert isinstance(usage, UsageError) and str(usage) == "rank 1 failed: device 'cuda:1' is not available"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmb import census, fp8, hookimpl, runner
+from llmb import Backend, census, fp8, runner
 from llmb.config import PRESETS
 from llmb.errors import UsageError
 from llmb.model import LlamaModel
@@ -16,18 +16,14 @@ needs_torchao = pytest.mark.skipif(REASON is not None, reason=f"torchao float8 c
 TINY = PRESETS["tiny"]
 
 
-class Fp8Plugin:
-    """A minimal plugin whose only post-processing is torchao's float8 in emulation mode."""
+class Fp8Plugin(Backend):
+    """A minimal backend whose only post-processing is torchao's float8 in emulation mode."""
 
-    @hookimpl
-    def device_types(self):
-        return ["cpu"]
+    name = "fp8_on_cpu"
 
-    @hookimpl
-    def supported_precisions(self):
+    def precisions(self):
         return ["FP32", "BF16"]
 
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         return fp8.convert(model, "tensorwise", emulate=True)
 
@@ -62,8 +58,8 @@ def test_census_sees_float8_only_where_it_runs():
 
 @needs_torchao
 @pytest.mark.parametrize("requested", ["FP32", "BF16"])
-def test_an_fp8_run_is_labelled_fp8_and_has_no_mfu(register_plugin, requested):
-    register_plugin(Fp8Plugin(), "fp8_on_cpu")
+def test_an_fp8_run_is_labelled_fp8_and_has_no_mfu(register_backend, requested):
+    register_backend(Fp8Plugin())
     options = runner.RunOptions(
         config=TINY, preset="tiny", plugin="fp8_on_cpu", precision=requested, mode="amp", steps=2, warmup_steps=1
     )

@@ -1,5 +1,8 @@
 """Parity with HF transformers' LlamaForCausalLM (transformers is a test-only dependency)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -7,7 +10,8 @@ from llmb.config import build_config
 from llmb.model import LlamaModel
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
-from llmb.hf import llama_config  # noqa: E402 - needs transformers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # benchmarks/hf.py, not part of llmb
+from hf import llama_config  # noqa: E402 - needs transformers
 
 
 def _twins():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmb import Setting, hookimpl, results, submission, sysinfo
+from llmb import Backend, Setting, results, submission, sysinfo
 from llmb.cli import cli
 from llmb.config import PRESETS
 from llmb.errors import LlmbError, UsageError
@@ -84,21 +84,13 @@ def test_scrub(value, expected):
     assert scrub(value) == expected
 
 
-class SecretPlugin:
-    """A CPU plugin with a license token (declared secret), an opaque secret blob, and a key by name only."""
+class SecretPlugin(Backend):
+    """A CPU backend with a license token (declared secret), an opaque secret blob, and a key by name only."""
 
+    name = "licensed"
     seen: dict = {}
 
-    @hookimpl
-    def device_types(self):
-        return ["cpu"]
-
-    @hookimpl
-    def supported_precisions(self):
-        return ["FP32"]
-
-    @hookimpl
-    def plugin_settings(self):
+    def settings(self):
         return [
             Setting("license_token", str, "", "a license token", secret=True),
             Setting("vendor_blob", str, "default-blob", "opaque, declared secret", secret=True),
@@ -107,19 +99,18 @@ class SecretPlugin:
             Setting("threads", int, 0, "an ordinary setting"),
         ]
 
-    @hookimpl
-    def setup_backend(self, device, precision, settings):
+    def setup(self, device, precision, settings):
         SecretPlugin.seen = dict(settings)
 
 
 SECRET_OPTIONS = {"license_token": "SECRET-A", "vendor_blob": "SECRET-B", "api_key": "SECRET-C", "threads": "1"}
 
 
-def test_secret_settings_reach_the_plugin_but_never_a_record(register_plugin):
+def test_secret_settings_reach_the_plugin_but_never_a_record(register_backend):
     from llmb.conformance import check_plugin
     from llmb.runner import RunOptions, run
 
-    register_plugin(SecretPlugin(), "licensed")
+    register_backend(SecretPlugin())
     options = RunOptions(
         config=PRESETS["tiny"], preset="tiny", plugin="licensed", steps=1, warmup_steps=1, settings=SECRET_OPTIONS
     )
@@ -143,7 +134,7 @@ def test_secret_settings_reach_the_plugin_but_never_a_record(register_plugin):
 
 
 def test_a_bad_secret_value_is_refused_without_echoing_it():
-    declared = SecretPlugin().plugin_settings()
+    declared = SecretPlugin().settings()
     with pytest.raises(UsageError) as caught:
         resolve_settings("licensed", declared, {"pin": "SECRET-D"})
     assert "SECRET" not in str(caught.value) and REDACTED in str(caught.value)

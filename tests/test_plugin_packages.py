@@ -11,32 +11,33 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY, only_record
 
 from llmb.scaffold import write_plugin
 
 pytest.importorskip("hatchling", reason="building a plugin package offline needs hatchling (the test extra)")
+pytestmark = pytest.mark.slow  # each builds and installs a package, then runs llmb in subprocesses
 
-TINY = ["--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
 
 THROWAWAY_MODULE = '''
 """A throwaway third-party plugin: the host CPU under another name, with one setting and one run fact."""
 
-from llmb import Setting, hookimpl
+from llmb import Backend, Setting, hookimpl
+
+
+class Throwaway(Backend):
+    name = "throwaway"
+
+    def settings(self):
+        return [Setting("greeting", str, "hello", "recorded with the run")]
+
+    def run_facts(self, device):
+        return {"throwaway_marker": "installed with pip"}
 
 
 @hookimpl
-def device_types():
-    return ["cpu"]
-
-
-@hookimpl
-def plugin_settings():
-    return [Setting("greeting", str, "hello", "recorded with the run")]
-
-
-@hookimpl
-def run_facts(device):
-    return {"throwaway_marker": "installed with pip"}
+def register_backends(register):
+    register(Throwaway())
 '''
 
 THROWAWAY_PYPROJECT = """
@@ -68,11 +69,6 @@ def run_with(site: Path, args: list[str], cwd: Path) -> subprocess.CompletedProc
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
 
 
-def only_record(out: Path) -> dict:
-    (path,) = out.glob("*.json")
-    return json.loads(path.read_text())
-
-
 def test_a_pip_installed_plugin_is_listed_and_runs(tmp_path):
     package = tmp_path / "llmb-throwaway"
     package.mkdir()
@@ -86,7 +82,7 @@ def test_a_pip_installed_plugin_is_listed_and_runs(tmp_path):
     described = {p["name"]: p for p in json.loads(listed.stdout)}
     assert described["throwaway"]["distribution"] == "llmb-throwaway"
     assert described["throwaway"]["version"] == "0.3.1"
-    assert described["throwaway"]["hooks"] == ["device_types", "plugin_settings", "run_facts"]
+    assert described["throwaway"]["methods_overridden"] == ["settings", "run_facts"]
     assert described["throwaway"]["settings"][0]["name"] == "greeting"
 
     out = tmp_path / "out"

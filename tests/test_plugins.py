@@ -1,38 +1,31 @@
-"""The plugin system with in-memory plugins (llm/datasette style): listing, selection, settings, failures, limits."""
+"""The plugin system with in-memory backends (llm style): listing, selection, settings, failures, limits."""
 
 import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import TINY, invoke, run_record
 
-from llmb import Setting, hookimpl, hookspecs, plugins
+from llmb import Backend, Peak, Setting, hookimpl, plugins
+from llmb.backend import overridden, public_methods
 from llmb.cli import cli
 from llmb.errors import PluginError, UsageError
-from llmb.plugins import Plugin, select_plugin
-from llmb.scaffold import hook_specs
-
-TINY = ["--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
+from llmb.plugins import call, get_backend, resolve_settings, select_backend
 
 
-class HostPlugin:
-    """Serves the host CPU like the built-in plugin; subclasses change one behaviour each."""
+class HostBackend(Backend):
+    """Serves the host CPU like the built-in backend; subclasses change one behaviour each."""
 
+    name = "host"
     present = False
 
-    @hookimpl
-    def device_types(self):
-        return ["cpu"]
-
-    @hookimpl
-    def supported_precisions(self):
+    def precisions(self):
         return ["FP32", "BF16"]
 
-    @hookimpl
-    def hardware_available(self):
+    def available(self):
         return self.present
 
-    @hookimpl
-    def plugin_settings(self):
+    def settings(self):
         return [
             Setting("mode", str, "off", "a choice", ("off", "on")),
             Setting("threads", int, 0, "an int"),
@@ -40,68 +33,78 @@ class HostPlugin:
         ]
 
 
-class PresentPlugin(HostPlugin):
+class PresentBackend(HostBackend):
+    name = "present"
     present = True
 
-    @hookimpl
     def optimizer_options(self, device, precision, settings):
         return {"foreach": False}
 
-    @hookimpl
     def peak_flops(self, device, precision):
-        return 5e11  # an invented peak for this in-memory device, so that MFU has something to divide by
+        # An invented peak for this in-memory device, so that MFU has something to divide by.
+        return Peak(5e11, "tests/test_plugins.py (invented)")
 
 
-class BrokenPlugin(HostPlugin):
-    @hookimpl
+class BrokenBackend(HostBackend):
+    name = "broken"
+
     def process_model(self, model, optimizer, device, precision, settings):
         raise RuntimeError("kernel library missing\nsecond line of detail")
 
 
-class GreedyOptimizerPlugin(HostPlugin):
-    @hookimpl
+class GreedyOptimizerBackend(HostBackend):
+    name = "greedy"
+
     def optimizer_options(self, device, precision, settings):
         return {"fused": False, "lr": 1.0}
 
 
-class TamperingPlugin(HostPlugin):
-    @hookimpl
+class TamperingBackend(HostBackend):
+    name = "tampering"
+
     def process_model(self, model, optimizer, device, precision, settings):
         optimizer.param_groups[0]["lr"] = 1.0  # post-processing must not change the benchmark's hyperparameters
         return model
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+class FloatPeakBackend(HostBackend):
+    name = "floatpeak"
+
+    def peak_flops(self, device, precision):
+        return 5e11  # a bare number: no source, so refused
 
 
-def run_record(tmp_path, *args) -> dict:
-    result = invoke("run", *TINY, "--out", str(tmp_path), *args)
-    assert result.exit_code == 0, result.output
-    (path,) = tmp_path.glob("*.json")
-    return json.loads(path.read_text())
+def test_every_public_method_has_a_docstring_and_a_default():
+    methods = public_methods()
+    assert len(methods) >= 18
+    base = Backend()
+    for name in methods:
+        assert (getattr(Backend, name).__doc__ or "").strip(), name
+    assert base.device_types() == ["cpu"] and base.precisions() == ["FP32"] and base.available() is False
+    assert overridden(base) == []
+    assert overridden(PresentBackend()) == ["precisions", "available", "settings", "optimizer_options", "peak_flops"]
 
 
-def test_every_hook_has_a_one_line_docstring():
-    specs = hook_specs()
-    assert len(specs) >= 15
-    for name, _, doc in specs:
-        assert doc and "\n" not in doc, name
+def test_a_peak_needs_a_positive_figure_and_a_source():
+    assert Peak(1e12, "https://example.com/datasheet").flops == 1e12
+    with pytest.raises(ValueError, match="public source"):
+        Peak(1e12, " ")
+    with pytest.raises(ValueError, match="positive"):
+        Peak(0.0, "https://example.com")
 
 
-def test_plugins_json_describes_each_plugin(register_plugin):
-    register_plugin(HostPlugin(), "host")
+def test_plugins_json_describes_each_backend(register_backend):
+    register_backend(HostBackend())
     result = invoke("plugins", "--json")
     assert result.exit_code == 0, result.output
     described = {p["name"]: p for p in json.loads(result.stdout)}
     assert list(described)[0] == "cpu"
     cpu = described["cpu"]
     assert (cpu["distribution"], cpu["device_types"], cpu["hardware_available"]) == ("llmb", ["cpu"], True)
-    assert "process_model" in cpu["hooks"] and "device_event" not in cpu["hooks"]
+    assert "process_model" in cpu["methods_overridden"] and "new_event" not in cpu["methods_overridden"]
     host = described["host"]
-    assert host["precisions"] == ["FP32", "BF16"]
-    assert host["hooks"] == sorted(["device_types", "supported_precisions", "hardware_available", "plugin_settings"])
-    assert set(host["hooks"]) <= {name for name, _, _ in hook_specs()}
+    assert (host["plugin"], host["precisions"]) == ("host", ["FP32", "BF16"])
+    assert host["methods_overridden"] == ["precisions", "available", "settings"]
     assert host["settings"][0] == {
         "name": "mode",
         "type": "str",
@@ -111,49 +114,86 @@ def test_plugins_json_describes_each_plugin(register_plugin):
         "secret": False,
     }
     assert [s["type"] for s in host["settings"]] == ["str", "int", "bool"]
+    assert host["peak_sources"] == {}
 
 
-def test_plugins_table_lists_each_plugin(register_plugin):
-    register_plugin(HostPlugin(), "host")
+def test_plugins_table_lists_backends_methods_settings_choices_and_peak_sources(register_backend):
+    class Sourced(HostBackend):
+        name = "sourced"
+
+        def peak_sources(self):
+            return {"Sourced X1": "https://example.com/x1-datasheet.pdf"}
+
+    register_backend(Sourced())
     result = invoke("plugins")
     assert result.exit_code == 0, result.output
-    assert "host" in result.output and "cpu" in result.output and "absent" in result.output
+    text = result.output
+    assert "sourced" in text and "cpu" in text and "absent" in text
+    assert "methods overridden" in text and "peak_sources" in text
+    assert "(one of off, on)" in text
+    assert "Sourced X1: https://example.com/x1-datasheet.pdf" in text.replace("│", "").replace("\n", "")
 
 
-def test_plugins_command_reports_entry_points_that_failed_to_load(monkeypatch):
-    plugins.load_plugins()
+def test_plugins_command_reports_plugins_that_failed_to_load(monkeypatch):
+    plugins.load()
     monkeypatch.setitem(plugins.load_errors, "halfbaked", "ImportError: no module named vendor_sdk")
     result = invoke("plugins", "--json")
     assert result.exit_code == 0
     assert "halfbaked" not in {p["name"] for p in json.loads(result.stdout)}
     assert "plugin 'halfbaked' failed to load: ImportError: no module named vendor_sdk" in result.stderr
-    with pytest.raises(Exception, match="failed to load"):
-        Plugin("halfbaked")
+    halfbaked = plugins.PluginInfo("halfbaked", "llmb-halfbaked", "1.0", "halfbaked_module")
+    monkeypatch.setattr(plugins, "installed", lambda: [halfbaked])
+    with pytest.raises(Exception, match="plugin 'halfbaked' failed to load: ImportError"):
+        get_backend("halfbaked")
 
 
-def test_auto_selection_takes_the_first_plugin_with_hardware_present(register_plugin, monkeypatch):
-    register_plugin(HostPlugin(), "absent")
-    register_plugin(PresentPlugin(), "present")
-    register_plugin(PresentPlugin(), "present_too")
-    # The installed plugins of this machine are left out of the candidates, so the test does not depend on them.
-    monkeypatch.setattr(plugins, "plugin_names", lambda: ["cpu", "absent", "present", "present_too"])
-    assert select_plugin(None).name == "present"
-    assert select_plugin("absent").name == "absent"
-    monkeypatch.setattr(plugins, "plugin_names", lambda: ["cpu", "absent"])
-    assert select_plugin(None).name == "cpu"
+def test_a_bad_registration_is_charged_to_its_plugin(register_backend):
+    class Misnamed(HostBackend):
+        name = "other"
+
+    class Plugin:
+        @hookimpl
+        def register_backends(self, register):
+            register(Misnamed())
+
+    plugins.pm.register(Plugin(), name="misnamer")
+    try:
+        found = plugins.registrations()
+        assert "other" not in found and "cpu" in found
+        assert "must be the entry point's name 'misnamer'" in plugins.load_errors.pop("misnamer")
+    finally:
+        plugins.pm.unregister(name="misnamer")
 
 
-def test_settings_are_validated_and_parsed(register_plugin):
-    register_plugin(HostPlugin(), "host")
-    plugin = Plugin("host")
-    assert plugin.resolve_settings({}) == {"mode": "off", "threads": 0, "fast": False}
-    assert plugin.resolve_settings({"mode": "on", "threads": "4", "fast": "yes"}) == {
+def test_auto_selection_takes_the_first_backend_with_hardware_present(register_backend, monkeypatch):
+    class Absent(HostBackend):
+        name = "absent"
+
+    class PresentToo(PresentBackend):
+        name = "present_too"
+
+    for backend in (Absent(), PresentBackend(), PresentToo()):
+        register_backend(backend)
+    # This machine's installed plugins are left out of the candidates, so the test does not depend on them.
+    mine = {"cpu", "absent", "present", "present_too"}
+    everything = plugins.registrations
+    monkeypatch.setattr(plugins, "all_registrations", lambda: {k: v for k, v in everything().items() if k in mine})
+    assert select_backend(None).name == "present"
+    assert select_backend("absent").name == "absent"
+    mine -= {"present", "present_too"}
+    assert select_backend(None).name == "cpu"
+
+
+def test_settings_are_validated_and_parsed():
+    backend = HostBackend()
+    assert resolve_settings(backend, {}) == {"mode": "off", "threads": 0, "fast": False}
+    assert resolve_settings(backend, {"mode": "on", "threads": "4", "fast": "yes"}) == {
         "mode": "on",
         "threads": 4,
         "fast": True,
     }
     for raw, value in (("true", True), ("1", True), ("on", True), ("FALSE", False), ("0", False), ("no", False)):
-        assert plugin.resolve_settings({"fast": raw})["fast"] is value
+        assert resolve_settings(backend, {"fast": raw})["fast"] is value
     for given, message in (
         ({"colour": "red"}, "plugin 'host' has no setting 'colour' (settings: fast, mode, threads)"),
         ({"mode": "turbo"}, "expected one of off, on"),
@@ -161,7 +201,7 @@ def test_settings_are_validated_and_parsed(register_plugin):
         ({"fast": "maybe"}, "expected true or false"),
     ):
         with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            plugin.resolve_settings(given)
+            resolve_settings(backend, given)
 
 
 @pytest.mark.parametrize(
@@ -172,19 +212,21 @@ def test_settings_are_validated_and_parsed(register_plugin):
         ("fast", "expects key=value"),
     ],
 )
-def test_bad_settings_on_the_command_line_are_usage_errors(register_plugin, tmp_path, option, message):
-    register_plugin(HostPlugin(), "host")
+def test_bad_settings_on_the_command_line_are_usage_errors(register_backend, tmp_path, option, message):
+    register_backend(HostBackend())
     result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "host", "-O", option, "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not list(tmp_path.glob("*.json"))
 
 
-def test_auto_selected_plugin_runs_and_its_settings_peak_and_options_are_recorded(
-    register_plugin, monkeypatch, tmp_path
+def test_auto_selected_backend_runs_and_its_settings_peak_and_options_are_recorded(
+    register_backend, monkeypatch, tmp_path
 ):
-    register_plugin(PresentPlugin(), "present")
-    monkeypatch.setattr(plugins, "plugin_names", lambda: ["cpu", "present"])
+    register_backend(PresentBackend())
+    everything = plugins.registrations
+    keep = {"cpu", "present"}
+    monkeypatch.setattr(plugins, "all_registrations", lambda: {k: v for k, v in everything().items() if k in keep})
     record = run_record(tmp_path, "-O", "threads=1", "-O", "fast=on")
     assert record["plugin"] == {
         "name": "present",
@@ -196,64 +238,78 @@ def test_auto_selected_plugin_runs_and_its_settings_peak_and_options_are_recorde
     }
     assert record["device"]["type"] == "cpu" and record["device"]["count"] == 1
     assert record["optimizer"]["defaults"]["foreach"] is False
-    assert record["peak_flops"] == 5e11
+    assert (record["peak_flops"], record["peak_flops_source"]) == (5e11, "tests/test_plugins.py (invented)")
     assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 5e11)
     assert record["mfu"] > 0
 
 
-def test_a_plugin_without_a_peak_gets_no_mfu(register_plugin, tmp_path):
-    register_plugin(HostPlugin(), "host")
+def test_a_backend_without_a_peak_gets_no_mfu(register_backend, tmp_path):
+    register_backend(HostBackend())
     record = run_record(tmp_path, "--plugin", "host")
     assert record["plugin"]["settings"] == {"mode": "off", "threads": 0, "fast": False}
-    assert record["peak_flops"] is None and record["mfu"] is None
+    assert record["peak_flops"] is None and "peak_flops_source" not in record and record["mfu"] is None
     assert record["tflops"] > 0
 
 
-def test_a_plugin_raising_in_a_hook_is_one_line_naming_plugin_and_hook(register_plugin, tmp_path):
-    register_plugin(BrokenPlugin(), "broken")
-    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "broken", "--out", str(tmp_path)])
+def test_a_peak_without_its_source_is_refused(register_backend, tmp_path):
+    register_backend(FloatPeakBackend())
+    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "floatpeak", "--out", str(tmp_path)])
     assert result.exit_code == 1, result.output
-    lines = result.output.strip().splitlines()
-    assert lines == ["error: plugin 'broken' failed in hook process_model: RuntimeError: kernel library missing"]
+    assert "peak_flops must return llmb.Peak(flops, source) or None" in result.output
     assert not list(tmp_path.glob("*.json"))
 
 
-def test_plugin_call_wraps_the_error(register_plugin):
-    register_plugin(BrokenPlugin(), "broken")
+def test_a_backend_raising_in_a_method_is_one_line_naming_backend_and_method(register_backend, tmp_path):
+    register_backend(BrokenBackend())
+    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "broken", "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == ["error: backend 'broken' failed in process_model: RuntimeError: kernel library missing"]
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_call_wraps_the_error():
+    backend = BrokenBackend()
     with pytest.raises(PluginError) as info:
-        Plugin("broken").call("process_model", model=None, optimizer=None, device=None, precision="FP32", settings={})
-    assert (info.value.plugin, info.value.hook) == ("broken", "process_model")
+        call(backend.process_model, None, None, None, "FP32", {})
+    assert (info.value.backend, info.value.method) == ("broken", "process_model")
 
 
-def test_optimizer_options_beyond_the_implementation_are_refused(register_plugin, tmp_path):
-    register_plugin(GreedyOptimizerPlugin(), "greedy")
+def test_optimizer_options_beyond_the_implementation_are_refused(register_backend, tmp_path):
+    register_backend(GreedyOptimizerBackend())
     result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "greedy", "--out", str(tmp_path)])
     assert result.exit_code == 1, result.output
     assert "plugin 'greedy': optimizer options lr refused: only foreach, fused, capturable may be set" in result.output
     assert not list(tmp_path.glob("*.json"))
 
 
-def test_post_processing_that_changes_the_optimizer_makes_the_run_invalid(register_plugin, tmp_path):
-    register_plugin(TamperingPlugin(), "tampering")
+def test_post_processing_that_changes_the_optimizer_makes_the_run_invalid(register_backend, tmp_path):
+    register_backend(TamperingBackend())
     record = run_record(tmp_path, "--plugin", "tampering")
     assert "optimizer: optimizer lr is 1.0, fixed value is 1e-05" in record["invalid_reasons"]
 
 
-def test_hooks_are_called_on_the_selected_plugin_only(register_plugin):
-    register_plugin(PresentPlugin(), "present")
-    # cpu implements no peak_flops; the other registered plugin's answer must not leak into cpu's call.
-    assert Plugin("cpu").call("peak_flops", device=None, precision="FP32") is None
-    assert Plugin("present").call("peak_flops", device=None, precision="FP32") == 5e11
+def test_each_backend_answers_for_itself(register_backend):
+    register_backend(PresentBackend())
+    # cpu has no peak; another registered backend's answer must not leak into cpu's.
+    assert get_backend("cpu").backend.peak_flops(None, "FP32") is None
+    assert get_backend("present").backend.peak_flops(None, "FP32").flops == 5e11
 
 
-def test_readme_plugins_section_lists_every_hook():
-    from pathlib import Path
+def test_installed_plugins_are_listed_from_metadata_without_importing_them(monkeypatch):
+    import sys
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("## Plugins", 1)[1].split("\n## ", 1)[0]
-    for name in vars(hookspecs):
-        if hasattr(getattr(hookspecs, name), "llmb_spec"):
-            assert f"`{name}`" in section, name
+    before = set(sys.modules)
+    listed = plugins.installed()
+    assert listed[0] == plugins.PluginInfo("cpu", "llmb", listed[0].version, "llmb.default_plugins.cpu")
+    assert len({info.name for info in listed}) == len(listed)
+    assert set(sys.modules) == before  # nothing imported to list them
+    assert plugins.installed_records()[0] == {"name": "cpu", "distribution": "llmb", "version": listed[0].version}
+
+
+def test_a_run_records_every_installed_plugin(tmp_path):
+    record = run_record(tmp_path, "--plugin", "cpu", "--device", "cpu")
+    assert record["plugins_installed"] == plugins.installed_records()
 
 
 def test_all_first_party_plugins_are_listed_when_installed():
@@ -272,3 +328,70 @@ def test_all_first_party_plugins_are_listed_when_installed():
     for name, dist in wanted.items():
         assert described[name]["distribution"] == dist
         assert isinstance(described[name]["hardware_available"], bool)
+    assert "A100" in described["cuda"]["peak_sources"] and "MI300X" in described["rocm"]["peak_sources"]
+    assert described["rocm"]["methods_overridden"] == described["cuda"]["methods_overridden"]  # inherited
+
+
+def test_readme_documents_every_backend_method_with_its_parameters_and_an_example():
+    import inspect
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("\n## Plugins\n", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^#### `(\w+)\(([^)]*)\)`$", section, re.MULTILINE)
+    assert [name for name, _ in documented] == public_methods()
+    for name, params in documented:
+        expected = [p for p in inspect.signature(getattr(Backend, name)).parameters if p != "self"]
+        assert [p.strip() for p in params.split(",") if p.strip()] == expected, name
+        body = section.split(f"#### `{name}(", 1)[1].split("\n#### ", 1)[0]
+        prose, _, rest = body.partition("```python\n")
+        assert prose.count("\n") >= 2 and rest, f"{name}: a description and then an example"
+        assert f"def {name}(self" in rest.split("```", 1)[0], f"{name}: the example overrides the method"
+
+
+NOISY_PLUGIN = '''
+"""A plugin whose import leaves a mark: llmb must import it only when it is asked for."""
+import os
+from pathlib import Path
+
+from llmb import Backend, hookimpl
+
+Path(os.environ["NOISY_MARK"]).write_text("imported")
+
+
+class Noisy(Backend):
+    name = "noisy"
+
+
+@hookimpl
+def register_backends(register):
+    register(Noisy())
+'''
+
+
+def test_a_run_imports_only_the_selected_plugin(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import write_dist_info
+
+    site = tmp_path / "site"
+    write_dist_info(site, "llmb-noisy", "2.0", "noisy", "llmb_noisy")
+    (site / "llmb_noisy.py").write_text(NOISY_PLUGIN)
+    mark = tmp_path / "mark"
+    env = dict(os.environ, PYTHONPATH=str(site), NOISY_MARK=str(mark))
+
+    def llmb(*args):
+        command = [sys.executable, "-m", "llmb", *args]
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    out = tmp_path / "out"
+    llmb("run", "--plugin", "cpu", "--device", "cpu", *TINY, "--out", str(out))
+    assert not mark.exists(), "an installed plugin that was not selected was imported during the run"
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert {"name": "noisy", "distribution": "llmb-noisy", "version": "2.0"} in record["plugins_installed"]
+    llmb("plugins", "--json")
+    assert mark.read_text() == "imported"  # listing loads every plugin

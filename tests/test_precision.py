@@ -2,19 +2,18 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
+from conftest import TINY_CPU, invoke
 
-from llmb import PrecisionFact, hookimpl, precision
-from llmb.cli import cli
+from llmb import Backend, Peak, PrecisionFact, precision
 from llmb.config import PRESETS
 from llmb.flops import fom, model_flops_per_token, parameter_count
 from llmb.model import OFFICIAL_CONFIG
 
-TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "3", "--warmup-steps", "1"]
+TINY = [*TINY_CPU, "--steps", "3"]
 
 
 def run(tmp_path, *args):
-    result = CliRunner().invoke(cli, ["run", *TINY, "--out", str(tmp_path), *args])
+    result = invoke("run", *TINY, "--out", tmp_path, *args, catch_exceptions=True)
     records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
     return result, records
 
@@ -50,26 +49,17 @@ def test_cpu_runs_record_a_correct_audit(tmp_path, name, mode, param_dtype, auto
     assert record["invalid_reasons"] == []
 
 
-class MediumMatmulPlugin:
+class MediumMatmulBackend(Backend):
     """Sets float32 matmuls to "medium" under FP32: oneDNN then multiplies in BF16 on this CPU."""
 
-    __name__ = "medium"
+    name = "medium"
 
-    @hookimpl
-    def device_types(self):
-        return ["cpu"]
-
-    @hookimpl
-    def supported_precisions(self):
-        return ["FP32"]
-
-    @hookimpl
-    def setup_backend(self, device, precision, settings):
+    def setup(self, device, precision, settings):
         torch.set_float32_matmul_precision("medium")
 
 
-def test_medium_matmul_precision_under_fp32_is_labelled_bf16(register_plugin, tmp_path):
-    register_plugin(MediumMatmulPlugin(), "medium")
+def test_medium_matmul_precision_under_fp32_is_labelled_bf16(register_backend, tmp_path):
+    register_backend(MediumMatmulBackend())
     result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32")
     assert result.exit_code == 0, result.output
     assert record["precision"]["requested"] == "FP32"
@@ -92,22 +82,21 @@ def test_medium_probe_agrees_with_what_the_cpu_really_computes():
     assert probe["verdict"] == ("BF16" if ran_bf16 else "FP32"), probe
 
 
-def test_strict_precision_makes_a_lower_effective_precision_an_error(register_plugin, tmp_path):
-    register_plugin(MediumMatmulPlugin(), "medium")
+def test_strict_precision_makes_a_lower_effective_precision_an_error(register_backend, tmp_path):
+    register_backend(MediumMatmulBackend())
     result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32", "--strict-precision")
     assert result.exit_code == 1
     assert any("--strict-precision" in r for r in record["invalid_reasons"])
 
 
-def test_plugin_precision_facts_lower_the_label(register_plugin, tmp_path):
-    class ClaimsTF32:
-        __name__ = "claims_tf32"
+def test_plugin_precision_facts_lower_the_label(register_backend, tmp_path):
+    class ClaimsTF32(Backend):
+        name = "claims_tf32"
 
-        @hookimpl
         def precision_facts(self, device, precision, settings):
             return [PrecisionFact("vendor.matmul_mode", "fast", "TF32"), PrecisionFact("vendor.note", "x", None)]
 
-    register_plugin(ClaimsTF32(), "claims_tf32")
+    register_backend(ClaimsTF32())
     result, [record] = run(tmp_path, "--plugin", "claims_tf32")
     assert result.exit_code == 0, result.output
     assert record["precision"]["effective"] == "TF32"
@@ -136,24 +125,22 @@ def test_tf32_is_unsupported_on_cpu_and_all_runs_the_rest(tmp_path):
     assert sorted(r["precision"]["effective"] for r in records) == ["BF16", "FP16", "FP32"]
 
 
-class PeakPlugin:
-    __name__ = "peak"
+class PeakBackend(Backend):
+    name = "peak"
 
-    @hookimpl
-    def supported_precisions(self):
+    def precisions(self):
         return ["FP32", "BF16"]
 
-    @hookimpl
     def peak_flops(self, device, precision):
-        return {"FP32": 1e12}.get(precision)
+        return Peak(1e12, "an invented figure for this test") if precision == "FP32" else None
 
 
-def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_plugin, tmp_path):
-    register_plugin(PeakPlugin(), "peak")
+def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_backend, tmp_path):
+    register_backend(PeakBackend())
     result, records = run(tmp_path, "--plugin", "peak", "--precision", "FP32")
     assert result.exit_code == 0, result.output
     [record] = records
-    assert record["peak_flops"] == 1e12
+    assert (record["peak_flops"], record["peak_flops_source"]) == (1e12, "an invented figure for this test")
     assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 1e12)
     result, records = run(tmp_path / "bf16", "--plugin", "peak", "--precision", "BF16")
     assert records[0]["mfu"] is None and records[0]["peak_flops"] is None

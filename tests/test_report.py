@@ -19,7 +19,7 @@ from llmb.report import load, make_plots, report, scaling_tables
 from llmb.results import write_result
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-SIMULATED = "cpu | oom_above_batch_size=1"  # the sweep's plugin and settings: its simulated memory limit
+SIMULATED = "oomtest | oom_above_batch_size=1"  # the sweep's plugin and settings: the test backend's memory limit
 TINY = "tiny (4.2M params)"
 
 
@@ -79,7 +79,7 @@ def test_json_and_console(inputs, tmp_path):
     assert data["schema"] == "llmb.report/1"
     assert [t["name"] for t in data["tables"]] == ["best", "methods", "failures"]
     best = data["tables"][0]["rows"]
-    simulated = [r for r in best if (r["method"], r["settings"]) == ("cpu", "oom_above_batch_size=1")]
+    simulated = [r for r in best if (r["method"], r["settings"]) == ("oomtest", "oom_above_batch_size=1")]
     assert {r["precision"] for r in simulated} == {"FP32", "FP16", "BF16"}
     console = invoke(*inputs)
     assert console.exit_code == 0 and "Best batch size per precision" in console.output

@@ -11,11 +11,17 @@ from click.testing import CliRunner
 
 from llmb.cli import cli
 from llmb.errors import UsageError
-from llmb.plugins import Plugin
+from llmb.plugins import get_backend, resolve_settings
 
 HAS_ROCM = torch.version.hip is not None and torch.cuda.is_available()
 needs_rocm = pytest.mark.skipif(not HAS_ROCM, reason="no ROCm device on this machine")
 ENV = ("PYTORCH_TUNABLEOP_ENABLED", "TORCH_BLAS_PREFER_HIPBLASLT")
+ROCM = llmb_rocm.RocmBackend()
+
+
+def flops(name: str, precision: str) -> float | None:
+    peak = llmb_cuda.match_peak(name, precision, llmb_rocm.PEAKS)
+    return peak.flops if peak else None
 
 
 @pytest.mark.parametrize(
@@ -40,60 +46,57 @@ def test_device_names_match_one_table_entry_or_none(name, label):
 def test_peaks_are_dense_and_per_torch_device():
     # MI300X datasheet: BF16 2,614.9 TFLOPS with sparsity; MI250X: BF16 383 TFLOPS per package of two GCDs, and
     # each GCD is one torch device.
-    assert llmb_cuda.match_peak("AMD Instinct MI300X", "BF16", llmb_rocm.PEAKS) == pytest.approx(2614.9e12 / 2, 1e-3)
-    assert llmb_cuda.match_peak("AMD Instinct MI250X", "BF16", llmb_rocm.PEAKS) == pytest.approx(383e12 / 2, 1e-3)
-    assert llmb_cuda.match_peak("AMD Instinct MI250X", "TF32", llmb_rocm.PEAKS) is None  # MI250X has no TF32 rate
+    assert flops("AMD Instinct MI300X", "BF16") == pytest.approx(2614.9e12 / 2, 1e-3)
+    assert flops("AMD Instinct MI250X", "BF16") == pytest.approx(383e12 / 2, 1e-3)
+    assert flops("AMD Instinct MI250X", "TF32") is None  # MI250X has no TF32 rate
     for entry in llmb_rocm.PEAKS:
         assert entry.peaks["FP32"] < entry.peaks["BF16"] == entry.peaks["FP16"]
 
 
 def test_settings_extend_the_cuda_plugin():
-    plugin = Plugin("rocm")
-    assert plugin.distribution == "llmb-rocm"
-    assert plugin.resolve_settings({}) == {
+    assert get_backend("rocm").plugin.distribution == "llmb-rocm"
+    assert resolve_settings(ROCM, {}) == {
         "compile": "none",
         "fused_adamw": False,
         "activation_checkpointing": "none",
         "tunableop": False,
         "hipblaslt": True,
     }
-    assert plugin.resolve_settings({"tunableop": "on", "hipblaslt": "off"})["tunableop"] is True
+    assert resolve_settings(ROCM, {"tunableop": "on", "hipblaslt": "off"})["tunableop"] is True
     with pytest.raises(UsageError, match="expected true or false"):
-        plugin.resolve_settings({"tunableop": "sometimes"})
+        resolve_settings(ROCM, {"tunableop": "sometimes"})
 
 
 def test_setup_backend_sets_rocm_environment(monkeypatch):
     for name in ENV:
         monkeypatch.delenv(name, raising=False)  # restored to unset after the test
-    plugin = Plugin("rocm")
-    settings = plugin.resolve_settings({"tunableop": "true", "hipblaslt": "false"})
-    plugin.call("setup_backend", device=torch.device("cpu"), precision="BF16", settings=settings)
+    settings = resolve_settings(ROCM, {"tunableop": "true", "hipblaslt": "false"})
+    ROCM.setup(torch.device("cpu"), "BF16", settings)
     assert {name: os.environ[name] for name in ENV} == {
         "PYTORCH_TUNABLEOP_ENABLED": "1",
         "TORCH_BLAS_PREFER_HIPBLASLT": "0",
     }
-    listed = plugin.call("precision_facts", device=torch.device("cuda"), precision="BF16", settings=settings)
-    values = {f.name: f.value for facts in listed for f in facts}
+    values = {f.name: f.value for f in ROCM.precision_facts(torch.device("cuda"), "BF16", settings)}
     assert values["PYTORCH_TUNABLEOP_ENABLED"] == "1" and values["TORCH_BLAS_PREFER_HIPBLASLT"] == "0"
     assert "llmb_cuda.compile" in values and "HIPBLASLT_ALLOW_TF32" in values
 
 
-def test_device_services_are_the_cuda_plugins():
-    plugin = Plugin("rocm")
-    assert plugin.device_types() == ["cuda"]
-    assert plugin.available() is HAS_ROCM
-    for hook in ("synchronize", "device_event", "reset_peak_memory", "peak_memory_bytes", "process_model"):
-        assert getattr(llmb_rocm, hook) is getattr(llmb_cuda, hook)
-        assert hook in plugin.hooks()
-    assert plugin.call("distributed_backend", device=torch.device("cuda")) == "nccl"
+def test_device_services_are_inherited_from_the_cuda_backend():
+    assert isinstance(ROCM, llmb_cuda.CudaBackend)
+    assert ROCM.device_types() == ["cuda"]
+    assert ROCM.available() is HAS_ROCM
+    for method in ("synchronize", "new_event", "reset_peak_memory", "peak_memory_bytes", "process_model"):
+        assert getattr(type(ROCM), method) is getattr(llmb_cuda.CudaBackend, method)
+    assert ROCM.distributed_backend(torch.device("cuda")) == "nccl"
+    assert ROCM.peak_sources() == {entry.label: entry.source for entry in llmb_rocm.PEAKS}
 
 
 def test_cuda_plugin_steps_aside_on_a_rocm_build(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "6.2.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a ROCm GPU, simulated: none exists here
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert Plugin("cuda").available() is False
-    assert Plugin("rocm").available() is True
+    assert llmb_cuda.CudaBackend().available() is False
+    assert ROCM.available() is True
 
 
 @needs_rocm

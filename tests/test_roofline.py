@@ -8,12 +8,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from llmb import roofline
+from llmb import CpuBackend, roofline
 from llmb.cli import cli
 from llmb.config import PRESETS
-from llmb.device import Device
 from llmb.flops import model_flops_per_token
-from llmb.plugins import Plugin
 
 TINY = PRESETS["tiny"]
 
@@ -36,13 +34,19 @@ def test_model_gemms_are_the_models_linear_layers():
 
 
 def test_measure_synchronises_around_every_timed_batch(monkeypatch):
-    services = Device(Plugin("cpu"), torch.device("cpu"))
     calls = []
-    monkeypatch.setattr(services, "synchronize", lambda: calls.append("sync"))
-    monkeypatch.setattr(services, "step_end", lambda: calls.append("step"))
-    monkeypatch.setattr(services.plugin, "implements", lambda hook: hook == "step_end")  # as a lazy device's plugin
+
+    class LazyCpu(CpuBackend):
+        """The CPU with a lazy device's step_end, counting the harness's calls."""
+
+        def synchronize(self, device):
+            calls.append("sync")
+
+        def step_end(self, device):
+            calls.append("step")
+
     gemm = roofline.Gemm("square", 64, 64, 64)
-    rate = roofline.measure_gemm(services, gemm, torch.float32, repeats=3)
+    rate = roofline.measure_gemm(LazyCpu(), torch.device("cpu"), gemm, torch.float32, repeats=3)
     assert len(rate.seconds) == 3 and all(s > 0 for s in rate.seconds)
     # warmup (2 matmuls), sizing (1, 2, 4, ... up to iters), then 3 repeats of `iters`: each batch opens and closes
     # with a sync, and each matmul ends with step_end.
@@ -56,9 +60,8 @@ def test_measure_synchronises_around_every_timed_batch(monkeypatch):
 
 
 def test_measure_reports_the_best_rate_and_the_models_weighted_rate():
-    services = Device(Plugin("cpu"), torch.device("cpu"))
     gemms = roofline.model_gemms(TINY, 1) + [roofline.Gemm("square", 128, 128, 128)]
-    result = roofline.measure(services, "FP32", gemms, repeats=3)
+    result = roofline.measure(CpuBackend(), torch.device("cpu"), "FP32", gemms, repeats=3)
     rates = [r.flops_per_second for r in result.rates]
     assert result.peak_flops == max(rates)
     own = [r.flops_per_second for r in result.rates if r.gemm.name != "square"]
@@ -128,7 +131,7 @@ def test_compile_seconds_is_the_warmups_excess_over_steady_steps():
 
 
 def test_for_run_measures_the_runs_precision_and_none_for_fp8():
-    services = Device(Plugin("cpu"), torch.device("cpu"))
-    assert roofline.for_run(services, "FP8", TINY, 1) is None
-    result = roofline.for_run(services, "FP32", TINY, 1, repeats=1)
+    cpu, device = CpuBackend(), torch.device("cpu")
+    assert roofline.for_run(cpu, device, "FP8", TINY, 1) is None
+    result = roofline.for_run(cpu, device, "FP32", TINY, 1, repeats=1)
     assert result.precision == "FP32" and result.rates[-1].gemm.name == "square" and result.peak_flops > 0

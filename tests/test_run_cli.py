@@ -2,16 +2,14 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import TINY_CPU, invoke
 
+from llmb import Backend
 from llmb.cli import cli
 from llmb.records import RESULT_SCHEMA as SCHEMA
 from llmb.records import Result, field_tree
 
-TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "3", "--warmup-steps", "1"]
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+TINY = [*TINY_CPU, "--steps", "3"]  # three measured steps: the per-step times are counted below
 
 
 def written_paths(data: dict, prefix: str = "") -> set[str]:
@@ -46,7 +44,9 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
         "per_rank_busy_seconds",
         "per_rank_step_seconds",
     }
-    assert written_paths(record) == declared - multi_process_only
+    no_peak = {"peak_flops_source"}  # the cpu backend publishes no peak: no source either (peak_flops is null)
+    assert written_paths(record) == declared - multi_process_only - no_peak
+    assert record["peak_flops"] is None and record["plugins_installed"][0]["name"] == "cpu"
     assert Result.from_dict(record).to_dict() == record
     assert record["schema"] == SCHEMA
     assert record["official"] is False and record["valid"] is False
@@ -93,33 +93,27 @@ def test_bad_input_is_one_line_and_an_exit_code(args, code, message, tmp_path):
     assert not list(tmp_path.glob("*.json"))
 
 
-class CudaOnlyPlugin:
-    """In-memory plugin that claims CUDA devices; this machine has none, so the device is absent."""
+class CudaOnlyBackend(Backend):
+    """In-memory backend that claims CUDA devices; this machine has none, so the device is absent."""
 
-    __name__ = "cuda_only"
+    name = "cuda_only"
 
-    from llmb import hookimpl
-
-    @hookimpl
     def device_types(self):
         return ["cuda"]
 
 
-def test_absent_device_is_a_usage_error(register_plugin, tmp_path):
-    register_plugin(CudaOnlyPlugin(), "cuda_only")
+def test_absent_device_is_a_usage_error(register_backend, tmp_path):
+    register_backend(CudaOnlyBackend())
     result = CliRunner().invoke(cli, ["run", *TINY[2:], "--plugin", "cuda_only", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "device 'cuda' is not available" in result.output
 
 
-class CrashingKernelPlugin:
-    """A plugin whose post-processed model fails inside the loop with an unexpected error (not an llmb error)."""
+class CrashingKernelBackend(Backend):
+    """A backend whose post-processed model fails inside the loop with an unexpected error (not an llmb error)."""
 
-    __name__ = "crashing_kernel"
+    name = "crashing_kernel"
 
-    from llmb import hookimpl
-
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         def fail(module, args):
             raise RuntimeError("Expected query, key, and value to have the same dtype\nmore detail")
@@ -128,9 +122,9 @@ class CrashingKernelPlugin:
         return model
 
 
-def test_an_unexpected_failure_is_one_line_and_exit_1(register_plugin, tmp_path, monkeypatch):
+def test_an_unexpected_failure_is_one_line_and_exit_1(register_backend, tmp_path, monkeypatch):
     monkeypatch.delenv("LLMB_DEBUG", raising=False)
-    register_plugin(CrashingKernelPlugin(), "crashing_kernel")
+    register_backend(CrashingKernelBackend())
     result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "crashing_kernel", "--out", str(tmp_path)])
     assert result.exit_code == 1, result.output
     assert "error: RuntimeError: Expected query, key, and value to have the same dtype" in result.output

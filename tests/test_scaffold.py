@@ -6,16 +6,17 @@ import importlib.util
 import pytest
 from click.testing import CliRunner
 
+from llmb.backend import overridden, public_methods
 from llmb.cli import cli
-from llmb.plugins import Plugin
-from llmb.scaffold import hook_specs
+from llmb.plugins import get_backend, resolve_settings
+from llmb.scaffold import contract
 
 
 def new_plugin(*args):
     return CliRunner().invoke(cli, ["new-plugin", *args])
 
 
-def test_writes_an_installable_package_with_every_hook_stubbed(tmp_path):
+def test_writes_an_installable_package_with_every_method_stubbed(tmp_path):
     target = tmp_path / "pkg"
     result = new_plugin("acme_gpu", "--dir", str(target))
     assert result.exit_code == 0, result.output
@@ -31,29 +32,35 @@ def test_writes_an_installable_package_with_every_hook_stubbed(tmp_path):
     assert '[project.entry-points.llmb]\nacme_gpu = "llmb_acme_gpu"' in pyproject
 
     tree = ast.parse((target / "llmb_acme_gpu.py").read_text())
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    for name, signature, doc in hook_specs():
-        assert name in functions, name
-        func = functions[name]
+    (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    assert (cls.name, [ast.unparse(b) for b in cls.bases]) == ("AcmeGpuBackend", ["Backend"])
+    methods = {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
+    assert list(methods) == public_methods()
+    for name, signature, doc in contract():
+        func = methods[name]
         assert [a.arg for a in func.args.args] == list(signature.parameters), name
         assert ast.get_docstring(func) == doc, name
-        assert [ast.unparse(d) for d in func.decorator_list] == ["hookimpl"], name
+    (hook,) = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert (hook.name, [ast.unparse(d) for d in hook.decorator_list]) == ("register_backends", ["hookimpl"])
     readme = (target / "README.md").read_text()
-    assert all(f"`{name}`" in readme for name, _, _ in hook_specs())
+    assert all(f"`{name}`" in readme for name in public_methods())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging folder left behind"
 
 
-def test_generated_module_registers_every_hook(tmp_path, register_plugin):
+def test_generated_module_registers_a_backend_overriding_every_method(tmp_path, register_backend):
     target = tmp_path / "pkg"
     assert new_plugin("acme_gpu", "--dir", str(target)).exit_code == 0
     spec = importlib.util.spec_from_file_location("llmb_acme_gpu", target / "llmb_acme_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    register_plugin(module, "acme_gpu")
-    plugin = Plugin("acme_gpu")
-    assert plugin.hooks() == sorted(name for name, _, _ in hook_specs())
-    assert (plugin.device_types(), plugin.precisions(), plugin.available()) == (["cpu"], ["FP32"], False)
-    assert plugin.resolve_settings({"example": "true"}) == {"example": True}
+    found = []
+    module.register_backends(found.append)
+    (backend,) = found
+    register_backend(backend)
+    assert get_backend("acme_gpu").backend is backend
+    assert overridden(backend) == public_methods()
+    assert (backend.device_types(), backend.precisions(), backend.available()) == (["cpu"], ["FP32"], False)
+    assert resolve_settings(backend, {"example": "true"}) == {"example": True}
 
 
 def test_default_directory_is_named_after_the_distribution(tmp_path, monkeypatch):

@@ -209,20 +209,20 @@ def test_a_lone_node_exits_within_the_timeout_with_one_line(tmp_path):
 
 DYING_PLUGIN = """
 import os, signal
-from llmb import hookimpl
+from llmb import Backend, hookimpl
 
-steps = 0
+class Dying(Backend):
+    name = "dying"
+    steps = 0
+
+    def step_end(self, device):
+        self.steps += 1
+        if os.environ.get("RANK") == "1" and self.steps == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # a node lost in the middle of the run
 
 @hookimpl
-def device_types():
-    return ["cpu"]
-
-@hookimpl
-def step_end(device):
-    global steps
-    steps += 1
-    if os.environ.get("RANK") == "1" and steps == 3:
-        os.kill(os.getpid(), signal.SIGKILL)  # a node lost in the middle of the run
+def register_backends(register):
+    register(Dying())
 """
 
 
@@ -378,7 +378,7 @@ BASE = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", ba
 )  # fmt: skip
 def test_each_layout_equals_one_process_on_the_same_global_batch(nproc, layouts):
     runs = [replace(BASE, **layout) for layout in layouts]
-    per_layout = distributed.launch(distributed.LaunchSpec(nproc), distributed.updates_after_steps, runs, STEPS)[0]
+    per_layout = distributed.launch(distributed.LaunchSpec(nproc), runner.updates_after_steps, runs, STEPS)[0]
     assert len(per_layout) == len(runs)
     for options, got in zip(runs, per_layout, strict=True):
         plan = replace(runner.layout(options), world_size=nproc)

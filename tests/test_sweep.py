@@ -1,6 +1,6 @@
 """llmb sweep: the search (pure functions), trial classification, and real sweeps of `llmb run` subprocesses.
 
-The out-of-memory trials here are simulated with the cpu plugin's oom_above_batch_size setting, which raises
+The out-of-memory trials here are simulated by the test backend oomtest (tests/llmb_oomtest.py), which raises
 torch.OutOfMemoryError above a batch size: the CPU has no device memory limit a test could hit.
 """
 
@@ -169,6 +169,7 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and relies on PR_SET_PDEATHSIG")
 def test_a_killed_sweep_resumes_without_redoing_finished_points(tmp_path):
     out = tmp_path / "sweep"
@@ -206,6 +207,7 @@ def test_a_killed_sweep_resumes_without_redoing_finished_points(tmp_path):
     assert again.returncode == 2 and "use --resume" in again.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigterm_kills_the_trial_keeps_the_log_and_exits_non_zero(tmp_path):
     options = sweep.SweepOptions(

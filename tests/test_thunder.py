@@ -6,25 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmb import compilers, conformance, hookimpl
+from llmb import Backend, compilers, conformance
 from llmb.errors import UsageError
 
 REASON = compilers.thunder_unavailable()
 needs_thunder = pytest.mark.skipif(REASON is not None, reason=f"Thunder cannot run here: {REASON}")
 
 
-class ThunderPlugin:
-    """A minimal plugin whose only post-processing is thunder.jit (what the cpu plugin's compile=thunder does)."""
+class ThunderPlugin(Backend):
+    """A minimal backend whose only post-processing is thunder.jit (what the cpu plugin's compile=thunder does)."""
 
-    @hookimpl
-    def device_types(self):
-        return ["cpu"]
+    name = "thunder_on_cpu"
 
-    @hookimpl
-    def supported_precisions(self):
+    def precisions(self):
         return ["FP32", "BF16"]
 
-    @hookimpl
     def process_model(self, model, optimizer, device, precision, settings):
         return compilers.compile_model(model, "thunder")
 
@@ -62,8 +58,8 @@ def test_thunder_keeps_the_parameters_and_trains_like_eager():
 
 
 @needs_thunder
-def test_thunder_conforms(register_plugin):
-    register_plugin(ThunderPlugin(), "thunder_on_cpu")
+def test_thunder_conforms(register_backend):
+    register_backend(ThunderPlugin())
     record = conformance.check_plugin("thunder_on_cpu", "cpu", "FP32", steps=3)
     assert record.passed, conformance.failed_checks(record)
     assert record.precision.effective == "FP32"

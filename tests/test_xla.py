@@ -23,6 +23,9 @@ requires_torch_xla = pytest.mark.skipif(
 TINY = ["--plugin", "xla", "--device", "xla", "--preset", "tiny", "--steps", "3", "--warmup-steps", "3"]
 
 
+XLA = llmb_xla.XlaBackend()
+
+
 def cpu_pjrt_env() -> dict:
     return {**os.environ, "PJRT_DEVICE": "CPU"}
 
@@ -48,7 +51,11 @@ def test_peak_flops_come_from_the_tpu_table_only(monkeypatch, hardware, kind, pr
     # No TPU on this machine: the two device queries are replaced; the table lookup is what is tested.
     monkeypatch.setattr(llmb_xla, "_hardware", lambda device: hardware)
     monkeypatch.setattr(llmb_xla, "_kind", lambda device: kind)
-    assert llmb_xla.peak_flops(device=None, precision=precision) == expected
+    peak = XLA.peak_flops(None, precision)
+    assert (peak.flops if peak else None) == expected
+    if peak:
+        assert peak.source.startswith("https://cloud.google.com/tpu/docs/")
+        assert peak.source in XLA.peak_sources().values()
 
 
 def test_auto_matmul_precision_asks_for_full_fp32_only_for_fp32():
@@ -62,7 +69,7 @@ def test_auto_matmul_precision_asks_for_full_fp32_only_for_fp32():
 def test_cpu_pjrt_device_is_not_xla_hardware(monkeypatch):
     # This machine has no TPU or GPU; torch_xla's CPU device (if torch_xla is here at all) must not auto-select.
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    assert llmb_xla.hardware_available() is False
+    assert XLA.available() is False
 
 
 @requires_torch_xla
@@ -156,15 +163,11 @@ def test_amp_mode_is_refused_before_the_loop():
 
     model = LlamaModel(PRESETS["tiny"])  # FP32 weights: what --precision-mode amp hands the plugin
     with pytest.raises(UsageError, match="--precision-mode pure only"):
-        llmb_xla.process_model(model=model, optimizer=None, device=torch.device("cpu"), precision="BF16", settings={})
+        XLA.process_model(model, None, torch.device("cpu"), "BF16", {})
     pure = model.to(torch.bfloat16)
     assert (
-        llmb_xla.process_model(model=pure, optimizer=None, device=torch.device("cpu"), precision="BF16", settings={})
-        is pure
+        XLA.process_model(pure, None, torch.device("cpu"), "BF16", {}) is pure
     )
     assert (
-        llmb_xla.process_model(
-            model=model.float(), optimizer=None, device=torch.device("cpu"), precision="FP32", settings={}
-        )
-        is model
+        XLA.process_model(model.float(), None, torch.device("cpu"), "FP32", {}) is model
     )

@@ -15,8 +15,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from llmb import CpuBackend
 from llmb.cli import cli
-from llmb.plugins import pm, select_plugin
+from llmb.plugins import registrations, select_backend
 
 HAS_IPEX = importlib.util.find_spec("intel_extension_for_pytorch") is not None
 requires_ipex = pytest.mark.skipif(
@@ -27,10 +28,13 @@ TINY = ["--plugin", "xpu", "--preset", "tiny", "--steps", "2", "--warmup-steps",
 
 
 @pytest.fixture
-def xpu(register_plugin):
-    """The xpu plugin, from its entry point where the package is installed, else registered from its source."""
-    if not pm.has_plugin("xpu"):
-        register_plugin(llmb_xpu, "xpu")
+def xpu(register_backend):
+    """The xpu backend, from its entry point where the package is installed, else registered from its source."""
+    from llmb import plugins
+
+    plugins.load(["xpu"])
+    if "xpu" not in registrations():
+        register_backend(llmb_xpu.XpuBackend())
     return "xpu"
 
 
@@ -41,16 +45,25 @@ def run(tmp_path, *args):
 
 
 def test_declares_xpu_first_and_an_ipex_switch_off_by_default(xpu):
-    plugin = select_plugin(xpu)
-    assert plugin.device_types() == ["xpu", "cpu"]
-    assert "TF32" not in plugin.precisions()
-    ipex = {s.name: s for s in plugin.settings()}["ipex"]
+    backend = select_backend(xpu).backend
+    assert backend.device_types() == ["xpu", "cpu"]
+    assert "TF32" not in backend.precisions()
+    ipex = {s.name: s for s in backend.settings()}["ipex"]
     assert ipex.type is bool and ipex.default is False
+
+
+def test_on_the_cpu_device_the_services_are_the_cpu_backends():
+    backend, cpu, device = llmb_xpu.XpuBackend(), CpuBackend(), torch.device("cpu")
+    assert isinstance(backend, CpuBackend)
+    assert backend.device_name(device) == cpu.device_name(device)
+    assert backend.new_event(device) is None and backend.peak_flops(device, "FP32") is None
+    assert backend.distributed_backend(device) == "gloo"
+    assert backend.peak_memory_bytes(device) > 0
 
 
 @pytest.mark.skipif(torch.xpu.is_available(), reason="this machine has an XPU")
 def test_absent_xpu_is_not_auto_selected(xpu):
-    assert select_plugin(None).name != "xpu"
+    assert select_backend(None).name != "xpu"
 
 
 @pytest.mark.skipif(HAS_IPEX, reason="intel_extension_for_pytorch is installed here")

@@ -1,8 +1,8 @@
-"""The cpu reference plugin: plain PyTorch on the host CPU, built into llmb."""
+"""The cpu reference backend: plain PyTorch on the host CPU, built into llmb (and public as `llmb.CpuBackend`, for
+plugins whose hardware also runs on the host, e.g. xpu's IPEX path)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import resource
@@ -10,116 +10,76 @@ import sys
 
 import torch
 
-from llmb import Setting, hookimpl
+from llmb import Backend, Setting, hookimpl
 
 COMPILE_MODES = ("none", "default", "max-autotune")
 
 
-@hookimpl
-def device_types():
-    return ["cpu"]
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def device_types(self) -> list[str]:
+        return ["cpu"]
+
+    def precisions(self) -> list[str]:
+        # No CPU computes TF32 matmuls; a TF32 label here would only be FP32 under another name.
+        return ["FP32", "FP16", "BF16"]
+
+    def available(self) -> bool:
+        return True
+
+    def settings(self) -> list[Setting]:
+        return [
+            Setting("compile", str, "none", "torch.compile the model with this mode", COMPILE_MODES),
+            Setting("threads", int, 0, "intra-op threads for torch (0: torch's default)"),
+            # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop
+            # (benchmarks/RESULTS.md).
+            Setting("fused_adamw", bool, True, "AdamW's fused CPU kernel (false: torch's default per-tensor loop)"),
+        ]
+
+    def setup(self, device, precision, settings) -> None:
+        if settings.get("threads"):
+            torch.set_num_threads(settings["threads"])
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        mode = settings.get("compile", "none")
+        if mode == "none":
+            return model
+        return torch.compile(model, mode=None if mode == "default" else mode)
+
+    def optimizer_options(self, device, precision, settings) -> dict:
+        return {"fused": True} if settings.get("fused_adamw") else {}
+
+    def synchronize(self, device) -> None:
+        pass  # eager CPU kernels have finished when they return
+
+    def peak_memory_bytes(self, device) -> int | None:
+        # Process max RSS: an upper bound on the training memory (includes the interpreter and the libraries). It is
+        # a high-water mark that cannot be reset, so reset_peak_memory keeps the base class's no-op.
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss if sys.platform == "darwin" else rss * 1024
+
+    def device_name(self, device) -> str:
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or "cpu"
+
+    def run_facts(self, device) -> dict:
+        return {
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "mkldnn": torch.backends.mkldnn.is_available(),
+        }
+
+    def distributed_backend(self, device) -> str | None:
+        return "gloo"
 
 
 @hookimpl
-def supported_precisions():
-    # No CPU computes TF32 matmuls; a TF32 label here would only be FP32 under another name.
-    return ["FP32", "FP16", "BF16"]
-
-
-@hookimpl
-def hardware_available():
-    return True
-
-
-@hookimpl
-def plugin_settings():
-    return [
-        Setting("compile", str, "none", "torch.compile the model with this mode", COMPILE_MODES),
-        Setting("threads", int, 0, "intra-op threads for torch (0: torch's default)"),
-        # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop (benchmarks/RESULTS.md).
-        Setting("fused_adamw", bool, True, "AdamW's fused CPU kernel (false: torch's default per-tensor loop)"),
-        Setting(
-            "oom_above_batch_size",
-            int,
-            0,
-            "test aid: raise torch.OutOfMemoryError for a batch larger than this, since the CPU has no device "
-            "memory limit to hit (0: off)",
-        ),
-    ]
-
-
-@hookimpl
-def setup_backend(device, precision, settings):
-    if settings.get("threads"):
-        torch.set_num_threads(settings["threads"])
-
-
-@hookimpl
-def process_model(model, optimizer, device, precision, settings):
-    limit = settings.get("oom_above_batch_size", 0)
-    if limit:
-        model.register_forward_pre_hook(functools.partial(_simulated_memory_limit, limit))
-    mode = settings.get("compile", "none")
-    if mode == "none":
-        return model
-    return torch.compile(model, mode=None if mode == "default" else mode)
-
-
-def _simulated_memory_limit(limit, module, args):
-    # Simulated: what a device raises when a batch does not fit, so sweeps can exercise their OOM path on the CPU.
-    batch = args[0].shape[0]
-    if batch > limit:
-        raise torch.OutOfMemoryError(f"simulated: batch {batch} is above oom_above_batch_size={limit}")
-
-
-@hookimpl
-def optimizer_options(device, precision, settings):
-    return {"fused": True} if settings.get("fused_adamw") else None
-
-
-@hookimpl
-def synchronize(device):
-    return True  # eager CPU kernels have finished when they return
-
-
-@hookimpl
-def reset_peak_memory(device):
-    return True  # the process high-water mark below cannot be reset; it only grows
-
-
-@hookimpl
-def peak_memory_bytes(device):
-    # Process max RSS: an upper bound on the training memory (includes the interpreter and the libraries).
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024
-
-
-@hookimpl
-def device_name(device):
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-@hookimpl
-def device_count(device):
-    return 1
-
-
-@hookimpl
-def run_facts(device):
-    return {
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "mkldnn": torch.backends.mkldnn.is_available(),
-    }
-
-
-@hookimpl
-def distributed_backend(device):
-    return "gloo"
+def register_backends(register):
+    register(CpuBackend())

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from llmb import PrecisionFact, Setting, hookimpl
+from llmb import Backend, Peak, PrecisionFact, Setting, hookimpl
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 CHECKPOINTING = ("none", "selective", "full")
@@ -36,12 +36,14 @@ SETTINGS = [
 
 @dataclass(frozen=True)
 class PeakEntry:
-    """One GPU model: a regex on torch's device name, names that look alike but differ, and its dense peaks."""
+    """One GPU model: a regex on torch's device name, names that look alike but differ, its dense peaks, and the
+    public document they come from."""
 
     label: str
     pattern: str
     exclude: str | None
     peaks: dict[str, float]
+    source: str
 
     def matches(self, name: str) -> bool:
         if not re.search(self.pattern, name, re.IGNORECASE):
@@ -53,7 +55,14 @@ PEAKS: tuple[PeakEntry, ...] = (
     # A100 (SXM4 and PCIe share these): NVIDIA A100 datasheet, FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS (dense)
     # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
     # Torch names: "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB".
-    PeakEntry("A100", r"\bA100\b", None, {"FP32": 19.5e12, "TF32": 156e12, "FP16": 312e12, "BF16": 312e12}),
+    PeakEntry(
+        "A100",
+        r"\bA100\b",
+        None,
+        {"FP32": 19.5e12, "TF32": 156e12, "FP16": 312e12, "BF16": 312e12},
+        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+    ),
     # H100 SXM5: NVIDIA H100 datasheet lists FP32 67, TF32 989*, BF16/FP16 1,979* TFLOPS (* with sparsity, dense is
     # half); the Hopper whitepaper gives the unrounded dense rates 66.9 / 494.7 / 989.4 TFLOPS.
     # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
@@ -64,6 +73,7 @@ PEAKS: tuple[PeakEntry, ...] = (
         r"\bH100\b.*\b(SXM\d*|HBM3)\b",
         r"\b(PCIe|NVL)\b",
         {"FP32": 66.9e12, "TF32": 494.7e12, "FP16": 989.4e12, "BF16": 989.4e12},
+        "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
     ),
     # H100 PCIe: same datasheet, FP32 51, TF32 756*, BF16/FP16 1,513* TFLOPS; whitepaper dense 51.2 / 378 / 756.
     # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
@@ -72,17 +82,30 @@ PEAKS: tuple[PeakEntry, ...] = (
         r"\bH100\b.*\bPCIe\b",
         r"\bNVL\b",
         {"FP32": 51.2e12, "TF32": 378e12, "FP16": 756e12, "BF16": 756e12},
+        "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
     ),
     # H200 SXM: NVIDIA H200 datasheet, FP32 67, TF32 989*, BF16/FP16 1,979* TFLOPS (* with sparsity): the H100 SXM's
     # GH100 silicon and clocks with more memory, so the whitepaper's unrounded H100 SXM rates apply.
     # https://www.nvidia.com/en-us/data-center/h200/
     # Torch name: "NVIDIA H200". H200 NVL (600 W) has other figures: excluded.
-    PeakEntry("H200", r"\bH200\b", r"\bNVL\b", {"FP32": 66.9e12, "TF32": 494.7e12, "FP16": 989.4e12, "BF16": 989.4e12}),
+    PeakEntry(
+        "H200",
+        r"\bH200\b",
+        r"\bNVL\b",
+        {"FP32": 66.9e12, "TF32": 494.7e12, "FP16": 989.4e12, "BF16": 989.4e12},
+        "https://www.nvidia.com/en-us/data-center/h200/",
+    ),
     # B200 (HGX B200, 1,000 W): NVIDIA Blackwell datasheet, FP32 80, TF32 2.2 P*, BF16/FP16 4.5 P* FLOPS
     # (* with sparsity), so dense TF32 1,100 and BF16/FP16 2,250 TFLOPS.
     # https://resources.nvidia.com/en-us-blackwell-architecture/datasheet
     # Torch name: "NVIDIA B200". GB200 runs at other clocks and does not match \bB200\b.
-    PeakEntry("B200", r"\bB200\b", None, {"FP32": 80e12, "TF32": 1100e12, "FP16": 2250e12, "BF16": 2250e12}),
+    PeakEntry(
+        "B200",
+        r"\bB200\b",
+        None,
+        {"FP32": 80e12, "TF32": 1100e12, "FP16": 2250e12, "BF16": 2250e12},
+        "https://resources.nvidia.com/en-us-blackwell-architecture/datasheet",
+    ),
 )
 
 
@@ -92,10 +115,12 @@ def match_entry(name: str, table: tuple[PeakEntry, ...] = PEAKS) -> PeakEntry | 
     return found[0] if len(found) == 1 else None
 
 
-def match_peak(name: str, precision: str, table: tuple[PeakEntry, ...] = PEAKS) -> float | None:
-    """The dense peak FLOP/s for a device name and precision, or None."""
+def match_peak(name: str, precision: str, table: tuple[PeakEntry, ...] = PEAKS) -> Peak | None:
+    """The dense peak FLOP/s for a device name and precision with its source, or None."""
     entry = match_entry(name, table)
-    return entry.peaks.get(precision) if entry else None
+    if entry is None or precision not in entry.peaks:
+        return None
+    return Peak(entry.peaks[precision], f"{entry.label}: {entry.source}")
 
 
 class CheckpointedLayer(nn.Module):
@@ -156,123 +181,102 @@ def nccl_version() -> str | None:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-# Identity and capability
+class CudaBackend(Backend):
+    """NVIDIA GPUs through torch.cuda. The rocm plugin's backend subclasses this one (HIP is torch's "cuda")."""
+
+    name = "cuda"
+    peaks: tuple[PeakEntry, ...] = PEAKS
+
+    # Identity and capability
+
+    def device_types(self) -> list[str]:
+        return ["cuda"]
+
+    def precisions(self) -> list[str]:
+        return ["FP32", "TF32", "FP16", "BF16"]
+
+    def available(self) -> bool:
+        # A ROCm build of torch also answers torch.cuda.is_available(); those GPUs belong to the rocm plugin.
+        return torch.version.hip is None and torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+    def settings(self) -> list[Setting]:
+        return SETTINGS
+
+    # Backend setup and model post-processing
+
+    def setup(self, device, precision, settings) -> None:
+        # The harness has set the TF32 switches for the precision; here only the current device is chosen.
+        if device.index is not None and torch.cuda.is_available():
+            torch.cuda.set_device(device)
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        model = apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
+        return compile_model(model, settings.get("compile", "none"))
+
+    def optimizer_options(self, device, precision, settings) -> dict:
+        return {"fused": True} if settings.get("fused_adamw") else {}
+
+    # Device services
+
+    def synchronize(self, device) -> None:
+        torch.cuda.synchronize(device)
+
+    def new_event(self, device):
+        return torch.cuda.Event(enable_timing=True)
+
+    def reset_peak_memory(self, device) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def peak_memory_bytes(self, device) -> int | None:
+        return torch.cuda.max_memory_allocated(device)
+
+    def device_name(self, device) -> str:
+        return torch.cuda.get_device_name(device_index(device))
+
+    def device_count(self, device) -> int:
+        return torch.cuda.device_count()
+
+    def peak_flops(self, device, precision) -> Peak | None:
+        return match_peak(self.device_name(device), precision, self.peaks)
+
+    def peak_sources(self) -> dict[str, str]:
+        return {entry.label: entry.source for entry in self.peaks}
+
+    def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
+        # None of these lowers FP32 math by itself (inductor's GEMMs follow the TF32 switches the audit already
+        # reads); they are recorded so a reader sees what else ran. Fused AdamW keeps FP32 math for FP32 parameters.
+        facts = [
+            PrecisionFact("llmb_cuda.compile", settings.get("compile", "none")),
+            PrecisionFact("llmb_cuda.fused_adamw", bool(settings.get("fused_adamw"))),
+            PrecisionFact("torch.backends.cuda.flash_sdp_enabled", torch.backends.cuda.flash_sdp_enabled()),
+            PrecisionFact(
+                "torch.backends.cuda.mem_efficient_sdp_enabled", torch.backends.cuda.mem_efficient_sdp_enabled()
+            ),
+            PrecisionFact("torch.backends.cuda.math_sdp_enabled", torch.backends.cuda.math_sdp_enabled()),
+        ]
+        if hasattr(torch.backends.cuda, "cudnn_sdp_enabled"):
+            facts.append(
+                PrecisionFact("torch.backends.cuda.cudnn_sdp_enabled", torch.backends.cuda.cudnn_sdp_enabled())
+            )
+        return facts
+
+    def run_facts(self, device) -> dict:
+        props = torch.cuda.get_device_properties(device_index(device))
+        return {
+            "gpu": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "multiprocessors": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+            "driver": driver_version(),
+            "cuda_runtime": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "nccl": nccl_version(),
+        }
+
+    def distributed_backend(self, device) -> str | None:
+        return "nccl"
 
 
 @hookimpl
-def device_types():
-    return ["cuda"]
-
-
-@hookimpl
-def supported_precisions():
-    return ["FP32", "TF32", "FP16", "BF16"]
-
-
-@hookimpl
-def hardware_available():
-    # A ROCm build of torch also answers torch.cuda.is_available(); those GPUs belong to the rocm plugin.
-    return torch.version.hip is None and torch.cuda.is_available() and torch.cuda.device_count() > 0
-
-
-@hookimpl
-def plugin_settings():
-    return SETTINGS
-
-
-# Backend setup and model post-processing
-
-
-@hookimpl
-def setup_backend(device, precision, settings):
-    # The harness has set the TF32 switches for the precision; here only the current device is chosen.
-    if device.index is not None and torch.cuda.is_available():
-        torch.cuda.set_device(device)
-
-
-@hookimpl
-def process_model(model, optimizer, device, precision, settings):
-    model = apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
-    return compile_model(model, settings.get("compile", "none"))
-
-
-@hookimpl
-def optimizer_options(device, precision, settings):
-    return {"fused": True} if settings.get("fused_adamw") else {}
-
-
-# Device services
-
-
-@hookimpl
-def synchronize(device):
-    torch.cuda.synchronize(device)
-    return True
-
-
-@hookimpl
-def device_event(device):
-    return torch.cuda.Event(enable_timing=True)
-
-
-@hookimpl
-def reset_peak_memory(device):
-    torch.cuda.reset_peak_memory_stats(device)
-    return True
-
-
-@hookimpl
-def peak_memory_bytes(device):
-    return torch.cuda.max_memory_allocated(device)
-
-
-@hookimpl
-def device_name(device):
-    return torch.cuda.get_device_name(device_index(device))
-
-
-@hookimpl
-def device_count(device):
-    return torch.cuda.device_count()
-
-
-@hookimpl
-def peak_flops(device, precision):
-    return match_peak(torch.cuda.get_device_name(device_index(device)), precision)
-
-
-@hookimpl
-def precision_facts(device, precision, settings):
-    # None of these lowers FP32 math by itself (inductor's GEMMs follow the TF32 switches the audit already reads);
-    # they are recorded so a reader sees what else ran. Fused AdamW keeps FP32 math for FP32 parameters.
-    facts = [
-        PrecisionFact("llmb_cuda.compile", settings.get("compile", "none")),
-        PrecisionFact("llmb_cuda.fused_adamw", bool(settings.get("fused_adamw"))),
-        PrecisionFact("torch.backends.cuda.flash_sdp_enabled", torch.backends.cuda.flash_sdp_enabled()),
-        PrecisionFact("torch.backends.cuda.mem_efficient_sdp_enabled", torch.backends.cuda.mem_efficient_sdp_enabled()),
-        PrecisionFact("torch.backends.cuda.math_sdp_enabled", torch.backends.cuda.math_sdp_enabled()),
-    ]
-    if hasattr(torch.backends.cuda, "cudnn_sdp_enabled"):
-        facts.append(PrecisionFact("torch.backends.cuda.cudnn_sdp_enabled", torch.backends.cuda.cudnn_sdp_enabled()))
-    return facts
-
-
-@hookimpl
-def run_facts(device):
-    index = device_index(device)
-    props = torch.cuda.get_device_properties(index)
-    return {
-        "gpu": props.name,
-        "compute_capability": f"{props.major}.{props.minor}",
-        "multiprocessors": props.multi_processor_count,
-        "memory_bytes": props.total_memory,
-        "driver": driver_version(),
-        "cuda_runtime": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "nccl": nccl_version(),
-    }
-
-
-@hookimpl
-def distributed_backend(device):
-    return "nccl"
+def register_backends(register):
+    register(CudaBackend())

@@ -6,7 +6,7 @@ XLA's matmul precision per requested precision, because XLA's ``default`` on TPU
 The first steps compile (the first two differ: AdamW's state appears in the second), so warmup must cover them.
 
 The CPU PJRT device (``PJRT_DEVICE=CPU``) runs everything on the host for testing; it never counts as XLA hardware
-for auto-selection. torch_xla is imported only inside hooks: ``llmb plugins`` stays fast and works without it.
+for auto-selection. torch_xla is imported only inside methods: ``llmb plugins`` stays fast and works without it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from llmb import PrecisionFact, Setting, hookimpl
-from llmb.default_plugins import cpu as cpu_plugin
-from llmb.errors import LlmbError, UsageError
+from llmb import Backend, CpuBackend, LlmbError, Peak, PrecisionFact, Setting, UsageError, hookimpl
 
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 # What "auto" asks XLA for: FP32 needs "highest" (six BF16 passes on TPU, ~22 bits); BF16 runs BF16 matmuls anyway.
@@ -37,12 +35,19 @@ MATMUL_FORMAT = {
 # Environment switches that make torch_xla store FP32 tensors as BF16 on the device while torch still says float32.
 BF16_ENV = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
-# Dense BF16 peak per chip (one torch-xla device per chip on v4, v5e and v5p), keyed by PJRT device kind.
-# TPU v4 275 TFLOP/s: https://cloud.google.com/tpu/docs/v4 ("Peak compute per chip (bf16) 275 TFLOPs")
-# TPU v5e 197 TFLOP/s: https://cloud.google.com/tpu/docs/v5e ("Peak compute per chip (bf16) 197 TFLOPs")
-# TPU v5p 459 TFLOP/s: https://cloud.google.com/tpu/docs/v5p ("Peak compute per chip (bf16) 459 TFLOPs")
+# Dense BF16 peak per chip (one torch-xla device per chip on v4, v5e and v5p), keyed by PJRT device kind, with the
+# page that publishes it ("Peak compute per chip (bf16) ... TFLOPs").
 # Google publishes no FP32 peak (FP32 matmuls are multi-pass BF16), so an FP32 run gets no MFU.
-PEAK_BF16_TFLOPS = {"TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5": 459.0, "TPU v5p": 459.0}
+_V4 = "https://cloud.google.com/tpu/docs/v4"
+_V5E = "https://cloud.google.com/tpu/docs/v5e"
+_V5P = "https://cloud.google.com/tpu/docs/v5p"
+PEAK_BF16_TFLOPS: dict[str, tuple[float, str]] = {
+    "TPU v4": (275.0, _V4),
+    "TPU v5 lite": (197.0, _V5E),
+    "TPU v5e": (197.0, _V5E),
+    "TPU v5": (459.0, _V5P),
+    "TPU v5p": (459.0, _V5P),
+}
 
 # Compilation count and seconds when the current run's backend was set up (run_facts reports the run's share).
 _compiled_before_run: tuple[int, float] = (0, 0.0)
@@ -73,80 +78,12 @@ def _matmul_precision(precision: str, settings: dict) -> str:
     return AUTO_MATMUL_PRECISION[precision] if chosen == "auto" else chosen
 
 
-@hookimpl
-def device_types():
-    return ["xla"]
-
-
-@hookimpl
-def supported_precisions():
-    # No TF32 (TPUs have none; XLA's "high" is not TF32 either) and no FP16 (TPUs have no FP16 matrix unit).
-    return ["FP32", "BF16"]
-
-
-@hookimpl
-def hardware_available():
-    if importlib.util.find_spec("torch_xla") is None:
-        return False
-    try:
-        import torch_xla.runtime as xr  # importing torch_xla picks PJRT_DEVICE (TPU when libtpu finds chips)
-    except Exception:  # a torch_xla built for another torch fails at import: not usable, so not available
-        return False
-    return (xr.device_type() or "CPU") != "CPU"
-
-
-@hookimpl
-def plugin_settings():
-    return [
-        Setting("pjrt_device", str, "", "PJRT device type (TPU, CUDA, CPU); empty: PJRT_DEVICE or torch_xla's pick"),
-        Setting(
-            "matmul_precision",
-            str,
-            "auto",
-            "XLA matmul precision for FP32 inputs; auto: highest for FP32, default for BF16",
-            MATMUL_PRECISIONS,
-        ),
-    ]
-
-
-@hookimpl
-def setup_backend(device, precision, settings):
-    try:
-        import torch_xla
-        import torch_xla.backends
-        import torch_xla.runtime as xr
-    except Exception as exc:
-        raise UsageError(f"the xla plugin needs torch_xla, which did not import: {type(exc).__name__}: {exc}") from None
-    if settings.get("pjrt_device"):
-        try:
-            xr.set_device_type(settings["pjrt_device"].upper())
-        except RuntimeError as exc:
-            raise UsageError(f"-O pjrt_device={settings['pjrt_device']}: {exc}") from None
-    # Initialise the device before any backward pass: autograd sizes its per-device queues at its first backward.
-    torch_xla.device()
-    _check_autograd(device)
-    global _compiled_before_run
-    _compiled_before_run = _compilations()
-    wanted = _matmul_precision(precision, settings)
-    if torch_xla.backends.get_mat_mul_precision() != wanted:
-        # torch_xla logs "setting it multiple times is not recommended" on every set, even the first; it is set here
-        # once per run, before the model exists, so that warning only misleads.
-        backends_logger = logging.getLogger(torch_xla.backends.__name__)
-        level = backends_logger.level
-        backends_logger.setLevel(logging.ERROR)
-        try:
-            torch_xla.backends.set_mat_mul_precision(wanted)
-        finally:
-            backends_logger.setLevel(level)
-
-
 def _compilations() -> tuple[int, float]:
     """Graphs compiled in this process so far, and the seconds spent compiling them."""
     import torch_xla.debug.metrics as met
 
     data = met.metric_data("CompileTime")
     return (int(data[0]), data[1] / 1e9) if data else (0, 0.0)
-
 
 def _check_autograd(device) -> None:
     """Fail with one line when autograd started before torch_xla registered its device (a CPU backward ran first)."""
@@ -162,109 +99,160 @@ def _check_autograd(device) -> None:
         ) from None
 
 
-@hookimpl
-def process_model(model, optimizer, device, precision, settings):
-    if precision in ("FP16", "BF16") and any(p.dtype == torch.float32 for p in model.parameters()):
-        # --precision-mode amp (FP32 weights under autocast). Measured with torch-xla 2.9: XLA's autocast does not
-        # cast scaled_dot_product_attention's inputs, and the rotary-embedded q/k stay FP32 while v is BF16, so
-        # SDPA fails on mixed dtypes. Refuse it up front with the way out instead of failing inside the loop.
-        raise UsageError(
-            "the xla plugin runs FP16/BF16 in --precision-mode pure only (XLA autocast leaves SDPA's "
-            "inputs in mixed dtypes)"
-        )
-    return model
+class XlaBackend(Backend):
+    name = "xla"
+
+    def device_types(self):
+        return ["xla"]
+
+    def precisions(self):
+        # No TF32 (TPUs have none; XLA's "high" is not TF32 either) and no FP16 (TPUs have no FP16 matrix unit).
+        return ["FP32", "BF16"]
+
+    def available(self):
+        if importlib.util.find_spec("torch_xla") is None:
+            return False
+        try:
+            import torch_xla.runtime as xr  # importing torch_xla picks PJRT_DEVICE (TPU when libtpu finds chips)
+        except Exception:  # a torch_xla built for another torch fails at import: not usable, so not available
+            return False
+        return (xr.device_type() or "CPU") != "CPU"
+
+    def settings(self):
+        return [
+            Setting(
+                "pjrt_device", str, "", "PJRT device type (TPU, CUDA, CPU); empty: PJRT_DEVICE or torch_xla's pick"
+            ),
+            Setting(
+                "matmul_precision",
+                str,
+                "auto",
+                "XLA matmul precision for FP32 inputs; auto: highest for FP32, default for BF16",
+                MATMUL_PRECISIONS,
+            ),
+        ]
+
+    def setup(self, device, precision, settings):
+        try:
+            import torch_xla
+            import torch_xla.backends
+            import torch_xla.runtime as xr
+        except Exception as exc:
+            raise UsageError(
+                f"the xla plugin needs torch_xla, which did not import: {type(exc).__name__}: {exc}"
+            ) from None
+        if settings.get("pjrt_device"):
+            try:
+                xr.set_device_type(settings["pjrt_device"].upper())
+            except RuntimeError as exc:
+                raise UsageError(f"-O pjrt_device={settings['pjrt_device']}: {exc}") from None
+        # Initialise the device before any backward pass: autograd sizes its per-device queues at its first backward.
+        torch_xla.device()
+        _check_autograd(device)
+        global _compiled_before_run
+        _compiled_before_run = _compilations()
+        wanted = _matmul_precision(precision, settings)
+        if torch_xla.backends.get_mat_mul_precision() != wanted:
+            # torch_xla logs "setting it multiple times is not recommended" on every set, even the first; it is set
+            # here once per run, before the model exists, so that warning only misleads.
+            backends_logger = logging.getLogger(torch_xla.backends.__name__)
+            level = backends_logger.level
+            backends_logger.setLevel(logging.ERROR)
+            try:
+                torch_xla.backends.set_mat_mul_precision(wanted)
+            finally:
+                backends_logger.setLevel(level)
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        if precision in ("FP16", "BF16") and any(p.dtype == torch.float32 for p in model.parameters()):
+            # --precision-mode amp (FP32 weights under autocast). Measured with torch-xla 2.9: XLA's autocast does not
+            # cast scaled_dot_product_attention's inputs, and the rotary-embedded q/k stay FP32 while v is BF16, so
+            # SDPA fails on mixed dtypes. Refuse it up front with the way out instead of failing inside the loop.
+            raise UsageError(
+                "the xla plugin runs FP16/BF16 in --precision-mode pure only (XLA autocast leaves SDPA's "
+                "inputs in mixed dtypes)"
+            )
+        return model
+
+    def step_end(self, device):
+        import torch_xla
+
+        torch_xla.sync()  # cut the traced graph here: one compiled graph per training step, dispatched now
+
+    def synchronize(self, device):
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+
+        torch_xla.sync()  # dispatch anything still traced, so the wait below covers all work issued so far
+        xm.wait_device_ops()
+
+    def peak_memory_bytes(self, device):
+        import torch_xla.core.xla_model as xm
+
+        try:
+            info = xm.get_memory_info(_indexed(device))
+        except RuntimeError:  # XLA:CPU: "GetAllocatorStats is not supported"
+            return None
+        # A high-water mark since the runtime started: XLA has no call to reset it.
+        return info.get("peak_bytes_used")
+
+    def device_name(self, device):
+        kind = _kind(device)
+        if _hardware(device) == "CPU":
+            return f"XLA CPU ({CpuBackend().device_name(torch.device('cpu'))})"
+        return kind
+
+    def device_count(self, device):
+        import torch_xla.runtime as xr
+
+        return xr.addressable_device_count()
+
+    def peak_flops(self, device, precision):
+        if precision != "BF16" or _hardware(device) != "TPU":
+            return None
+        entry = PEAK_BF16_TFLOPS.get(_kind(device))
+        return Peak(entry[0] * 1e12, entry[1]) if entry else None
+
+    def peak_sources(self):
+        return {f"{kind} (BF16)": source for kind, (_, source) in PEAK_BF16_TFLOPS.items()}
+
+    def precision_facts(self, device, precision, settings):
+        import torch_xla.backends
+
+        value = torch_xla.backends.get_mat_mul_precision()
+        formats = MATMUL_FORMAT.get(_hardware(device), {})
+        facts = [PrecisionFact("torch_xla.mat_mul_precision", value, formats.get(value))]
+        for name in BF16_ENV:
+            raw = os.environ.get(name)
+            if raw is not None:
+                facts.append(PrecisionFact(name, raw, "BF16" if raw not in ("", "0") else None))
+        return facts
+
+    def run_facts(self, device):
+        import torch_xla
+        import torch_xla.runtime as xr
+
+        facts = {
+            "torch_xla": torch_xla.__version__,
+            "pjrt_device": xr.device_type(),
+            "xla_hardware": _hardware(device),
+            "xla_device_kind": _kind(device),
+        }
+        try:
+            facts["libtpu"] = version("libtpu")
+        except PackageNotFoundError:
+            pass
+        # Graphs compiled during this run (the steps' and the precision probe's): a handful; one per step would mean
+        # the step graph kept changing and the timed steps paid for compilation.
+        count, seconds = _compilations()
+        facts["xla_compilations"] = count - _compiled_before_run[0]
+        facts["xla_compile_seconds"] = round(seconds - _compiled_before_run[1], 3)
+        return facts
+
+    def distributed_backend(self, device):
+        return "xla"
 
 
 @hookimpl
-def step_end(device):
-    import torch_xla
-
-    torch_xla.sync()  # cut the traced graph here: one compiled graph per training step, dispatched now
-    return True
-
-
-@hookimpl
-def synchronize(device):
-    import torch_xla
-    import torch_xla.core.xla_model as xm
-
-    torch_xla.sync()  # dispatch anything still traced, so the wait below covers all work issued so far
-    xm.wait_device_ops()
-    return True
-
-
-@hookimpl
-def peak_memory_bytes(device):
-    import torch_xla.core.xla_model as xm
-
-    try:
-        info = xm.get_memory_info(_indexed(device))
-    except RuntimeError:  # XLA:CPU: "GetAllocatorStats is not supported"
-        return None
-    # A high-water mark since the runtime started: XLA has no call to reset it.
-    return info.get("peak_bytes_used")
-
-
-@hookimpl
-def device_name(device):
-    kind = _kind(device)
-    if _hardware(device) == "CPU":
-        return f"XLA CPU ({cpu_plugin.device_name(device)})"
-    return kind
-
-
-@hookimpl
-def device_count(device):
-    import torch_xla.runtime as xr
-
-    return xr.addressable_device_count()
-
-
-@hookimpl
-def peak_flops(device, precision):
-    if precision != "BF16" or _hardware(device) != "TPU":
-        return None
-    tflops = PEAK_BF16_TFLOPS.get(_kind(device))
-    return tflops * 1e12 if tflops else None
-
-
-@hookimpl
-def precision_facts(device, precision, settings):
-    import torch_xla.backends
-
-    value = torch_xla.backends.get_mat_mul_precision()
-    formats = MATMUL_FORMAT.get(_hardware(device), {})
-    facts = [PrecisionFact("torch_xla.mat_mul_precision", value, formats.get(value))]
-    for name in BF16_ENV:
-        raw = os.environ.get(name)
-        if raw is not None:
-            facts.append(PrecisionFact(name, raw, "BF16" if raw not in ("", "0") else None))
-    return facts
-
-
-@hookimpl
-def run_facts(device):
-    import torch_xla
-    import torch_xla.runtime as xr
-
-    facts = {
-        "torch_xla": torch_xla.__version__,
-        "pjrt_device": xr.device_type(),
-        "xla_hardware": _hardware(device),
-        "xla_device_kind": _kind(device),
-    }
-    try:
-        facts["libtpu"] = version("libtpu")
-    except PackageNotFoundError:
-        pass
-    # Graphs compiled during this run (the steps' and the precision probe's): a handful; one per step would mean the
-    # step graph kept changing and the timed steps paid for compilation.
-    count, seconds = _compilations()
-    facts["xla_compilations"] = count - _compiled_before_run[0]
-    facts["xla_compile_seconds"] = round(seconds - _compiled_before_run[1], 3)
-    return facts
-
-
-@hookimpl
-def distributed_backend(device):
-    return "xla"
+def register_backends(register):
+    register(XlaBackend())

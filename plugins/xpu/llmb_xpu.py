@@ -5,25 +5,23 @@ the plugin works without Intel Extension for PyTorch (IPEX). Intel stopped IPEX 
 release (2.8.0) refuses any torch but 2.8.*; it is an opt-in (``-O ipex=true``) and never needed.
 
 "cpu" is a secondary device type for one reason: IPEX's PyPI build is CPU-only, so ``--device cpu -O ipex=true`` is
-the only place this plugin's IPEX path can run without an Intel GPU (llmb's tests use it). The device services for
-"cpu" are the built-in cpu plugin's.
+the only place this plugin's IPEX path can run without an Intel GPU (llmb's tests use it). `XpuBackend` subclasses
+`llmb.CpuBackend`, so on "cpu" its device services are the cpu backend's, inherited.
 """
 
 from __future__ import annotations
 
-import functools
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from llmb import PrecisionFact, Setting, hookimpl
-from llmb.default_plugins import cpu as cpu_plugin
-from llmb.errors import LlmbError
+from llmb import CpuBackend, LlmbError, Peak, PrecisionFact, Setting, hookimpl
 
 # Dense peak FLOP/s per torch device, only for figures confirmed against a vendor datasheet. None so far: Intel
 # publishes no per-precision matrix peak for the Data Center GPU Max series that we could confirm (torchtitan
 # derives 512 x compute units x 1.3 GHz per stack, an estimate). No entry means no MFU, never a guess.
-PEAK_TFLOPS: dict[str, dict[str, float]] = {}
+# An entry: device-name substring -> ({precision: TFLOP/s}, public source).
+PEAK_TFLOPS: dict[str, tuple[dict[str, float], str]] = {}
 
 IPEX_DTYPES = {"FP32": None, "FP16": torch.float16, "BF16": torch.bfloat16}
 
@@ -40,141 +38,128 @@ def _import_ipex():
     return ipex
 
 
-@hookimpl
-def device_types():
-    return ["xpu", "cpu"]
+class XpuBackend(CpuBackend):
+    """Intel GPUs (device "xpu"); on device "cpu" the cpu backend's services, for the IPEX path."""
 
+    name = "xpu"
 
-@hookimpl
-def supported_precisions():
-    # TF32 is left out: we could not check which switch makes torch's XPU matmuls use TF32 on this torch.
-    return ["FP32", "FP16", "BF16"]
+    def device_types(self) -> list[str]:
+        return ["xpu", "cpu"]
 
+    def precisions(self) -> list[str]:
+        # TF32 is left out: we could not check which switch makes torch's XPU matmuls use TF32 on this torch.
+        return ["FP32", "FP16", "BF16"]
 
-@hookimpl
-def hardware_available():
-    return torch.xpu.is_available()
+    def available(self) -> bool:
+        return torch.xpu.is_available()
 
+    def settings(self) -> list[Setting]:
+        return [Setting("ipex", bool, False, "post-process the model with intel_extension_for_pytorch.optimize")]
 
-@hookimpl
-def plugin_settings():
-    return [Setting("ipex", bool, False, "post-process the model with intel_extension_for_pytorch.optimize")]
+    def setup(self, device, precision, settings) -> None:
+        if settings.get("ipex"):
+            _import_ipex()  # fail before the model is built, not after
+        if device.type == "xpu" and device.index is not None:
+            torch.xpu.set_device(device.index)
 
+    def process_model(self, model, optimizer, device, precision, settings):
+        if not settings.get("ipex"):
+            return model
+        ipex = _import_ipex()
+        dtype = IPEX_DTYPES[precision]
+        if dtype is not None and any(p.dtype == torch.float32 for p in model.parameters()):
+            # Mixed precision (--precision-mode amp): IPEX would cast the model to `dtype` and move FP32 master weights
+            # into the optimizer, so AdamW no longer steps the model's parameters; the harness refuses that run anyway.
+            raise LlmbError(
+                "-O ipex=true supports pure FP16/BF16 only: IPEX's mixed precision moves the master weights"
+            )
+        # inplace=True: IPEX changes this model and the harness's own AdamW (measured: the same objects come back; its
+        # default deep-copies both, and the harness would go on stepping the copy's optimizer-less original).
+        # weights_prepack=False: prepacking swaps each Linear weight for a blocked-layout copy and registers a frozen,
+        # empty placeholder parameter that AdamW never steps (measured on the tiny preset: 15 such parameters), so the
+        # model's parameters would no longer be the model's.
+        optimized, returned = ipex.optimize(
+            model, optimizer=optimizer, dtype=dtype, inplace=True, weights_prepack=False
+        )
+        if returned is not optimizer:
+            raise LlmbError("intel_extension_for_pytorch.optimize returned a new optimizer; llmb keeps its own AdamW")
+        return optimized
 
-@hookimpl
-def setup_backend(device, precision, settings):
-    if settings.get("ipex"):
-        _import_ipex()  # fail before the model is built, not after
-    if device.type == "xpu" and device.index is not None:
-        torch.xpu.set_device(device.index)
+    def optimizer_options(self, device, precision, settings) -> dict:
+        return {}  # torch's default AdamW implementation (the cpu backend's fused_adamw is not a setting here)
 
+    def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
+        if not settings.get("ipex"):
+            return []
+        dtype = IPEX_DTYPES[precision]
+        fmt = {torch.float16: "FP16", torch.bfloat16: "BF16"}.get(dtype)
+        return [PrecisionFact("ipex.dtype", str(dtype).replace("torch.", "") if dtype else "float32", fmt)]
 
-@hookimpl
-def process_model(model, optimizer, device, precision, settings):
-    if not settings.get("ipex"):
-        return model
-    ipex = _import_ipex()
-    dtype = IPEX_DTYPES[precision]
-    if dtype is not None and any(p.dtype == torch.float32 for p in model.parameters()):
-        # Mixed precision (--precision-mode amp): IPEX would cast the model to `dtype` and move FP32 master weights
-        # into the optimizer, so AdamW no longer steps the model's parameters; the harness refuses that run anyway.
-        raise LlmbError("-O ipex=true supports pure FP16/BF16 only: IPEX's mixed precision moves the master weights")
-    # inplace=True: IPEX changes this model and the harness's own AdamW (measured: the same objects come back; its
-    # default deep-copies both, and the harness would go on stepping the copy's optimizer-less original).
-    # weights_prepack=False: prepacking swaps each Linear weight for a blocked-layout copy and registers a frozen,
-    # empty placeholder parameter that AdamW never steps (measured on the tiny preset: 15 such parameters), so the
-    # model's parameters would no longer be the model's.
-    optimized, returned = ipex.optimize(model, optimizer=optimizer, dtype=dtype, inplace=True, weights_prepack=False)
-    if returned is not optimizer:
-        raise LlmbError("intel_extension_for_pytorch.optimize returned a new optimizer; llmb keeps its own AdamW")
-    return optimized
+    # Device services: torch.xpu on "xpu"; on "cpu" the cpu backend's (super()).
 
-
-@hookimpl
-def precision_facts(device, precision, settings):
-    if not settings.get("ipex"):
-        return []
-    dtype = IPEX_DTYPES[precision]
-    fmt = {torch.float16: "FP16", torch.bfloat16: "BF16"}.get(dtype)
-    return [PrecisionFact("ipex.dtype", str(dtype).replace("torch.", "") if dtype else "float32", fmt)]
-
-
-def _cpu_plugin_on_cpu(hook):
-    """On device "cpu" (the IPEX test device), answer with the built-in cpu plugin's hook of the same name."""
-
-    @functools.wraps(hook)  # keeps the signature: pluggy passes arguments by the hook's parameter names
-    def serve(device, *args):
+    def synchronize(self, device) -> None:
         if device.type == "cpu":
-            cpu_hook = getattr(cpu_plugin, hook.__name__, None)
-            return cpu_hook(device, *args) if cpu_hook else None
-        return hook(device, *args)
+            return super().synchronize(device)
+        torch.xpu.synchronize(device)
 
-    return serve
+    def new_event(self, device):
+        if device.type == "cpu":
+            return super().new_event(device)
+        return torch.xpu.Event(enable_timing=True)
 
+    def reset_peak_memory(self, device) -> None:
+        if device.type == "cpu":
+            return super().reset_peak_memory(device)
+        torch.xpu.reset_peak_memory_stats(device)
 
-@hookimpl
-@_cpu_plugin_on_cpu
-def synchronize(device):
-    torch.xpu.synchronize(device)
-    return True
+    def peak_memory_bytes(self, device) -> int | None:
+        if device.type == "cpu":
+            return super().peak_memory_bytes(device)
+        return torch.xpu.max_memory_allocated(device)
 
+    def device_name(self, device) -> str:
+        if device.type == "cpu":
+            return super().device_name(device)
+        return torch.xpu.get_device_name(device)
 
-@hookimpl
-@_cpu_plugin_on_cpu
-def device_event(device):
-    return torch.xpu.Event(enable_timing=True)
+    def device_count(self, device) -> int:
+        if device.type == "cpu":
+            return super().device_count(device)
+        return torch.xpu.device_count()
 
+    def peak_flops(self, device, precision) -> Peak | None:
+        if device.type == "cpu":
+            return super().peak_flops(device, precision)
+        name = torch.xpu.get_device_name(device)
+        for model, (table, source) in PEAK_TFLOPS.items():
+            if model in name and precision in table:
+                return Peak(table[precision] * 1e12, source)
+        return None
 
-@hookimpl
-@_cpu_plugin_on_cpu
-def reset_peak_memory(device):
-    torch.xpu.reset_peak_memory_stats(device)
-    return True
+    def peak_sources(self) -> dict[str, str]:
+        return {model: source for model, (_, source) in PEAK_TFLOPS.items()}
 
+    def run_facts(self, device) -> dict:
+        facts = super().run_facts(device) if device.type == "cpu" else {}
+        facts["torch_xpu"] = getattr(torch.version, "xpu", None)
+        if device.type == "xpu":
+            props = torch.xpu.get_device_properties(device)
+            facts["xpu_driver"] = getattr(props, "driver_version", None)
+            facts["xpu_total_memory"] = getattr(props, "total_memory", None)
+        try:  # from the metadata: importing IPEX next to another torch prints an error and exits
+            facts["ipex"] = version("intel-extension-for-pytorch")
+        except PackageNotFoundError:
+            pass
+        return facts
 
-@hookimpl
-@_cpu_plugin_on_cpu
-def peak_memory_bytes(device):
-    return torch.xpu.max_memory_allocated(device)
-
-
-@hookimpl
-@_cpu_plugin_on_cpu
-def device_name(device):
-    return torch.xpu.get_device_name(device)
-
-
-@hookimpl
-@_cpu_plugin_on_cpu
-def device_count(device):
-    return torch.xpu.device_count()
-
-
-@hookimpl
-@_cpu_plugin_on_cpu
-def peak_flops(device, precision):
-    name = torch.xpu.get_device_name(device)
-    table = next((t for model, t in PEAK_TFLOPS.items() if model in name), {})
-    return table[precision] * 1e12 if precision in table else None
-
-
-@hookimpl
-def run_facts(device):
-    facts = {"torch_xpu": getattr(torch.version, "xpu", None)}
-    if device.type == "xpu":
-        props = torch.xpu.get_device_properties(device)
-        facts["xpu_driver"] = getattr(props, "driver_version", None)
-        facts["xpu_total_memory"] = getattr(props, "total_memory", None)
-    try:  # from the metadata: importing IPEX next to another torch prints an error and exits
-        facts["ipex"] = version("intel-extension-for-pytorch")
-    except PackageNotFoundError:
-        pass
-    return facts
+    def distributed_backend(self, device) -> str | None:
+        if device.type == "cpu":
+            return super().distributed_backend(device)
+        # xccl is upstream torch's XPU collective backend (torch >= 2.8 XPU builds); older stacks used oneCCL's "ccl".
+        available = getattr(torch.distributed, "is_xccl_available", None)
+        return "xccl" if available and available() else "ccl"
 
 
 @hookimpl
-@_cpu_plugin_on_cpu
-def distributed_backend(device):
-    # xccl is upstream torch's XPU collective backend (torch >= 2.8 XPU builds); older stacks used oneCCL's "ccl".
-    available = getattr(torch.distributed, "is_xccl_available", None)
-    return "xccl" if available and available() else "ccl"
+def register_backends(register):
+    register(XpuBackend())

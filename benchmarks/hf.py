@@ -1,4 +1,4 @@
-"""HF transformers' counterpart of llmb's model, for parity tests and side-by-side benchmarks.
+"""HF transformers' counterpart of llmb's model, for parity tests and side-by-side benchmarks (not part of llmb).
 
 transformers is not a dependency of llmb: import this module only where it is installed.
 """

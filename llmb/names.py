@@ -1,0 +1,30 @@
+"""The fixed vocabularies and defaults the command line offers, kept free of torch so `llmb --help` stays instant.
+
+Each is defined here once; the modules that use them (precision, config, distributed, conformance) import them.
+"""
+
+from __future__ import annotations
+
+PRECISIONS = ("FP32", "TF32", "FP16", "BF16")
+MODES = ("pure", "amp")
+# The shapes llmb.config builds: the official one and two debug shapes (tests/test_layers.py checks they agree).
+PRESET_NAMES = ("official", "small", "tiny")
+SHAPE_FIELDS = (
+    "sequence_length",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+)
+PARALLEL = ("ddp", "fsdp", "hsdp")
+SCHEDULES = ("gpipe", "1f1b")  # the pipeline schedules llmb.mesh builds
+# How long a collective may wait for a peer before the group fails it: long enough for a slow first step (compile),
+# short enough that a rank lost without its process dying (a hung device, a lost node) fails the run, not hangs it.
+DEFAULT_TIMEOUT_SECONDS = 600
+# Judged windows the clean room replays from the seed (llmb.evidence).
+DEFAULT_REPLAY_STEPS = 2
+# `llmb check-plugin`: the shapes it may use, and its default steps and batch.
+CONFORMANCE_PRESETS = ("tiny", "small")
+CONFORMANCE_STEPS = 5
+CONFORMANCE_BATCH_SIZE = 2
