@@ -72,4 +72,4 @@ class Device:
 
     def peak_flops(self, precision: str) -> float | None:
         value = self.plugin.call("peak_flops", device=self.device, precision=precision)
-        return float(value) if value else None
+        return value or None  # a float, or (Backend API) a Peak with its source

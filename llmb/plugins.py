@@ -8,7 +8,7 @@ from typing import Any
 
 import pluggy
 
-from llmb import __version__, hookspecs
+from llmb import __version__, guard, hookspecs
 from llmb.errors import LlmbError, PluginError, UsageError
 from llmb.settings import Setting, resolve_settings
 
@@ -29,6 +29,8 @@ def load_plugins() -> None:
     if _loaded:
         return
     _loaded = True
+    # Before any plugin module runs: what the benchmark depends on, to compare after the plugin had its turn.
+    guard.ensure_baseline()
     for name, module_name in DEFAULT_PLUGINS.items():
         pm.register(importlib.import_module(module_name), name=name)
         distributions[name] = ("llmb", __version__)

@@ -351,6 +351,39 @@ class MatmulProbe(Typed):
     relative_error: float
     fp16_range_overflow: bool
     verdict: str
+    errors: dict[str, float] | None = None  # per probed shape (256x256x256 and the model's own), the worse decides
+
+
+@dataclass(kw_only=True)
+class DispatchAudit(Typed):
+    """What the matmul, linear and attention operators of one measured step received (llmb.dispatch_audit)."""
+
+    operators: int
+    matmul_calls: int
+    calls: dict[str, dict[str, int]]
+    formats: dict[str, str]
+    effective: str | None
+    unknown_operators: dict[str, int]
+    opaque: bool
+
+
+@dataclass(kw_only=True)
+class WindowChecks(Typed):
+    """The whole-window audit (llmb.window_audit): steps whose backend state was checked, the recorded step."""
+
+    steps_checked: int
+    recorded_step: int
+
+
+@dataclass(kw_only=True)
+class PeakInfo(Typed):
+    """The peak behind the MFU (llmb.peaks): its figure, its public source, and whether llmb's table or the
+    plugin gave it ("llmb table", "declared by plugin"); what the plugin declared, whether used or not."""
+
+    flops: float | None
+    source: str | None
+    origin: str | None
+    declared_flops: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -368,6 +401,9 @@ class Audit(Typed):
     evidence: dict[str, str]
     operator_dtypes: dict[str, int] | None = None  # the dtype census of one forward pass (llmb.census)
     rank_effective: list[str] | None = None  # a multi-process job: every rank's own verdict
+    switches_vs_probe: dict[str, Any] | None = None  # matmul switches that allow less than the probe found
+    dispatch: DispatchAudit | None = None  # one measured step's matmul operators and their input dtypes
+    window: WindowChecks | None = None
 
 
 @dataclass(kw_only=True)
@@ -488,6 +524,7 @@ class Result(Record):
     model_flops_per_token: int
     tflops: float
     peak_flops: float | None
+    peak: PeakInfo | None = None
     mfu: float | None
     fom: float
     peak_memory_bytes: int | None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, census, distributed, evidence, flops, mesh, precision, ranks, records, sysinfo
+from llmb import __version__, census, distributed, evidence, flops, guard, mesh, peaks, precision, ranks, records, sysinfo
 from llmb.config import official_reasons
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError
@@ -22,6 +22,7 @@ from llmb.plugins import Plugin, select_plugin
 from llmb.records import Result, loss_band
 from llmb.settings import recorded
 from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
+from llmb.window_audit import WindowAudit
 
 
 @dataclass
@@ -245,6 +246,7 @@ def prepare(options: RunOptions, plugin: Plugin, device: torch.device, settings:
             if dropped:
                 settings = {**settings, "optimizer_fallback": dropped}
     invalid: list[str] = [f"optimizer: {p}" for p in optimizer_problems(optimizer, model)]
+    invalid += guard.problems("after post-processing")
     if processed_parameters != parameters:
         invalid.append(f"post-processing changed the parameter count from {parameters} to {processed_parameters}")
     # Data parallelism: each data-parallel rank its own batch (seed + dp rank), the ranks of a tensor or pipeline
@@ -306,6 +308,14 @@ def agreement_facts(options: RunOptions, plugin: Plugin, settings: dict) -> dict
     return facts
 
 
+def probe_shape(session: Session) -> tuple[int, int, int] | None:
+    """The matmul probe's model-sized product: the batch's tokens (at most 512) times the first Linear's weight."""
+    linear = next((m for m in session.model.modules() if isinstance(m, torch.nn.Linear)), None)
+    if linear is None:
+        return None
+    return (min(session.trainer.batch.numel(), 512), linear.in_features, linear.out_features)
+
+
 def audit_session(session: Session) -> dict:
     """The precision audit in the run's real state (call it after the first step, so gradients exist)."""
     facts = session.plugin.call(
@@ -318,6 +328,7 @@ def audit_session(session: Session) -> dict:
         recipe=session.recipe,
         plugin_facts=_flatten(facts),
         sync=session.services.synchronize,
+        probe_shape=probe_shape(session),
     )
     # What the operators produce: a format that lives only inside the GEMMs (float8) shows up only here.
     probe = mesh.stage_input(session.model, session.trainer.batch)  # a later pipeline stage takes hidden states
@@ -338,6 +349,8 @@ def _run(
     initial_loss = float(trainer.step())  # a freshly initialised model's loss, for the band guard
     progress.advance()
     audit = audit_session(session)
+    audited_state = precision.backend_state(device.type)
+    window = WindowAudit(session.model, session.optimizer, device.type, audited_state, options.steps)
     for _ in range(options.warmup_steps - 1):
         trainer.step()
         progress.advance()
@@ -346,9 +359,15 @@ def _run(
     load_start = sysinfo.load_average()
     for repeat in range(options.repeats):
         progress.phase(f"measure {repeat + 1}/{options.repeats}", options.steps)
+
+        def after_step() -> None:
+            window.after_step()
+            progress.advance()
+
         before = ranks.busy_seconds()
         initial_state.restore(session.optimizer)
-        measurements.append(trainer.measure(options.steps, on_step=progress.advance))
+        window.open()  # after the restore: the window's parameters change from the initial weights
+        measurements.append(trainer.measure(options.steps, on_step=after_step, around_step=window.around_step))
         after = ranks.busy_seconds()
         busy.append(after - before if before is not None and after is not None else None)
     host = records.Host(
@@ -357,6 +376,11 @@ def _run(
         cpu_affinity=sysinfo.cpu_affinity(),
         cpu_count=os.cpu_count(),
     )
+    window.close()
+    invalid += window.problems
+    if window.dispatch() is not None:
+        audit = precision.with_dispatch(audit, window.dispatch())
+    audit["window"] = window.record()
     peak_memory = services.peak_memory_bytes()
     chosen = median_measurement(measurements)
 
@@ -528,7 +552,9 @@ def build_record(
     tokens_per_second = tokens / chosen.window_seconds
     flops_per_token = flops.model_flops_per_token(config, parameters)
     tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
-    peak = services.peak_flops(effective) if effective in precision.PRECISIONS else None
+    peak = choose_peak(services, effective)
+    mfu = flops.mfu(tflops, peak.flops)
+    invalid = [*invalid, *peak.problems, *peaks.mfu_problems(mfu)]
     debug = official_reasons(config)
     optimizer = trainer.optimizer
     return Result(
@@ -604,8 +630,9 @@ def build_record(
         samples_per_second=global_batch * options.steps / chosen.window_seconds,
         model_flops_per_token=flops_per_token,
         tflops=tflops,
-        peak_flops=peak,
-        mfu=flops.mfu(tflops, peak),
+        peak_flops=peak.flops,
+        peak=records.PeakInfo.from_dict(peak.to_dict()),
+        mfu=mfu,
         fom=flops.fom(config, global_batch, chosen.window_seconds / options.steps),
         peak_memory_bytes=peak_memory,
         loss=records.Loss(initial=initial_loss, first=chosen.loss_first, last=chosen.loss_last),
@@ -616,6 +643,14 @@ def build_record(
 def _jsonable(value):
     """What JSON holds: tuples as lists (AdamW's betas), so a record reads back equal to what was built."""
     return list(value) if isinstance(value, tuple) else value
+
+
+def choose_peak(services: Device, effective: str) -> peaks.PeakChoice:
+    """llmb's table peak for the device and the label; the plugin's own figure only where the table lacks the device
+    (a float, or an object with ``flops`` and ``source``)."""
+    declared = services.peak_flops(effective) if effective in precision.PRECISIONS else None
+    flops_value = getattr(declared, "flops", declared)
+    return peaks.choose(services.name(), effective, flops_value, getattr(declared, "source", None))
 
 
 def _merge(dicts) -> dict:

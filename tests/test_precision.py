@@ -68,17 +68,71 @@ class MediumMatmulPlugin:
         torch.set_float32_matmul_precision("medium")
 
 
-def test_medium_matmul_precision_under_fp32_is_labelled_bf16(register_plugin, tmp_path):
+def test_medium_matmul_precision_under_fp32_is_labelled_by_what_ran(register_plugin, tmp_path):
     register_plugin(MediumMatmulPlugin(), "medium")
     result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32")
     assert result.exit_code == 0, result.output
+    audit = record["precision"]["audit"]
     assert record["precision"]["requested"] == "FP32"
-    assert record["precision"]["effective"] == "BF16"
-    evidence = record["precision"]["audit"]["evidence"]
-    # The flag audit always sees it; the probe sees it where oneDNN really uses BF16 (AVX512-BF16/AMX CPUs).
-    assert evidence["torch.float32_matmul_precision"] == "BF16"
-    assert "-BF16-" in next(tmp_path.glob("*.json")).name
-    assert "PRECISION: requested FP32 but the audit found BF16" in result.output
+    # "medium" allows BF16; whether oneDNN uses it depends on the CPU (AVX512-BF16/AMX). The label follows the
+    # probe and the dispatch record (what ran), and the record keeps the disagreement where the switch said more.
+    probe = audit["matmul_probe"]["verdict"]
+    assert record["precision"]["effective"] == precision.lowest([probe, audit["dispatch"]["effective"]])
+    assert {"name": "torch.float32_matmul_precision", "value": "medium", "implies": "BF16"} in audit["backend"]
+    if probe == "FP32":
+        assert audit["switches_vs_probe"]["allow"] == "BF16" and audit["switches_vs_probe"]["label"] == "probe"
+    else:
+        assert record["precision"]["effective"] == "BF16"
+        assert "PRECISION: requested FP32 but the audit found BF16" in result.output
+
+
+def test_high_on_the_cpu_is_not_labelled_tf32(register_plugin, tmp_path):
+    """No CPU computes TF32: "high" under FP32 keeps the FP32 label the probe shows, and records the switch."""
+
+    class High(MediumMatmulPlugin):
+        __name__ = "high"
+
+        @hookimpl
+        def setup_backend(self, device, precision, settings):
+            torch.set_float32_matmul_precision("high")
+
+    register_plugin(High(), "high")
+    result, [record] = run(tmp_path, "--plugin", "high", "--precision", "FP32")
+    assert result.exit_code == 0, result.output
+    audit = record["precision"]["audit"]
+    assert audit["matmul_probe"]["verdict"] == "FP32"
+    assert record["precision"]["effective"] == "FP32"
+    assert audit["switches_vs_probe"] == {
+        "switches": {"torch.float32_matmul_precision": "TF32", "torch.backends.mkldnn.matmul.fp32_precision": "TF32"},
+        "allow": "TF32",
+        "probe": "FP32",
+        "label": "probe",
+    }
+
+
+def test_one_new_api_switch_does_not_crash_the_audit(register_plugin, tmp_path):
+    """A plugin that sets one per-backend fp32_precision switch makes torch refuse to read the global matmul
+    precision ("checking the matmul precision without a specific backend name"); the audit records that, reads the
+    per-backend switches, and labels what the probe shows (no CPU computes TF32)."""
+
+    class ConvTweak(MediumMatmulPlugin):
+        __name__ = "convtweak"
+
+        @hookimpl
+        def setup_backend(self, device, precision, settings):
+            torch.backends.mkldnn.matmul.fp32_precision = "tf32"
+            torch.backends.mkldnn.conv.fp32_precision = "tf32"
+
+    register_plugin(ConvTweak(), "convtweak")
+    result, [record] = run(tmp_path, "--plugin", "convtweak", "--precision", "FP32")
+    assert result.exit_code == 0, result.output
+    backend = {f["name"]: f for f in record["precision"]["audit"]["backend"]}
+    assert backend["torch.float32_matmul_precision"]["value"].startswith("unreadable")
+    assert backend["torch.backends.mkldnn.matmul.fp32_precision"]["implies"] == "TF32"
+    # The fixed model has no convolution (one that ran would show in the dispatch record): no implication.
+    assert backend["torch.backends.mkldnn.conv.fp32_precision"]["implies"] is None
+    assert record["precision"]["effective"] == record["precision"]["audit"]["matmul_probe"]["verdict"] == "FP32"
+    assert record["invalid_reasons"] == []
 
 
 def test_medium_probe_agrees_with_what_the_cpu_really_computes():

@@ -1,0 +1,223 @@
+"""Identities of what the benchmark depends on, captured before any plugin is imported and compared afterwards.
+
+A plugin is arbitrary code in llmb's process: at import it can replace `nn.Linear.forward`, `torch.optim.AdamW`,
+llmb's loop or its constants, register a global optimizer hook, or override an aten kernel through
+`torch.library`. None of that shows in the plugin's hooks, so llmb keeps the objects themselves (not copies of
+their names) from before the first plugin import and compares them, by identity, after the plugin's
+post-processing and after the measured window. Any difference makes the run invalid and names what changed.
+
+Watched (see docs/integrity.md):
+- torch's matmul, attention, linear and loss entry points: the callables of `torch`, `torch.nn.functional`,
+  `torch._C._nn` (torch._C._VariableFunctions is read-only), and the class dictionaries of `torch.Tensor`, `nn.Module`,
+  `nn.Linear`, `nn.Embedding`, the optimizer classes and `GradScaler` (a name added later shadows a C method);
+- AdamW: `torch.optim.AdamW`, its bases, the functional `adam`/`adamw` modules, and the global optimizer and module
+  hook registries (their contents);
+- the aten dispatcher table of every aten operator (a `torch.library` override leaves the old kernel "inactive");
+- llmb's own modules: every function and class (and each llmb class's dictionary) by identity, and every UPPER_CASE
+  constant by value;
+- the clocks in `time`.
+
+This cannot stop a plugin that also patches the comparison; that is what the clean-room process and the replay
+close (docs/integrity.md, "residual risks").
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+# llmb modules that judge, time or define a run; imported before the baseline so a plugin's patch to any is seen.
+LLMB_MODULES = (
+    "llmb.model",
+    "llmb.train",
+    "llmb.precision",
+    "llmb.runner",
+    "llmb.device",
+    "llmb.flops",
+    "llmb.fingerprint",
+    "llmb.conformance",
+    "llmb.manifest",
+    "llmb.peaks",
+    "llmb.guard",
+    "llmb.dispatch_audit",
+    "llmb.window_audit",
+    "llmb.results",
+)
+# Optional llmb modules that other work adds (watched when present).
+OPTIONAL_LLMB_MODULES = ("llmb.records", "llmb.worker", "llmb.cleanroom", "llmb.replay")
+
+TORCH_MODULES = (
+    ("torch", torch),
+    ("torch.nn.functional", torch.nn.functional),
+    ("torch._C._nn", torch._C._nn),
+    ("torch.autograd", torch.autograd),
+    ("torch.optim.adamw", importlib.import_module("torch.optim.adamw")),
+    ("torch.optim.adam", importlib.import_module("torch.optim.adam")),
+    ("torch.optim.optimizer", importlib.import_module("torch.optim.optimizer")),
+)
+TORCH_CLASSES = (
+    ("torch.Tensor", torch.Tensor),
+    ("torch.nn.Module", torch.nn.Module),
+    ("torch.nn.Linear", torch.nn.Linear),
+    ("torch.nn.Embedding", torch.nn.Embedding),
+    ("torch.nn.Parameter", torch.nn.Parameter),
+    ("torch.optim.Optimizer", torch.optim.Optimizer),
+    ("torch.optim.Adam", torch.optim.Adam),
+    ("torch.optim.AdamW", torch.optim.AdamW),
+    ("torch.amp.GradScaler", torch.amp.GradScaler),
+    ("torch.autocast", torch.autocast),
+)
+# Registries whose contents a public API changes globally: a step pre-hook that drops gradients is one line.
+HOOK_REGISTRIES = (
+    ("torch.optim.optimizer", "_global_optimizer_pre_hooks"),
+    ("torch.optim.optimizer", "_global_optimizer_post_hooks"),
+    ("torch.nn.modules.module", "_global_forward_pre_hooks"),
+    ("torch.nn.modules.module", "_global_forward_hooks"),
+    ("torch.nn.modules.module", "_global_backward_pre_hooks"),
+    ("torch.nn.modules.module", "_global_backward_hooks"),
+    ("torch.nn.modules.module", "_global_forward_hooks_always_called"),
+    ("torch.nn.modules.module", "_global_module_registration_hooks"),
+    ("torch.nn.modules.module", "_global_parameter_registration_hooks"),
+    ("torch.nn.modules.module", "_global_buffer_registration_hooks"),
+)
+CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "process_time")
+
+_MISSING = object()
+
+
+@dataclass
+class Baseline:
+    """The watched objects as they were before any plugin import: name -> (holder, key, object)."""
+
+    bindings: dict[str, tuple[object, str, object]] = field(default_factory=dict)
+    constants: dict[str, str] = field(default_factory=dict)
+    class_keys: dict[str, tuple[type, frozenset[str]]] = field(default_factory=dict)
+    hooks: dict[str, tuple] = field(default_factory=dict)
+    dispatcher: dict[str, str] = field(default_factory=dict)
+
+    def watch(self, name: str, holder: object, key: str) -> None:
+        self.bindings[name] = (holder, key, vars(holder).get(key, _MISSING))
+
+    def watch_class(self, name: str, cls: type) -> None:
+        for key in vars(cls):
+            if key not in _SKIPPED_CLASS_KEYS:
+                self.watch(f"{name}.{key}", cls, key)
+        self.class_keys[name] = (cls, frozenset(vars(cls)))
+
+
+_SKIPPED_CLASS_KEYS = frozenset({"__dict__", "__weakref__", "__doc__", "__annotations__", "__parameters__"})
+
+
+def _settle_lazy_patches() -> None:
+    """torch wraps an optimizer class's `step` with its hook machinery on the first instance: do that now, so the
+    baseline holds the wrapped step that every later AdamW uses."""
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+
+
+def _llmb_modules() -> list[types.ModuleType]:
+    modules = [importlib.import_module(name) for name in LLMB_MODULES]
+    for name in OPTIONAL_LLMB_MODULES:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return modules
+
+
+def _is_code(value: object) -> bool:
+    return callable(value) or isinstance(value, (staticmethod, classmethod, property))
+
+
+def _aten_dispatch_table() -> dict[str, str]:
+    names = torch._C._dispatch_get_all_op_names()
+    return {name: torch._C._dispatch_dump(name) for name in names if name.startswith("aten::")}
+
+
+def _hook_contents(module_name: str, attribute: str) -> tuple:
+    registry = getattr(sys.modules[module_name], attribute, None)
+    return tuple(registry.items()) if isinstance(registry, dict) else (registry,)
+
+
+def capture() -> Baseline:
+    """Everything watched, as it is now (call before importing any plugin)."""
+    _settle_lazy_patches()
+    baseline = Baseline()
+    for prefix, module in TORCH_MODULES:
+        for key, value in list(vars(module).items()):
+            if not key.startswith("__") and _is_code(value) and not isinstance(value, types.ModuleType):
+                baseline.watch(f"{prefix}.{key}", module, key)
+    for prefix, cls in TORCH_CLASSES:
+        module_name, _, key = prefix.rpartition(".")
+        baseline.watch(prefix, sys.modules[module_name], key)
+        baseline.watch_class(prefix, cls)
+    baseline.watch("torch.optim.AdamW", torch.optim, "AdamW")
+    for name in CLOCKS:
+        baseline.watch(f"time.{name}", time, name)
+    for module in _llmb_modules():
+        for key, value in list(vars(module).items()):
+            if key.startswith("__"):
+                continue
+            qualified = f"{module.__name__}.{key}"
+            if isinstance(value, types.ModuleType) or _is_code(value):
+                baseline.watch(qualified, module, key)
+                if isinstance(value, type) and value.__module__ == module.__name__:
+                    baseline.watch_class(qualified, value)
+            elif key.isupper():
+                baseline.watch(qualified, module, key)
+                baseline.constants[qualified] = repr(value)
+    for module_name, attribute in HOOK_REGISTRIES:
+        baseline.hooks[f"{module_name}.{attribute}"] = _hook_contents(module_name, attribute)
+    baseline.dispatcher = _aten_dispatch_table()
+    return baseline
+
+
+def compare(baseline: Baseline, limit: int = 10) -> list[str]:
+    """What changed since the baseline, one phrase per change (empty when nothing did)."""
+    changed: list[str] = []
+    for name, (holder, key, original) in baseline.bindings.items():
+        now = vars(holder).get(key, _MISSING)
+        if now is original:
+            if name in baseline.constants and repr(now) != baseline.constants[name]:
+                changed.append(f"{name} was changed (was {baseline.constants[name]})")
+        elif now is _MISSING:
+            changed.append(f"{name} was removed")
+        elif original is _MISSING:
+            changed.append(f"{name} was added")
+        else:
+            changed.append(f"{name} was replaced")
+    for name, (cls, keys) in baseline.class_keys.items():
+        changed += [f"{name}.{key} was added" for key in sorted(set(vars(cls)) - keys)]
+    for name, contents in baseline.hooks.items():
+        module_name, _, attribute = name.rpartition(".")
+        if _hook_contents(module_name, attribute) != contents:
+            changed.append(f"{name} changed (a global hook was registered or removed)")
+    now_table = _aten_dispatch_table()
+    for op, dump in baseline.dispatcher.items():
+        if now_table.get(op) != dump:
+            changed.append(f"the dispatcher's kernels for {op} changed (overridden through torch.library?)")
+    if len(changed) > limit:
+        changed = changed[:limit] + [f"and {len(changed) - limit} more"]
+    return changed
+
+
+_baseline: Baseline | None = None
+
+
+def ensure_baseline() -> Baseline:
+    """The process's baseline, captured on the first call (plugins.load_plugins calls it before any import)."""
+    global _baseline
+    if _baseline is None:
+        _baseline = capture()
+    return _baseline
+
+
+def problems(when: str) -> list[str]:
+    """Invalid reasons for everything changed since the baseline, naming the stage (`when`)."""
+    if _baseline is None:
+        return [f"{when}: no identity baseline was captured before the plugins were imported"]
+    return [f"identity {when}: {change}" for change in compare(_baseline)]
