@@ -114,9 +114,18 @@ _SKIPPED_CLASS_KEYS = frozenset({"__dict__", "__weakref__", "__doc__", "__annota
 
 
 def _settle_lazy_patches() -> None:
-    """torch wraps an optimizer class's `step` with its hook machinery on the first instance: do that now, so the
-    baseline holds the wrapped step that every later AdamW uses."""
+    """Apply torch's own lazy patches now, so the baseline holds what every later run uses and an honest run never
+    shows them as changes: an optimizer class's `step` is wrapped with its hook machinery on the first instance, and
+    torch.compile's first use wraps the optimizers' `_init_group` and fused kernels (dynamo's TorchPatcher) and
+    `nn.Module.__init__` (generation tagging)."""
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    try:
+        from torch._dynamo.eval_frame import TorchPatcher
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+    except ImportError:  # pragma: no cover - a torch without dynamo's patches has nothing to settle
+        return
+    TorchPatcher.patch()
+    install_generation_tagging_init()
 
 
 def _llmb_modules() -> list[types.ModuleType]:

@@ -51,7 +51,8 @@ class Attack:
         head = f'"""red-team attack {self.name}: an adversarial plugin, built by tests/redteam."""\n{PEAK_SHIM}\n'
         if hasattr(llmb, "Backend"):
             methods = "".join(
-                f"\n    def {HOOKS[fn][1]}(self, {HOOKS[fn][2]}):\n        return {fn}({HOOKS[fn][2]})\n" for fn in defined
+                f"\n    def {HOOKS[fn][1]}(self, {HOOKS[fn][2]}):\n        return {fn}({HOOKS[fn][2]})\n"
+                for fn in defined
             )
             tail = f"""
 
