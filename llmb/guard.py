@@ -12,7 +12,8 @@ Watched (see docs/integrity.md):
   `nn.Linear`, `nn.Embedding`, the optimizer classes and `GradScaler` (a name added later shadows a C method);
 - AdamW: `torch.optim.AdamW`, its bases, the functional `adam`/`adamw` modules, and the global optimizer and module
   hook registries (their contents);
-- the aten dispatcher table of every aten operator (a `torch.library` override leaves the old kernel "inactive");
+- the aten dispatcher table of every aten operator (a `torch.library` override leaves the old kernel "inactive"):
+  a kernel replaced or removed, or one added for a key that computes on the run's devices;
 - llmb's own modules: every function and class (and each llmb class's dictionary) by identity, and every UPPER_CASE
   constant by value;
 - the clocks in `time`.
@@ -98,7 +99,7 @@ class Baseline:
     constants: dict[str, str] = field(default_factory=dict)
     class_keys: dict[str, tuple[type, frozenset[str]]] = field(default_factory=dict)
     hooks: dict[str, tuple] = field(default_factory=dict)
-    dispatcher: dict[str, str] = field(default_factory=dict)
+    dispatcher: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def watch(self, name: str, holder: object, key: str) -> None:
         self.bindings[name] = (holder, key, vars(holder).get(key, _MISSING))
@@ -142,9 +143,45 @@ def _is_code(value: object) -> bool:
     return callable(value) or isinstance(value, (staticmethod, classmethod, property))
 
 
-def _aten_dispatch_table() -> dict[str, str]:
-    names = torch._C._dispatch_get_all_op_names()
-    return {name: torch._C._dispatch_dump(name) for name in names if name.startswith("aten::")}
+# Dispatch keys whose kernels compute nothing the benchmark measures (Meta: shapes only; torch registers Python meta
+# kernels lazily), or that belong to an out-of-tree device backend, whose library registers its own kernels when
+# it loads (torch_xla registers XLA kernels for every aten operator): new kernels there are not a change.
+TOLERATED_NEW_KEYS = (
+    "Meta",
+    "XLA",
+    "AutogradXLA",
+    "AutocastXLA",
+    "Lazy",
+    "AutogradLazy",
+    "PrivateUse1",
+    "AutogradPrivateUse1",
+    "AutocastPrivateUse1",
+    "HPU",
+    "AutogradHPU",
+    "MTIA",
+    "AutogradMTIA",
+)
+
+
+def _aten_dispatch_table() -> dict[str, dict[str, str]]:
+    """Per aten operator, its registered kernels by dispatch key (an overridden kernel shows as "KEY (inactive)")."""
+    table = {}
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("aten::"):
+            kernels = {}
+            for line in torch._C._dispatch_dump(name).splitlines():
+                key, sep, where = line.partition(": registered at ")
+                if sep:
+                    kernels[key] = where
+            table[name] = kernels
+    return table
+
+
+def _dispatch_changes(before: dict[str, str], after: dict[str, str]) -> bool:
+    """Whether an operator's kernels changed: one replaced or removed, or one added for a key that computes."""
+    if any(after.get(key) != where for key, where in before.items() if not key.startswith("Meta")):
+        return True
+    return any(key not in before and not key.startswith(TOLERATED_NEW_KEYS) for key in after)
 
 
 def _hook_contents(module_name: str, attribute: str) -> tuple:
@@ -200,14 +237,17 @@ def compare(baseline: Baseline, limit: int = 10) -> list[str]:
         else:
             changed.append(f"{name} was replaced")
     for name, (cls, keys) in baseline.class_keys.items():
-        changed += [f"{name}.{key} was added" for key in sorted(set(vars(cls)) - keys)]
+        # An added name matters where it shadows an inherited one (`torch.Tensor.mm` over the C method); a new name
+        # nothing calls does not (transformers adds `nn.Module.smart_apply` when it loads).
+        added = [key for key in sorted(set(vars(cls)) - keys) if any(key in vars(base) for base in cls.__mro__[1:])]
+        changed += [f"{name}.{key} was added" for key in added]
     for name, contents in baseline.hooks.items():
         module_name, _, attribute = name.rpartition(".")
         if _hook_contents(module_name, attribute) != contents:
             changed.append(f"{name} changed (a global hook was registered or removed)")
     now_table = _aten_dispatch_table()
-    for op, dump in baseline.dispatcher.items():
-        if now_table.get(op) != dump:
+    for op, kernels in baseline.dispatcher.items():
+        if _dispatch_changes(kernels, now_table.get(op, {})):
             changed.append(f"the dispatcher's kernels for {op} changed (overridden through torch.library?)")
     if len(changed) > limit:
         changed = changed[:limit] + [f"and {len(changed) - limit} more"]
