@@ -14,7 +14,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from llmb import __version__, bounds, cleanroom, conformance, distributed, evidence, mesh, plugins, precision, runner
+from llmb import (
+    __version__,
+    bounds,
+    cleanroom,
+    conformance,
+    distributed,
+    evidence,
+    mesh,
+    peaks,
+    plugins,
+    precision,
+    runner,
+)
 from llmb import console as term
 from llmb.config import PRESETS, SHAPE_FIELDS, build_config
 from llmb.errors import LlmbError
@@ -379,7 +391,7 @@ def _print_record(record: runner.Result, path: Path) -> None:
         ("tokens/s", f"{record.tokens_per_second:,.1f}"),
         ("samples/s", f"{record.samples_per_second:,.2f}"),
         ("TFLOP/s per device", f"{record.tflops:.3f}"),
-        ("MFU", f"{mfu:.1%}" if mfu is not None else "n/a (peak unknown)"),
+        ("MFU", f"{mfu:.1%} ({peaks.peak_note(record)})" if mfu is not None else "n/a (peak unknown)"),
         ("peak memory", f"{record.peak_memory_bytes / 2**30:.2f} GiB" if record.peak_memory_bytes else "n/a"),
         ("loss", f"{record.loss.initial:.4f} -> {record.loss.last:.4f}"),
         ("timing", f"{record.timing.window_seconds:.3f} s window, {record.timing.method}"),

@@ -162,3 +162,25 @@ def mfu_problems(mfu: float | None) -> list[str]:
     if mfu is not None and mfu > 1.0:
         return [f"MFU {mfu:.1%} is above 100%: the peak (or the time) is wrong"]
     return []
+
+
+def _peak_of(record) -> dict:
+    """A record's peak, as a dict, from a typed record (llmb.records.Result) or its JSON form."""
+    peak = record.get("peak") if isinstance(record, dict) else getattr(record, "peak", None)
+    if peak is not None and hasattr(peak, "to_dict"):
+        peak = peak.to_dict()
+    return peak if isinstance(peak, dict) else {}
+
+
+def peak_note(record) -> str:
+    """How a record's MFU peak is described wherever the MFU is shown: its origin and source ("" when no peak)."""
+    peak = _peak_of(record)
+    if not peak.get("flops"):
+        return ""
+    origin = peak.get("origin") or "of unknown origin"
+    return f"peak {peak['flops'] / 1e12:.4g} TFLOP/s, {origin}: {peak.get('source')}"
+
+
+def declared(record) -> bool:
+    """Whether a record's MFU is against a peak the plugin declared (reports mark it)."""
+    return _peak_of(record).get("origin") == ORIGIN_DECLARED

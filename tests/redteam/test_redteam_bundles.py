@@ -91,3 +91,17 @@ def test_a_changed_learning_rate_in_the_record_is_refused(bundle):
         edit_json(path, lambda r: r["optimizer"]["defaults"].update(lr=1e-3))
     found = failing(bundle)
     assert "optimizer lr recorded 0.001, fixed value is 1e-05" in found["optimizer"], found
+
+
+def test_an_honestly_declared_peak_is_accepted_and_the_summary_says_declared_by_plugin(bundle):
+    """Not an attack: a plugin's peak for a device the table lacks, with its source, is shown as declared."""
+    for path in results(bundle):
+        edit_json(path, lambda r: _declare_peak(r, 1e12, "declared by plugin"))
+    sub = json.loads((bundle / "submission.json").read_text())
+    records = [json.loads(p.read_text()) for p in results(bundle)]
+    (bundle / "summary.md").write_text(submission.render_summary(sub, records))
+    found = failing(bundle)
+    assert "peak and MFU" not in found, found
+    summary = (bundle / "summary.md").read_text()
+    assert "(peak declared by plugin)" in summary
+    assert "Peak declared by plugin, FP32: peak 1 TFLOP/s, declared by plugin: https://acme.example" in summary
