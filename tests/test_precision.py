@@ -1,4 +1,5 @@
 import json
+import types
 
 import pytest
 import torch
@@ -199,7 +200,9 @@ class PeakPlugin:
 
     @hookimpl
     def peak_flops(self, device, precision):
-        return {"FP32": 1e12}.get(precision)
+        # A peak with its public source (the Backend API's Peak); the host CPU is not in llmb's peak table.
+        flops = {"FP32": 1e12}.get(precision)
+        return types.SimpleNamespace(flops=flops, source="https://example.com/datasheet") if flops else None
 
 
 def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_plugin, tmp_path):
@@ -208,6 +211,8 @@ def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_plugin, 
     assert result.exit_code == 0, result.output
     [record] = records
     assert record["peak_flops"] == 1e12
+    assert record["peak"]["origin"] == "declared by plugin"
+    assert record["peak"]["source"] == "https://example.com/datasheet"
     assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 1e12)
     result, records = run(tmp_path / "bf16", "--plugin", "peak", "--precision", "BF16")
     assert records[0]["mfu"] is None and records[0]["peak_flops"] is None
