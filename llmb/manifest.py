@@ -9,7 +9,9 @@ Writing the manifest in llmb's own tree is the release act: it also records the 
 the list of every released manifest (digest and file hashes) that llmb ships. `llmb verify` trusts only the list of
 the installation it runs from: a bundle made against a manifest that is not on it (a submitter edited
 llmb/train.py and wrote the manifest in their own copy) is compared with the nearest known release, and its
-changes are diffs against that release, never "the release".
+changes are diffs against that release, never "the release". Like the manifest, the list is generated: on a
+conflict, `python scripts/releases_from_git.py main` rebuilds it from main's history and `--write` adds the manifest
+being landed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The plugin system with in-memory plugins (llm/datasette style): listing, selection, settings, failures, limits."""
 
 import json
+import types
 
 import pytest
 from click.testing import CliRunner
@@ -49,7 +50,8 @@ class PresentPlugin(HostPlugin):
 
     @hookimpl
     def peak_flops(self, device, precision):
-        return 5e11  # an invented peak for this in-memory device, so that MFU has something to divide by
+        # An invented peak with a source for this in-memory device (not in llmb's table), so MFU has a denominator.
+        return types.SimpleNamespace(flops=5e11, source="invented for this test")
 
 
 class BrokenPlugin(HostPlugin):
@@ -243,7 +245,7 @@ def test_hooks_are_called_on_the_selected_plugin_only(register_plugin):
     register_plugin(PresentPlugin(), "present")
     # cpu implements no peak_flops; the other registered plugin's answer must not leak into cpu's call.
     assert Plugin("cpu").call("peak_flops", device=None, precision="FP32") is None
-    assert Plugin("present").call("peak_flops", device=None, precision="FP32") == 5e11
+    assert Plugin("present").call("peak_flops", device=None, precision="FP32").flops == 5e11
 
 
 def test_readme_plugins_section_lists_every_hook():

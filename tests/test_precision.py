@@ -147,9 +147,31 @@ def test_medium_probe_agrees_with_what_the_cpu_really_computes():
     assert probe["verdict"] == ("BF16" if ran_bf16 else "FP32"), probe
 
 
+class AutocastForwardPlugin(MediumMatmulPlugin):
+    """Wraps the model's forward in autocast(bf16) under an FP32 request: every tensor at rest stays FP32."""
+
+    __name__ = "autocast_forward"
+
+    @hookimpl
+    def setup_backend(self, device, precision, settings):
+        pass
+
+    @hookimpl
+    def process_model(self, model, optimizer, device, precision, settings):
+        forward = model.forward
+
+        def autocast_forward(*args, **kwargs):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return forward(*args, **kwargs)
+
+        model.forward = autocast_forward
+        return model
+
+
 def test_strict_precision_makes_a_lower_effective_precision_an_error(register_plugin, tmp_path):
-    register_plugin(MediumMatmulPlugin(), "medium")
-    result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32", "--strict-precision")
+    register_plugin(AutocastForwardPlugin(), "autocast_forward")
+    result, [record] = run(tmp_path, "--plugin", "autocast_forward", "--precision", "FP32", "--strict-precision")
+    assert record["precision"]["audit"]["evidence"]["dispatch"] == "BF16"
     assert result.exit_code == 1
     assert any("--strict-precision" in r for r in record["invalid_reasons"])
 
