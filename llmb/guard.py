@@ -34,6 +34,7 @@ import torch
 
 # llmb modules that judge, time or define a run; imported before the baseline so a plugin's patch to any is seen.
 LLMB_MODULES = (
+    "llmb.config",
     "llmb.model",
     "llmb.train",
     "llmb.precision",

@@ -12,7 +12,20 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, census, distributed, evidence, flops, guard, mesh, peaks, precision, ranks, records, sysinfo
+from llmb import (
+    __version__,
+    census,
+    distributed,
+    evidence,
+    flops,
+    guard,
+    mesh,
+    peaks,
+    precision,
+    ranks,
+    records,
+    sysinfo,
+)
 from llmb.config import official_reasons
 from llmb.device import Device, check_device_present, parse_device
 from llmb.errors import LlmbError, UsageError

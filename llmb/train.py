@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from llmb import evidence
+from llmb.config import ADAMW_HYPERPARAMETERS
 from llmb.device import Device
 from llmb.model import ModelConfig
 from llmb.precision import Recipe
 from llmb.records import median_index
 
-# The benchmark's optimizer, fixed: torch.optim.AdamW with these hyperparameters (read-only; llmb.guard also
-# compares its value before and after the plugin ran).
-ADAMW_HYPERPARAMETERS = MappingProxyType({"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01})
+# The benchmark's optimizer: torch.optim.AdamW with llmb.config.ADAMW_HYPERPARAMETERS (imported above).
 # What a plugin may choose: AdamW's implementation, never its mathematics.
 OPTIMIZER_OPTIONS = ("foreach", "fused", "capturable")
 

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from llmb import bundle_evidence, bundle_io, codediff, evidence, flops, manifest, peaks
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
-from llmb.config import official_reasons
+from llmb.config import ADAMW_HYPERPARAMETERS, official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.precision import DTYPE_FORMAT, PRECISIONS, RANK, lowest
 from llmb.records import (
@@ -386,34 +386,29 @@ def loss_problems(b: Bundle, path: str, r: Result) -> list[str]:
     return []
 
 
-def peak_problems(b: Bundle, path: str, r: dict) -> list[str]:
+def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
     """The peak behind the MFU is llmb's table figure for the device and label, or one declared by the plugin for a
     device the table lacks (with a source); and no MFU is above 100%."""
-    problems = peaks.mfu_problems(r.get("mfu") if isinstance(r.get("mfu"), (int, float)) else None)
-    recorded, label = r.get("peak_flops"), r["precision"]["effective"]
-    entry = peaks.match(str(r["device"].get("name", "")))
-    info = r.get("peak") if isinstance(r.get("peak"), dict) else {}
+    problems = peaks.mfu_problems(r.mfu)
+    recorded, label = r.peak_flops, r.precision.effective
+    entry = peaks.match(r.device.name)
     if entry is not None:
         known = entry.peaks.get(label)
         if recorded != known:
             problems.append(f"peak {recorded!r} for {entry.label} {label}, llmb's table says {known!r}")
     elif recorded is not None:
-        if info.get("origin") != peaks.ORIGIN_DECLARED or not str(info.get("source") or "").strip():
+        if r.peak is None or r.peak.origin != peaks.ORIGIN_DECLARED or not (r.peak.source or "").strip():
             problems.append(f"peak {recorded!r} for a device llmb's table lacks, not marked declared by plugin")
     return problems
 
 
-def optimizer_record_problems(b: Bundle, path: str, r: dict) -> list[str]:
+def optimizer_record_problems(b: Bundle, path: str, r: Result) -> list[str]:
     """The recorded optimizer is torch.optim.AdamW with the fixed hyperparameters (re-checked, not trusted)."""
-    from llmb.train import ADAMW_HYPERPARAMETERS
-
-    optimizer = r.get("optimizer") if isinstance(r.get("optimizer"), dict) else {}
     problems = []
-    if optimizer.get("class") != "torch.optim.adamw.AdamW":
-        problems.append(f"optimizer {optimizer.get('class')!r} is not torch.optim.adamw.AdamW")
-    defaults = optimizer.get("defaults") if isinstance(optimizer.get("defaults"), dict) else {}
+    if r.optimizer.class_name != "torch.optim.adamw.AdamW":
+        problems.append(f"optimizer {r.optimizer.class_name!r} is not torch.optim.adamw.AdamW")
     for key, fixed in ADAMW_HYPERPARAMETERS.items():
-        got = defaults.get(key)
+        got = r.optimizer.defaults.get(key)
         if (tuple(got) if isinstance(got, list) else got) != fixed:
             problems.append(f"optimizer {key} recorded {got!r}, fixed value is {fixed!r}")
     return problems
