@@ -134,3 +134,17 @@ def test_a_declared_peak_only_for_a_device_the_table_lacks():
     )
     assert peaks.choose("Acme Turbo 9000", "BF16", declared=5e14).flops is None  # no source, no MFU
     assert peaks.mfu_problems(1.2) and not peaks.mfu_problems(0.4) and not peaks.mfu_problems(None)
+
+
+def test_reports_say_declared_by_plugin_with_the_source():
+    from dataclasses import replace
+
+    from records_factory import make_result
+
+    from llmb import records, report
+
+    declared = records.PeakInfo(flops=1e12, source="https://acme.example/sheet", origin=peaks.ORIGIN_DECLARED)
+    record = replace(make_result(), peak=declared, peak_flops=1e12)
+    point = report.point_from_record(record, None, "x.json")
+    assert point.peak == "peak 1 TFLOP/s, declared by plugin: https://acme.example/sheet"
+    assert peaks.declared(record) and peaks.declared(record.to_dict())
