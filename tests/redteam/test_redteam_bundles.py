@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmb import manifest, submission, verify
+from llmb.records import Result
 
 REFERENCE = Path(__file__).resolve().parents[2] / "submissions" / "llmb" / "cpu-reference"
 
@@ -98,10 +99,10 @@ def test_an_honestly_declared_peak_is_accepted_and_the_summary_says_declared_by_
     for path in results(bundle):
         edit_json(path, lambda r: _declare_peak(r, 1e12, "declared by plugin"))
     sub = json.loads((bundle / "submission.json").read_text())
-    records = [json.loads(p.read_text()) for p in results(bundle)]
+    records = [Result.from_dict(json.loads(p.read_text())) for p in results(bundle)]
     (bundle / "summary.md").write_text(submission.render_summary(sub, records))
     found = failing(bundle)
     assert "peak and MFU" not in found, found
     summary = (bundle / "summary.md").read_text()
     assert "(peak declared by plugin)" in summary
-    assert "Peak declared by plugin, FP32: peak 1 TFLOP/s, declared by plugin: https://acme.example" in summary
+    assert "- FP32: peak 1 TFLOP/s, declared by plugin: https://acme.example" in summary
