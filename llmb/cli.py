@@ -376,6 +376,32 @@ def _run_one(options: runner.RunOptions) -> runner.Result | None:
         return runner.run(options, RichProgress(progress, options.precision))
 
 
+def oversubscribed(record: runner.Result) -> str | None:
+    """Why the host looks oversubscribed (its 1-minute load average above the threads torch was given), or None.
+
+    The load counts the run's own threads, so a load above them means other work competed for the cores: a quick
+    start on a busy machine measured 23 tokens/s where an idle one gives 524.
+    """
+    host = record.host
+    if host is None or not host.load_average_end:
+        return None
+    threads = (record.threads_per_rank or [0])[0] or torch_threads()
+    cpus = len(host.cpu_affinity) if host.cpu_affinity else host.cpu_count
+    load = max(host.load_average_start[:1] + host.load_average_end[:1])
+    if threads and load > max(threads, 1) + 0.5 and load > (cpus or 0) * 0.9:
+        return (
+            f"load average {load:.1f} with torch on {threads} thread(s) and {cpus} CPUs: other processes competed "
+            "for the cores, so this figure is low; rerun on an idle host, or give torch fewer threads (-O threads=1)"
+        )
+    return None
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _print_record(record: runner.Result, path: Path) -> None:
     prec = record.precision
     table = term.table(f"llmb {record.plugin.name} on {record.device.name}", show_header=False)
@@ -423,6 +449,9 @@ def _print_record(record: runner.Result, path: Path) -> None:
     for name, value in rows:
         term.row(table, name, value)  # plugin names and settings are text, never rich markup
     console.print(table)
+    busy = oversubscribed(record)
+    if busy:
+        term.say((f"BUSY HOST: {busy}", "bold yellow"))
     warning = record.repeat_spread_warning()
     if warning:
         term.say((f"NOISY: {warning}", "bold yellow"))
@@ -879,7 +908,14 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
 
 @cli.command(name="check-plugin")
 @plugin_options
-@click.option("--precision", "precision_name", default="FP32", show_default=True, help="FP32, TF32, FP16 or BF16.")
+@click.option(
+    "--precision",
+    "precision_name",
+    default="FP32",
+    show_default=True,
+    help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports; one record each, "
+    "named like conformance-bf16.json).",
+)
 @click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(precision.MODES))
 @click.option("--preset", default="tiny", show_default=True, type=click.Choice(conformance.CONFORMANCE_PRESETS))
 @click.option(
@@ -896,22 +932,32 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
 def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
     """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
     check_writable(out.parent)  # before the check runs, not after
-    with err_console.status("running the candidate and the reference"):
-        record = conformance.check_plugin(
-            plugin,
-            device,
-            precision_name.upper(),
-            mode,
-            settings=parse_options(options),
-            preset=preset,
-            steps=steps,
-            batch_size=batch_size,
-            seed=seed,
-        )
-    path = conformance.write(record, out)
-    conformance.print_table(record, console)
-    term.say(f"conformance record written to {path}")
-    if not record.passed:
+    requested = precision_name.upper()
+    if requested == "ALL":  # as run and sweep take it: every precision the plugin supports
+        supported = runner.select_plugin(plugin).precisions()
+        names = [p for p in precision.PRECISIONS if p in supported]
+    else:
+        names = [requested]
+    passed = True
+    for name in names:
+        with err_console.status(f"{name}: running the candidate and the reference"):
+            record = conformance.check_plugin(
+                plugin,
+                device,
+                name,
+                mode,
+                settings=parse_options(options),
+                preset=preset,
+                steps=steps,
+                batch_size=batch_size,
+                seed=seed,
+            )
+        target = out if len(names) == 1 else out.with_name(f"{out.stem}-{name.lower()}{out.suffix}")
+        path = conformance.write(record, target)
+        conformance.print_table(record, console)
+        term.say(f"conformance record written to {path}")
+        passed = passed and record.passed
+    if not passed:
         sys.exit(1)
 
 

@@ -587,7 +587,9 @@ def _figure():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise LlmbError("plots need matplotlib: pip install 'llmb[report]'") from None
+        raise LlmbError(
+            "plots need matplotlib (an llmb dependency; this install lacks it): pip install matplotlib"
+        ) from None
     fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
     return fig, fig.subplots()
 
@@ -866,6 +868,9 @@ def report(
     inputs = load(paths)
     for line in inputs.skipped if warn is not None else []:  # every file left out is named
         warn(line)
+    labels = sorted({p.label for p in inputs.points})
+    if baseline and baseline not in labels:  # a typo must not read as "no baseline" with exit 0
+        raise UsageError(f"--baseline {baseline!r} is no method in these results (methods: {', '.join(labels)})")
     tables = build_tables(inputs.points, baseline)
     if baseline and not any(t.name == "methods" for t in tables):
         raise UsageError(f"--baseline {baseline!r}: no comparison table (it needs two methods on the same device)")

@@ -245,6 +245,7 @@ def debug_reasons(record: Result) -> list[str]:
 def select_results(records: list[Result], options: PackageOptions) -> tuple[list[Result], list[str]]:
     """The results the bundle takes, and one line for each it leaves out."""
     kept, skipped, seen = [], [], set()
+    left_out: dict[str, list[str]] = {}
     for record in records:
         reasons = debug_reasons(record)
         shape_only = reasons == ["debug shape"]
@@ -255,7 +256,10 @@ def select_results(records: list[Result], options: PackageOptions) -> tuple[list
             seen.add(record.run_id)
         else:
             hint = "--allow-debug-shapes" if shape_only else "--include-debug"
-            skipped.append(f"{record.run_id}: {'; '.join(reasons)} (left out; {hint} keeps it)")
+            left_out.setdefault(f"{'; '.join(reasons)} (left out; {hint} keeps them)", []).append(record.run_id)
+    for reason, ids in left_out.items():  # each reason once, with its count: 25 debug runs are one line
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        skipped.append(f"{len(ids)} run(s) ({shown}): {reason}")
     if not kept:
         raise UsageError("no results to submit: " + ("; ".join(skipped) or "no result files found"))
     if not options.include_debug:

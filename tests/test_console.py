@@ -185,3 +185,66 @@ def test_secret_options_env_must_be_an_object(monkeypatch, value):
     monkeypatch.setenv(SECRET_OPTIONS_ENV, value)
     with pytest.raises(LlmbError):
         _secret_options()
+
+
+# Issue 16: the CLI says what it is doing and refuses what it cannot do in one line.
+
+
+def test_oversubscribed_host_is_named():
+    from records_factory import make_result
+
+    from llmb.cli import oversubscribed
+
+    busy = make_result(load_average=20.0, threads_per_rank=[1])
+    assert "load average 20.0" in oversubscribed(busy)
+    assert oversubscribed(make_result(load_average=0.5, threads_per_rank=[1])) is None
+
+
+def test_unknown_baseline_is_a_usage_error_naming_the_methods(tmp_path):
+    from records_factory import make_result
+
+    for tps in (100.0, 120.0):
+        (tmp_path / f"r{tps:.0f}.json").write_text(json.dumps(make_result(tokens_per_second=tps).to_dict()))
+    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--baseline", "foo"])
+    assert result.exit_code == 2, result.output
+    assert "'foo' is no method" in result.output and "methods: cpu" in result.output
+
+
+def test_debug_shapes_refused_once_with_their_count():
+    from records_factory import make_result
+
+    from llmb.submission import PackageOptions, select_results
+
+    records = [make_result(preset="tiny") for _ in range(25)]
+    with pytest.raises(LlmbError) as refused:
+        select_results(records, PackageOptions("Acme", "box", None))
+    message = str(refused.value)
+    assert message.count("debug shape") == 1 and "25 run(s)" in message and "and 20 more" in message
+
+
+def test_project_from_a_debug_run_warns_and_names_the_shape():
+    from records_factory import make_result
+
+    from llmb import project
+
+    comm = {"operation": "all_reduce", "world_size": 2, "results": [{"bytes": 1024, "algbw_bytes_per_second": 1e9}]}
+    shape = project.Shape(layers=2, hidden=4, ffn=16, seq=8, global_batch=4, tp=2, pp=1, dp=2, bytes_per_element=2)
+    p = project.project(shape, make_result(preset="tiny").to_dict(), comm)
+    assert "tiny preset" in p["alpha_measured_at"]
+    assert any("debug run" in w and "tiny preset" in w for w in p["warnings"])
+
+
+def test_check_plugin_takes_precision_all(register_plugin, tmp_path):
+    class Fp32Only:
+        __name__ = "fp32_only"
+
+        @hookimpl
+        def device_types(self):
+            return ["cpu"]
+
+    register_plugin(Fp32Only(), "fp32_only")
+    out = tmp_path / "conformance.json"
+    args = ["check-plugin", "--plugin", "fp32_only", "--precision", "all", "--steps", "2", "--out", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["precision"]["requested"] == "FP32"
