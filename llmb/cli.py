@@ -402,6 +402,21 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def _measured_peak_cell(record: runner.Result) -> str:
+    peak, efficiency = record.measured_matmul_peak, record.matmul_peak_efficiency
+    if not peak:
+        return "n/a (no dense matmul of one precision: FP8)" if record.precision.effective == "FP8" else "n/a"
+    return f"{efficiency:.1%} of {peak / 1e12:.4g} TFLOP/s (llmb peak, this run's GEMMs)"
+
+
+def _compile_cell(record: runner.Result) -> str:
+    timing = record.timing
+    if timing.compile_seconds is None:
+        return "n/a"
+    warmup = timing.warmup_step_seconds
+    return f"{timing.compile_seconds:.2f} s beyond steady steps ({len(warmup)} warmup steps, {sum(warmup):.2f} s)"
+
+
 def _print_record(record: runner.Result, path: Path) -> None:
     prec = record.precision
     table = term.table(f"llmb {record.plugin.name} on {record.device.name}", show_header=False)
@@ -418,9 +433,12 @@ def _print_record(record: runner.Result, path: Path) -> None:
         ("samples/s", f"{record.samples_per_second:,.2f}"),
         ("TFLOP/s per device", f"{record.tflops:.3f}"),
         ("MFU", f"{mfu:.1%} ({peaks.peak_note(record)})" if mfu is not None else "n/a (peak unknown)"),
+        ("MFU", f"{mfu:.1%}" if mfu is not None else "n/a (peak unknown)"),
+        ("of measured matmul peak", _measured_peak_cell(record)),
         ("peak memory", f"{record.peak_memory_bytes / 2**30:.2f} GiB" if record.peak_memory_bytes else "n/a"),
         ("loss", f"{record.loss.initial:.4f} -> {record.loss.last:.4f}"),
         ("timing", f"{record.timing.window_seconds:.3f} s window, {record.timing.method}"),
+        ("compile (warmup)", _compile_cell(record)),
         ("result", str(path)),
     ]
     if len(repeats) > 1:

@@ -424,6 +424,9 @@ class Timing(Typed):
     clock: str | None = None
     worker_window_seconds: float | None = None
     worker_repeat_window_seconds: list[float] | None = None
+    # The warmup steps, each between two syncs, and their cost beyond steady-state steps (tracing, compilation).
+    warmup_step_seconds: list[float] = field(default_factory=list)
+    compile_seconds: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -534,6 +537,11 @@ class Result(Record):
     # (llmb.cleanroom); checked by llmb/bundle_evidence.py, so kept as plain JSON here.
     evidence: dict[str, Any] | None = None
     judge: dict[str, Any] | None = None
+    # The matmul rate this device really reached at this run's GEMMs (llmb.roofline) and the run's model FLOP/s
+    # against it: an efficiency for every device, the CPU included; None for FP8 (no dense matmul of one precision).
+    measured_matmul_peak: float | None = None
+    measured_model_gemm_flops: float | None = None
+    matmul_peak_efficiency: float | None = None
 
     def check(self, path: str) -> None:
         super().check(path)

@@ -24,6 +24,7 @@ from llmb import (
     precision,
     ranks,
     records,
+    roofline,
     sysinfo,
 )
 from llmb.config import official_reasons
@@ -359,13 +360,15 @@ def _run(
 
     progress.phase("warmup", options.warmup_steps)
     services.reset_peak_memory()
-    initial_loss = float(trainer.step())  # a freshly initialised model's loss, for the band guard
+    # Each warmup step between syncs: compilers trace and compile here, and the record keeps that cost apart.
+    loss, seconds = trainer.timed_step()
+    initial_loss, warmup_seconds = float(loss), [seconds]  # a fresh model's loss, for the band guard
     progress.advance()
     audit = audit_session(session)
     audited_state = precision.backend_state(device.type)
     window = WindowAudit(session.model, session.optimizer, device.type, audited_state, options.steps)
     for _ in range(options.warmup_steps - 1):
-        trainer.step()
+        warmup_seconds.append(trainer.timed_step()[1])
         progress.advance()
 
     measurements, busy = [], []
@@ -396,6 +399,13 @@ def _run(
     audit["window"] = window.record()
     peak_memory = services.peak_memory_bytes()
     chosen = median_measurement(measurements)
+    # The roofline in the run's own backend state, at its own GEMM shapes, after the measured window; on rank 0
+    # alone, since the ranks of one host would share its time.
+    matmul = None
+    if session.world is None or session.world.rank == 0:
+        progress.phase("matmul roofline", 1)
+        matmul = roofline.for_run(services, audit["effective"], options.config, options.batch_size)
+        progress.advance()
 
     invalid += loss_problems(options.config, initial_loss, measurements)
     if trainer.scaler is None and trainer.optimizer_steps != trainer.harness_steps:
@@ -475,6 +485,8 @@ def _run(
         trainer=trainer,
         job=job,
         host=host,
+        warmup_seconds=warmup_seconds,
+        matmul=matmul,
     )
     record.evidence = {
         "schema": evidence.SCHEMA,
@@ -544,6 +556,8 @@ def build_record(
     trainer,
     job=None,
     host=None,
+    warmup_seconds: list[float] | None = None,
+    matmul: roofline.Roofline | None = None,
 ) -> Result:
     config = options.config
     effective = audit["effective"]
@@ -621,6 +635,8 @@ def build_record(
             step_seconds=chosen.step_seconds,
             method=chosen.method,
             repeat_window_seconds=[m.window_seconds for m in measurements],
+            warmup_step_seconds=list(warmup_seconds or []),
+            compile_seconds=roofline.compile_seconds(warmup_seconds or [], chosen.window_seconds / options.steps),
         ),
         world_size=job["world_size"],
         nodes=job["nodes"],
@@ -650,6 +666,9 @@ def build_record(
         peak_memory_bytes=peak_memory,
         loss=records.Loss(initial=initial_loss, first=chosen.loss_first, last=chosen.loss_last),
         host=host,
+        measured_matmul_peak=matmul.peak_flops if matmul else None,
+        measured_model_gemm_flops=matmul.model_gemm_flops if matmul else None,
+        matmul_peak_efficiency=roofline.efficiency(tflops, matmul.peak_flops if matmul else None),
     )
 
 

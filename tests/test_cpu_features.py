@@ -22,7 +22,7 @@ def test_the_settings_are_declared():
 @pytest.mark.parametrize("mode", ["selective-ops", "selective-layers"])
 def test_checkpointing_conforms(mode):
     record = conformance.check_plugin("cpu", "cpu", "FP32", settings={"activation_checkpointing": mode}, steps=3)
-    assert record["passed"], conformance.failed_checks(record)
+    assert record.passed, conformance.failed_checks(record)
 
 
 @pytest.mark.skipif(fp8.torchao_unavailable() is not None, reason="torchao float8 cannot run here")
@@ -30,7 +30,7 @@ def test_fp8_run_through_the_plugin_is_labelled_fp8():
     options = runner.RunOptions(
         config=PRESETS["tiny"], preset="tiny", plugin="cpu", steps=2, warmup_steps=1, settings={"fp8": "rowwise"}
     )
-    record = runner.run(options)
+    record = runner.run(options).to_dict()
     assert record["precision"]["effective"] == "FP8" and record["mfu"] is None
     facts = {f["name"]: f for f in record["precision"]["audit"]["backend"]}
     assert facts["llmb.fp8"]["value"] == "rowwise" and facts["llmb.fp8"]["implies"] == "FP8"
