@@ -132,6 +132,8 @@ def run_llmb(spec: dict) -> dict:
         "window_seconds": record["timing"]["window_seconds"],
         "step_seconds": record["timing"]["step_seconds"],
         "timing_method": record["timing"]["method"],
+        "compile_seconds": record["timing"].get("compile_seconds"),
+        "warmup_step_seconds": record["timing"].get("warmup_step_seconds"),
         "peak_memory_bytes": record["peak_memory_bytes"],
         "loss_first": record["loss"]["first"],
         "loss_last": record["loss"]["last"],

@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from multiprocessing.connection import Client, Listener
 
 from llmb import evidence, flops
@@ -43,25 +42,11 @@ def in_process() -> bool:
 
 
 def installed_plugins() -> list[dict]:
-    """Every installed llmb plugin with its distribution and version, read from metadata (nothing is imported)."""
-    found = [{"name": "cpu", "distribution": "llmb", "version": _llmb_version(), "builtin": True}]
-    for ep in entry_points(group="llmb"):
-        dist = ep.dist
-        found.append(
-            {
-                "name": ep.name,
-                "distribution": dist.name if dist else "unknown",
-                "version": dist.version if dist else "unknown",
-                "entry_point": ep.value,
-            }
-        )
-    return found
+    """Every installed llmb plugin with its distribution and version, read from metadata (nothing is imported):
+    llmb.plugins.installed, the one list of installed plugins."""
+    from llmb.plugins import installed_records
 
-
-def _llmb_version() -> str:
-    from llmb import __version__
-
-    return __version__
+    return installed_records()
 
 
 @dataclass

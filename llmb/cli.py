@@ -16,7 +16,7 @@ from rich.text import Text
 
 # Only what --help needs is imported here: torch (about 6 s to import on a loaded machine) and the modules that
 # import it are imported inside the commands that train, so `llmb --help` and `llmb CMD --help` answer at once.
-from llmb import bounds, names
+from llmb import bounds, names, peaks
 from llmb import console as term
 from llmb.errors import LlmbError
 from llmb.settings import parse_options
@@ -389,6 +389,47 @@ def _run_one(options):
         return runner.run(options, RichProgress(progress, options.precision))
 
 
+def oversubscribed(record: Result) -> str | None:
+    """Why the host looks oversubscribed (its 1-minute load average above the threads torch was given), or None.
+
+    The load counts the run's own threads, so a load above them means other work competed for the cores: a quick
+    start on a busy machine measured 23 tokens/s where an idle one gives 524.
+    """
+    host = record.host
+    if host is None or not host.load_average_end:
+        return None
+    threads = (record.threads_per_rank or [0])[0] or torch_threads()
+    cpus = len(host.cpu_affinity) if host.cpu_affinity else host.cpu_count
+    load = max(host.load_average_start[:1] + host.load_average_end[:1])
+    if threads and load > max(threads, 1) + 0.5 and load > (cpus or 0) * 0.9:
+        return (
+            f"load average {load:.1f} with torch on {threads} thread(s) and {cpus} CPUs: other processes competed "
+            "for the cores, so this figure is low; rerun on an idle host, or give torch fewer threads (-O threads=1)"
+        )
+    return None
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _measured_peak_cell(record: Result) -> str:
+    peak, efficiency = record.measured_matmul_peak, record.matmul_peak_efficiency
+    if not peak:
+        return "n/a (no dense matmul of one precision: FP8)" if record.precision.effective == "FP8" else "n/a"
+    return f"{efficiency:.1%} of {peak / 1e12:.4g} TFLOP/s (llmb peak, this run's GEMMs)"
+
+
+def _compile_cell(record: Result) -> str:
+    timing = record.timing
+    if timing.compile_seconds is None:
+        return "n/a"
+    warmup = timing.warmup_step_seconds
+    return f"{timing.compile_seconds:.2f} s beyond steady steps ({len(warmup)} warmup steps, {sum(warmup):.2f} s)"
+
+
 def _print_record(record: Result, path: Path) -> None:
     prec = record.precision
     table = term.table(f"llmb {record.plugin.name} on {record.device.name}", show_header=False)
@@ -404,10 +445,12 @@ def _print_record(record: Result, path: Path) -> None:
         ("tokens/s", f"{record.tokens_per_second:,.1f}"),
         ("samples/s", f"{record.samples_per_second:,.2f}"),
         ("TFLOP/s per device", f"{record.tflops:.3f}"),
-        ("MFU", f"{mfu:.1%}" if mfu is not None else "n/a (peak unknown)"),
+        ("MFU", f"{mfu:.1%} ({peaks.peak_note(record)})" if mfu is not None else "n/a (peak unknown)"),
+        ("of measured matmul peak", _measured_peak_cell(record)),
         ("peak memory", f"{record.peak_memory_bytes / 2**30:.2f} GiB" if record.peak_memory_bytes else "n/a"),
         ("loss", f"{record.loss.initial:.4f} -> {record.loss.last:.4f}"),
         ("timing", f"{record.timing.window_seconds:.3f} s window, {record.timing.method}"),
+        ("compile (warmup)", _compile_cell(record)),
         ("result", str(path)),
     ]
     if len(repeats) > 1:
@@ -436,6 +479,9 @@ def _print_record(record: Result, path: Path) -> None:
     for name, value in rows:
         term.row(table, name, value)  # plugin names and settings are text, never rich markup
     console.print(table)
+    busy = oversubscribed(record)
+    if busy:
+        term.say((f"BUSY HOST: {busy}", "bold yellow"))
     warning = record.repeat_spread_warning()
     if warning:
         term.say((f"NOISY: {warning}", "bold yellow"))
@@ -901,7 +947,14 @@ def report_command(paths, fmt, out, plot_dir, baseline) -> None:
 
 @cli.command(name="check-plugin")
 @plugin_options
-@click.option("--precision", "precision_name", default="FP32", show_default=True, help="FP32, TF32, FP16 or BF16.")
+@click.option(
+    "--precision",
+    "precision_name",
+    default="FP32",
+    show_default=True,
+    help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports; one record each, "
+    "named like conformance-bf16.json).",
+)
 @click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(names.MODES))
 @click.option("--preset", default="tiny", show_default=True, type=click.Choice(names.CONFORMANCE_PRESETS))
 @click.option(
@@ -921,22 +974,34 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     from llmb.results import check_writable
 
     check_writable(out.parent)  # before the check runs, not after
-    with err_console.status("running the candidate and the reference"):
-        record = conformance.check_plugin(
-            plugin,
-            device,
-            precision_name.upper(),
-            mode,
-            settings=parse_options(options),
-            preset=preset,
-            steps=steps,
-            batch_size=batch_size,
-            seed=seed,
-        )
-    path = conformance.write(record, out)
-    conformance.print_table(record, console)
-    term.say(f"conformance record written to {path}")
-    if not record.passed:
+    requested = precision_name.upper()
+    if requested == "ALL":  # as run and sweep take it: every precision the plugin supports
+        from llmb.plugins import call, select_backend
+
+        supported = call(select_backend(plugin).backend.precisions)
+        chosen = [p for p in names.PRECISIONS if p in supported]
+    else:
+        chosen = [requested]
+    passed = True
+    for name in chosen:
+        with err_console.status(f"{name}: running the candidate and the reference"):
+            record = conformance.check_plugin(
+                plugin,
+                device,
+                name,
+                mode,
+                settings=parse_options(options),
+                preset=preset,
+                steps=steps,
+                batch_size=batch_size,
+                seed=seed,
+            )
+        target = out if len(chosen) == 1 else out.with_name(f"{out.stem}-{name.lower()}{out.suffix}")
+        path = conformance.write(record, target)
+        conformance.print_table(record, console)
+        term.say(f"conformance record written to {path}")
+        passed = passed and record.passed
+    if not passed:
         sys.exit(1)
 
 

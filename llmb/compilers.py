@@ -24,7 +24,10 @@ THUNDER = "thunder"
 def thunder_unavailable() -> str | None:
     """Why Thunder cannot run with this torch (one line), or None when it imports."""
     if importlib.util.find_spec("thunder") is None:
-        return "lightning-thunder is not installed (pip install lightning-thunder==0.2.6 with torch==2.9.0)"
+        return (
+            f"lightning-thunder is not installed; its newest release (0.2.6) needs torch 2.9 (this is torch "
+            f"{torch.__version__}): pip install torch==2.9.0 lightning-thunder==0.2.6, or tox -e thunder"
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # it warns about every optional executor it does not find

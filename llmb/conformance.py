@@ -7,6 +7,8 @@ through the built-in cpu plugin with no settings, in FP32, with no post-processi
 
 - parameter-names: the parameter count, names and shapes are unchanged (after normalising wrapper names, below);
 - fingerprint: the installed model definition is the released one;
+- identities: torch's entry points, AdamW, the global hook registries, the aten kernels and llmb's own code and
+  constants are the objects they were before any plugin was imported (llmb.guard);
 - optimizer: exactly torch.optim.AdamW with the fixed hyperparameters over every parameter, none frozen, its
   `step` not replaced on the instance (checked after post-processing and again after the K steps);
 - optimizer-steps: AdamW's own step post-hook counted as many steps as the harness's loop made;
@@ -63,8 +65,9 @@ from pathlib import Path
 
 import torch
 
-from llmb import precision
+from llmb import guard, precision
 from llmb.config import PRESETS
+from llmb.dispatch_audit import DtypeRecorder
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import count_parameters
@@ -126,7 +129,7 @@ class Trace:
     names: list[str]
     shapes: dict[str, tuple[int, ...]]
     loss: float
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     losses: list[float]
     gradients: dict[str, torch.Tensor | None]
     initial: dict[str, torch.Tensor]
@@ -136,6 +139,7 @@ class Trace:
     optimizer_problems: list[str]
     optimizer_steps: int
     harness_steps: int
+    identity_problems: list[str]
 
 
 def _host(tensor: torch.Tensor) -> torch.Tensor:
@@ -153,19 +157,24 @@ def trace(session: Session, steps: int) -> Trace:
     named = _named_parameters(model)
     initial = {name: _host(p) for name, p in named}
     with trainer._autocast():  # the run's own autocast, so the forward is the one the loop runs
-        loss, logits = model(trainer.batch, labels=trainer.batch)
-    loss, logits = float(loss.detach()), _host(logits)
-    losses = [float(trainer.step())]
+        output = model(trainer.batch, labels=trainer.batch)
+    # A forward that returns no logits fails forward-logits below; it must not crash the check.
+    loss, logits = output if isinstance(output, tuple) and len(output) == 2 else (output, None)
+    loss, logits = float(loss.detach()), (_host(logits) if isinstance(logits, torch.Tensor) else None)
+    recorder = DtypeRecorder()  # what the matmuls of this first step really computed in, at this shape
+    with recorder:
+        losses = [float(trainer.step())]
     # After the first step the gradients are still there (zero_grad comes at the start of the next step), and a
     # GradScaler has unscaled them in place before AdamW ran.
     gradients = {name: (_host(p.grad) if p.grad is not None else None) for name, p in named}
-    audit = audit_session(session)
+    audit = precision.with_dispatch(audit_session(session), recorder.record.to_dict())
     losses += [float(trainer.step()) for _ in range(steps - 1)]
     session.backend.synchronize(session.device)
     problems = [p.removeprefix("optimizer: ") for p in session.invalid if p.startswith("optimizer: ")]
     problems += optimizer_problems(session.optimizer, model)  # again after the steps: a forward may change it
     if "step" in vars(session.optimizer):
         problems.append("optimizer.step was replaced on the optimizer instance")
+    identity = [p for p in session.invalid if p.startswith("identity ")] + guard.problems("after the steps")
     return Trace(
         count=count_parameters(model),
         names=[name for name, _ in named],
@@ -181,6 +190,7 @@ def trace(session: Session, steps: int) -> Trace:
         optimizer_problems=list(dict.fromkeys(problems)),
         optimizer_steps=trainer.optimizer_steps,
         harness_steps=trainer.harness_steps,
+        identity_problems=list(dict.fromkeys(identity)),
     )
 
 
@@ -238,6 +248,17 @@ def compare(candidate: Trace, reference: Trace, requested: str, mode: str) -> li
             0,
         )
     )
+    changed = candidate.identity_problems
+    checks.append(
+        Check(
+            "identities",
+            not changed,
+            "; ".join(changed) or "torch's entry points, AdamW, hook registries, aten kernels and llmb as before "
+            "any plugin was imported",
+            len(changed),
+            0,
+        )
+    )
     steps_ok = candidate.optimizer_steps == candidate.harness_steps == len(reference.losses)
     checks.append(
         Check(
@@ -262,7 +283,11 @@ def compare(candidate: Trace, reference: Trace, requested: str, mode: str) -> li
 
     loss_error = abs(candidate.loss - reference.loss) / abs(reference.loss)
     checks.append(_within("forward-loss", loss_error, tol.loss, f"loss {candidate.loss:.6f} vs {reference.loss:.6f}"))
-    checks.append(_within("forward-logits", relative_error(candidate.logits, reference.logits), tol.logits, "logits"))
+    if candidate.logits is None:
+        checks.append(Check("forward-logits", False, "the forward pass returned no logits tensor", None, tol.logits))
+    else:
+        logits_error = relative_error(candidate.logits, reference.logits)
+        checks.append(_within("forward-logits", logits_error, tol.logits, "logits"))
     checks.append(_worst("gradients", candidate.gradients, reference.gradients, tol.gradients, "gradients"))
     curve = [abs(c - r) / abs(r) for c, r in zip(candidate.losses, reference.losses, strict=True)]
     curve_error = max(curve) if all(math.isfinite(c) for c in candidate.losses) else math.inf
@@ -310,13 +335,14 @@ def _restored_global_state() -> Iterator[None]:
     The reference's own preparation resets the matmul switches (`precision.apply_backend_recipe`); this covers
     the rest that changes what the reference computes or how fast.
     """
-    dtype, threads, matmul = torch.get_default_dtype(), torch.get_num_threads(), torch.get_float32_matmul_precision()
+    dtype, threads, matmul = torch.get_default_dtype(), torch.get_num_threads(), precision.matmul_precision_setting()
     try:
         yield
     finally:
         torch.set_default_dtype(dtype)
         torch.set_num_threads(threads)
-        torch.set_float32_matmul_precision(matmul)
+        if not matmul.startswith("unreadable"):  # per-backend switches that disagree: the reference resets them
+            torch.set_float32_matmul_precision(matmul)
 
 
 def reference_options(options: RunOptions) -> RunOptions:

@@ -1,9 +1,17 @@
-"""The release manifest: sha256 of every file of the llmb package, shipped inside it.
+"""The release manifest: sha256 of every file of the llmb package, shipped inside it, and the known releases.
 
 A submission bundle diffs the installed llmb against it, so a reviewer sees every change a submitter made to the
 harness. Regenerate it after changing any file under llmb/ with::
 
     python -m llmb.manifest --write
+
+Writing the manifest in llmb's own tree is the release act: it also records the manifest in `llmb/releases.json`,
+the list of every released manifest (digest and file hashes) that llmb ships. `llmb verify` trusts only the list of
+the installation it runs from: a bundle made against a manifest that is not on it (a submitter edited
+llmb/train.py and wrote the manifest in their own copy) is compared with the nearest known release, and its
+changes are diffs against that release, never "the release". Like the manifest, the list is generated: on a
+conflict, `python scripts/releases_from_git.py main` rebuilds it from main's history and `--write` adds the manifest
+being landed.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.records import RELEASE_MANIFEST_SCHEMA
 
 MANIFEST_NAME = "release_manifest.json"
+RELEASES_NAME = "releases.json"
+RELEASES_SCHEMA = "llmb.releases/1"
 PACKAGE_DIR = Path(__file__).resolve().parent
 MODEL_PATH = "llmb/model.py"
 LOOP_PATH = "llmb/train.py"
@@ -40,14 +50,15 @@ def sha256_file(path: Path) -> str:
 def package_files(package_dir: Path = PACKAGE_DIR) -> dict[str, Path]:
     """Every file the package ships, by its path relative to the package's parent ("llmb/model.py").
 
-    Left out: byte code, hidden files and the manifest itself (it cannot hash itself).
+    Left out: byte code, hidden files, the manifest itself (it cannot hash itself) and the list of releases (which
+    holds the manifest's digest).
     """
     files = {}
     for path in sorted(package_dir.rglob("*")):
         relative = path.relative_to(package_dir)
         if path.is_dir() or any(part.startswith(".") or part == "__pycache__" for part in relative.parts):
             continue
-        if path.suffix in (".pyc", ".pyo") or relative.as_posix() == MANIFEST_NAME:
+        if path.suffix in (".pyc", ".pyo") or relative.as_posix() in (MANIFEST_NAME, RELEASES_NAME):
             continue
         files[f"{package_dir.name}/{relative.as_posix()}"] = path
     return files
@@ -77,6 +88,51 @@ def problems(manifest: dict) -> list[str]:
     return []
 
 
+def digest(manifest: dict) -> str:
+    """A manifest's identity: sha256 of its file table in canonical JSON (the version string is not part of it)."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    return sha256_bytes(json.dumps(files, sort_keys=True, separators=(",", ":")).encode("utf-8"))
+
+
+def releases(package_dir: Path = PACKAGE_DIR) -> list[dict]:
+    """Every released manifest this installation knows: {"llmb_version", "digest", "files"}, oldest first."""
+    try:
+        data = json.loads((package_dir / RELEASES_NAME).read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for r in data.get("releases", []) if isinstance(r, dict) and isinstance(r.get("files"), dict)]
+
+
+def known_release(manifest: dict, package_dir: Path = PACKAGE_DIR) -> dict | None:
+    """The known release whose file table is exactly this manifest's, or None."""
+    wanted = digest(manifest)
+    return next((r for r in releases(package_dir) if r.get("digest") == wanted and digest(r) == wanted), None)
+
+
+def nearest_release(files: dict[str, str], package_dir: Path = PACKAGE_DIR) -> tuple[dict | None, list[str]]:
+    """The known release that the given file hashes are closest to (most files equal, newest on a tie), and the
+    files that differ from it: changed, added or missing."""
+    best, best_changed = None, []
+    for release in releases(package_dir):
+        known = release["files"]
+        changed = sorted(p for p in set(known) | set(files) if known.get(p) != files.get(p))
+        if best is None or len(changed) <= len(best_changed):
+            best, best_changed = release, changed
+    return best, best_changed
+
+
+def record_release(manifest: dict, package_dir: Path = PACKAGE_DIR) -> bool:
+    """Add a manifest to the list of releases (once); True if it was new."""
+    from llmb.results import write_json_atomic
+
+    if known_release(manifest, package_dir) is not None:
+        return False
+    entry = {"llmb_version": manifest.get("llmb_version"), "digest": digest(manifest), "files": manifest["files"]}
+    listed = releases(package_dir) + [entry]
+    write_json_atomic(package_dir / RELEASES_NAME, {"schema": RELEASES_SCHEMA, "releases": listed})
+    return True
+
+
 def write(package_dir: Path = PACKAGE_DIR) -> Path:
     from llmb.results import write_json_atomic
 
@@ -84,7 +140,9 @@ def write(package_dir: Path = PACKAGE_DIR) -> Path:
     refused = problems(manifest)
     if refused:
         raise SystemExit(f"refusing to write the release manifest: {refused[0]}")
-    return write_json_atomic(package_dir / MANIFEST_NAME, manifest)
+    path = write_json_atomic(package_dir / MANIFEST_NAME, manifest)
+    record_release(manifest, package_dir)
+    return path
 
 
 def stale_files(package_dir: Path = PACKAGE_DIR) -> list[str]:

@@ -90,6 +90,10 @@ def installed_records() -> list[dict]:
 def load(names: Iterable[str] | None = None) -> None:
     """Import and register the named installed plugins (all when None), each once. A plugin that fails to import is
     recorded in `load_errors`, never raised: a broken third-party plugin must not break llmb."""
+    # Before any plugin module runs: what the benchmark depends on, to compare after the plugin had its turn.
+    from llmb import guard  # here, not at the top: `import llmb.plugins` loads no torch
+
+    guard.ensure_baseline()
     wanted = None if names is None else set(names)
     for info in installed():
         if wanted is not None and info.name not in wanted:

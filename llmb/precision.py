@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -19,9 +20,9 @@ from llmb.backend import PrecisionFact  # noqa: F401
 from llmb.names import MODES, PRECISIONS  # noqa: F401
 
 # Lowest format last. FP8 is not a benchmark precision: a run that shows it cannot be labelled with any of the four.
-RANK = {"FP32": 0, "TF32": 1, "FP16": 2, "BF16": 3, "FP8": 4}
-HALF_DTYPES = {"FP16": torch.float16, "BF16": torch.bfloat16}
-DTYPE_FORMAT = {
+RANK = MappingProxyType({"FP32": 0, "TF32": 1, "FP16": 2, "BF16": 3, "FP8": 4})
+HALF_DTYPES = MappingProxyType({"FP16": torch.float16, "BF16": torch.bfloat16})
+_DTYPE_FORMAT = {
     torch.float64: "FP32",
     torch.float32: "FP32",
     torch.float16: "FP16",
@@ -29,7 +30,10 @@ DTYPE_FORMAT = {
 }
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
     if hasattr(torch, _name):
-        DTYPE_FORMAT[getattr(torch, _name)] = "FP8"
+        _DTYPE_FORMAT[getattr(torch, _name)] = "FP8"
+# Read-only, like every constant that judges a run (llmb.guard also compares their values).
+DTYPE_FORMAT = MappingProxyType(_DTYPE_FORMAT)
+del _DTYPE_FORMAT
 
 # Relative Frobenius error of a 256x256x256 FP32 matmul against float64, measured on this project's CPU:
 # IEEE FP32 ~3e-7, BF16 inputs ~2.3e-3 to 2.9e-3, FP16 inputs ~4e-4; TF32 has FP16's 10-bit mantissa, so ~4e-4.
@@ -94,39 +98,65 @@ def _read(getter) -> Any:
         return f"unreadable: {exc.__class__.__name__}"
 
 
-_SWITCH_FORMAT = {"ieee": None, "none": None, "tf32": "TF32", "bf16": "BF16"}
-_MATMUL_PRECISION_FORMAT = {"highest": None, "high": "TF32", "medium": "BF16"}
+_SWITCH_FORMAT = MappingProxyType({"ieee": None, "none": None, "tf32": "TF32", "bf16": "BF16"})
+_MATMUL_PRECISION_FORMAT = MappingProxyType({"highest": None, "high": "TF32", "medium": "BF16"})
 
 
 # Which per-backend fp32_precision switches govern each device type's kernels (oneDNN serves CPU and XPU; the
 # CUDA switches serve NVIDIA and ROCm). Other device types (xla, ...) report their own state through the plugin.
-_BACKEND_SWITCHES = {
-    "cpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"),
-    "xpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"),
-    "cuda": ("cuda.matmul", "cudnn.conv", "cudnn.rnn"),
-}
+_BACKEND_SWITCHES = MappingProxyType(
+    {
+        "cpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"),
+        "xpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"),
+        "cuda": ("cuda.matmul", "cudnn.conv", "cudnn.rnn"),
+    }
+)
+# Every per-backend switch, for the cheap per-step state check (whatever the device type).
+_ALL_SWITCHES = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def matmul_precision_setting() -> str:
+    """torch's global float32 matmul precision, or "unreadable: ..." where torch refuses to say: it raises when the
+    per-backend fp32_precision switches disagree (a plugin set one of them, e.g. cudnn.conv, as it may)."""
+    return _read(torch.get_float32_matmul_precision)
+
+
+def _switch(path: str):
+    holder = torch.backends
+    for part in path.split("."):
+        holder = getattr(holder, part, None)
+    return getattr(holder, "fp32_precision", None) if holder is not None else None
+
+
+# Switches that govern matmuls; the others (conv, rnn) govern layers the fixed model does not have, so they are
+# recorded without an implication (a convolution that did run would show in the dispatch record).
+MATMUL_SWITCHES = frozenset(
+    {
+        "torch.float32_matmul_precision",
+        "torch.backends.cuda.matmul.fp32_precision",
+        "torch.backends.mkldnn.matmul.fp32_precision",
+        "torch.backends.cuda.matmul.allow_tf32",
+    }
+)
 
 
 def backend_flag_facts(device: torch.device) -> list[PrecisionFact]:
     """What torch's global and per-backend switches allow for FP32 matmuls on this device type."""
     b = torch.backends
-    mm = torch.get_float32_matmul_precision()
+    mm = matmul_precision_setting()
     facts = [PrecisionFact("torch.float32_matmul_precision", mm, _MATMUL_PRECISION_FORMAT.get(mm))]
-    switches = _BACKEND_SWITCHES.get(device.type, ())
-    for path in switches:
-        holder = b
-        for part in path.split("."):
-            holder = getattr(holder, part, None)
-        if holder is not None and hasattr(holder, "fp32_precision"):
-            value = holder.fp32_precision
-            facts.append(PrecisionFact(f"torch.backends.{path}.fp32_precision", value, _SWITCH_FORMAT.get(value)))
+    for path in _BACKEND_SWITCHES.get(device.type, ()):
+        value = _switch(path)
+        if value is not None:
+            name = f"torch.backends.{path}.fp32_precision"
+            facts.append(PrecisionFact(name, value, _SWITCH_FORMAT.get(value) if name in MATMUL_SWITCHES else None))
     if device.type == "cuda":
         for name, getter in (
             ("torch.backends.cuda.matmul.allow_tf32", lambda: b.cuda.matmul.allow_tf32),
             ("torch.backends.cudnn.allow_tf32", lambda: b.cudnn.allow_tf32),
         ):
             value = _read(getter)
-            facts.append(PrecisionFact(name, value, "TF32" if value is True else None))
+            facts.append(PrecisionFact(name, value, "TF32" if value is True and name in MATMUL_SWITCHES else None))
         for name, getter in (
             ("allow_fp16_reduced_precision_reduction", lambda: b.cuda.matmul.allow_fp16_reduced_precision_reduction),
             ("allow_bf16_reduced_precision_reduction", lambda: b.cuda.matmul.allow_bf16_reduced_precision_reduction),
@@ -134,6 +164,32 @@ def backend_flag_facts(device: torch.device) -> list[PrecisionFact]:
             # These only touch FP16/BF16 GEMMs, whose runs are labelled FP16/BF16 already: recorded, no implication.
             facts.append(PrecisionFact(f"torch.backends.cuda.matmul.{name}", _read(getter), None))
     return facts
+
+
+def backend_state(device_type: str) -> tuple[tuple[str, Any], ...]:
+    """Everything global that changes what a step computes, cheap enough to read after every step: the matmul
+    switches of every backend, autocast, the default dtype, grad mode, and Python-level torch function/dispatch
+    modes (a mode pushed by a plugin could rewrite every operator)."""
+    state: list[tuple[str, Any]] = [("torch.float32_matmul_precision", matmul_precision_setting())]
+    state += [(f"torch.backends.{path}.fp32_precision", _switch(path)) for path in _ALL_SWITCHES]
+    if device_type == "cuda":
+        state.append(("torch.backends.cuda.matmul.allow_tf32", _read(lambda: torch.backends.cuda.matmul.allow_tf32)))
+        state.append(("torch.backends.cudnn.allow_tf32", _read(lambda: torch.backends.cudnn.allow_tf32)))
+    state += [
+        (f"autocast enabled ({device_type})", _read(lambda: torch.is_autocast_enabled(device_type))),
+        (f"autocast dtype ({device_type})", _read(lambda: str(torch.get_autocast_dtype(device_type)))),
+        ("default dtype", str(torch.get_default_dtype())),
+        ("grad enabled", torch.is_grad_enabled()),
+        ("torch function modes", torch._C._len_torch_function_stack()),
+        ("torch dispatch modes", torch._C._len_torch_dispatch_stack()),
+    ]
+    return tuple(state)
+
+
+def state_changes(before: tuple, after: tuple) -> list[str]:
+    """Each entry of backend_state that differs, as "name: before -> after"."""
+    old = dict(before)
+    return [f"{name}: {old.get(name)!r} -> {value!r}" for name, value in after if old.get(name) != value]
 
 
 def tensor_dtypes(tensors) -> dict[str, int]:
@@ -158,11 +214,15 @@ def _format_of_dtype_name(name: str) -> str | None:
     return DTYPE_FORMAT.get(dtype)
 
 
-def matmul_probe(device: torch.device, autocast_dtype: torch.dtype | None, sync) -> dict:
+def matmul_probe(
+    device: torch.device, autocast_dtype: torch.dtype | None, sync, shape: tuple[int, int, int] | None = None
+) -> dict:
     """Multiply FP32 matrices on the device in the run's backend state and compare with float64 on the CPU.
 
     The relative error tells the mantissa width the device really used; a second product with large values
-    overflows FP16's range (65504) but not TF32's or BF16's, which tells the two 10-bit formats apart.
+    overflows FP16's range (65504) but not TF32's or BF16's, which tells the two 10-bit formats apart. Besides the
+    256x256x256 product, ``shape`` (m, k, n) adds one at the model's own sizes, so a backend that picks its kernel
+    by shape is probed where the model computes; the worse of the two errors decides.
     """
     gen = torch.Generator().manual_seed(1234)
     a = torch.randn(256, 256, generator=gen)
@@ -176,8 +236,18 @@ def matmul_probe(device: torch.device, autocast_dtype: torch.dtype | None, sync)
         sync()
         return out.detach().to("cpu", torch.float64)
 
+    def error_of(x: torch.Tensor, y: torch.Tensor) -> float:
+        reference = x.double() @ y.double()
+        return ((product(x, y) - reference).norm() / reference.norm()).item()
+
+    error = error_of(a, b)
+    errors = {"256x256x256": error}
+    if shape is not None:
+        m, k, n = shape
+        model_error = error_of(torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen))
+        errors[f"{m}x{k}x{n}"] = model_error
+        error = max(error, model_error)
     reference = a.double() @ b.double()
-    error = ((product(a, b) - reference).norm() / reference.norm()).item()
     big_result = product(a * big, b * big)
     big_reference = reference * big * big
     range_ok = bool(torch.isfinite(big_result).all()) and (
@@ -193,7 +263,7 @@ def matmul_probe(device: torch.device, autocast_dtype: torch.dtype | None, sync)
         verdict = "BF16"
     else:
         verdict = "FP8"
-    return {"relative_error": error, "fp16_range_overflow": not range_ok, "verdict": verdict}
+    return {"relative_error": error, "errors": errors, "fp16_range_overflow": not range_ok, "verdict": verdict}
 
 
 def audit(
@@ -204,21 +274,36 @@ def audit(
     recipe: Recipe,
     plugin_facts: list[PrecisionFact],
     sync,
+    probe_shape: tuple[int, int, int] | None = None,
 ) -> dict:
-    """Collect every piece of evidence of the numeric format after one training step; return the audit record."""
+    """Collect every piece of evidence of the numeric format after one training step; return the audit record.
+
+    The matmul switches say what a backend is *allowed* to do; the probe shows what it did. Where the switches
+    allow a lower format than the probe found (``"high"`` on a CPU, which has no TF32), the label follows the probe
+    and the record keeps the disagreement. The switches are checked again at every step of the window, so one
+    turned on after this audit does not pass (llmb.window_audit).
+    """
     params = list(model.parameters())
     param_dtypes = tensor_dtypes(params)
     grad_dtypes = tensor_dtypes(p.grad for p in params if p.grad is not None)
     state_dtypes = tensor_dtypes(optimizer_state_tensors(optimizer))
-    facts = backend_flag_facts(device) + list(plugin_facts)
+    flags = backend_flag_facts(device)
+    facts = flags + list(plugin_facts)
     autocast_format = DTYPE_FORMAT.get(recipe.autocast_dtype) if recipe.autocast_dtype else None
-    probe = matmul_probe(device, recipe.autocast_dtype, sync)
+    probe = matmul_probe(device, recipe.autocast_dtype, sync, probe_shape)
 
     evidence: dict[str, str | None] = {}
     for label, counts in (("parameters", param_dtypes), ("gradients", grad_dtypes), ("optimizer_state", state_dtypes)):
         evidence[label] = lowest([_format_of_dtype_name(n) for n in counts])
     evidence["autocast"] = autocast_format
-    for fact in facts:
+    switch_formats = {f.name: f.implies for f in flags if f.implies}
+    allowed = lowest(list(switch_formats.values())) if switch_formats else None
+    disagreement = None
+    if allowed and RANK[allowed] > RANK[probe["verdict"]]:
+        disagreement = {"switches": switch_formats, "allow": allowed, "probe": probe["verdict"], "label": "probe"}
+    else:
+        evidence.update(switch_formats)
+    for fact in plugin_facts:
         if fact.implies:
             evidence[fact.name] = fact.implies
     evidence["matmul_probe"] = probe["verdict"]
@@ -232,8 +317,18 @@ def audit(
         "grad_scaler": recipe.grad_scaler,
         "backend": [{"name": f.name, "value": _jsonable(f.value), "implies": f.implies} for f in facts],
         "matmul_probe": probe,
+        "switches_vs_probe": disagreement,
         "evidence": {k: v for k, v in evidence.items() if v},
     }
+
+
+def with_dispatch(audit_record: dict, dispatch: dict) -> dict:
+    """The audit with a dispatch record (llmb.dispatch_audit) added: the formats the matmul, linear and attention
+    operators really received in a measured step join the evidence, so the label follows what ran."""
+    evidence = dict(audit_record["evidence"])
+    if dispatch.get("effective"):
+        evidence["dispatch"] = dispatch["effective"]
+    return {**audit_record, "dispatch": dispatch, "evidence": evidence, "effective": lowest(list(evidence.values()))}
 
 
 def _jsonable(value: Any) -> Any:

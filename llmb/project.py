@@ -81,6 +81,16 @@ def pick_bandwidth(comm: dict, message_bytes: float) -> dict:
     return min(rows, key=lambda r: abs(math.log(r["bytes"] / message_bytes)))
 
 
+def _measured_shape(result: dict) -> str:
+    """The shape alpha was measured at, as the projection states it."""
+    c = result.get("config") or {}
+    layers, hidden, seq = (c.get(k, "?") for k in ("num_hidden_layers", "hidden_size", "sequence_length"))
+    return (
+        f"{result.get('preset', '?')} preset, {layers} layers, hidden {hidden}, seq {seq}, "
+        f"batch {result.get('batch_size', '?')}, {result.get('parameters', 0):,} parameters"
+    )
+
+
 def project(shape: Shape, result: dict, comm: dict) -> dict:
     """Every term of the time-to-solution model, the projected step time and the FOM."""
     check(shape)
@@ -103,6 +113,12 @@ def project(shape: Shape, result: dict, comm: dict) -> dict:
             f"the commbench ran on {ranks} ranks, the TP group has {shape.tp}: its bus bandwidth is carried over "
             f"as a ring's (algbw = busbw t / (2 (t - 1))), which holds only if the links are alike"
         )
+    alpha_shape = _measured_shape(result)
+    if result.get("official") is False:  # a record says; the hand-made dicts of tests do not
+        warnings.append(
+            f"alpha comes from a debug run ({'; '.join(result.get('debug_reasons') or ['not official'])}) measured at "
+            f"{alpha_shape}: a small model's TFLOP/s rarely carries over to this one; use an official-shape run"
+        )
     step_seconds = alpha_term + beta_term
     config = replace(
         OFFICIAL_CONFIG,
@@ -116,6 +132,7 @@ def project(shape: Shape, result: dict, comm: dict) -> dict:
         "shape": shape.__dict__,
         "batch_per_replica": b,
         "achieved_flops_per_device": flop_rate,
+        "alpha_measured_at": alpha_shape,
         "compute_multiply_adds": multiply_adds,
         "alpha_seconds_per_multiply_add": alpha,
         "alpha_term_seconds": alpha_term,
@@ -196,8 +213,8 @@ def table(p: dict):
         ("b (batch per replica)", f"global batch {shape['global_batch']} / DP {shape['dp']} = {b}"),
         (
             "alpha (per multiply-add, per device)",
-            f"2 / {p['achieved_flops_per_device'] / 1e12:.4g} TFLOP/s (from --from): the formula counts "
-            "multiply-adds, TFLOP/s count 2 FLOPs per multiply-add",
+            f"2 / {p['achieved_flops_per_device'] / 1e12:.4g} TFLOP/s (from --from, measured at "
+            f"{p['alpha_measured_at']}): the formula counts multiply-adds, TFLOP/s count 2 FLOPs per multiply-add",
         ),
         ("compute b L (36 s d^2 + 6 s^2 d)", f"{p['compute_multiply_adds']:.6g} multiply-adds"),
         (

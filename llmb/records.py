@@ -351,6 +351,39 @@ class MatmulProbe(Typed):
     relative_error: float
     fp16_range_overflow: bool
     verdict: str
+    errors: dict[str, float] | None = None  # per probed shape (256x256x256 and the model's own), the worse decides
+
+
+@dataclass(kw_only=True)
+class DispatchAudit(Typed):
+    """What the matmul, linear and attention operators of one measured step received (llmb.dispatch_audit)."""
+
+    operators: int
+    matmul_calls: int
+    calls: dict[str, dict[str, int]]
+    formats: dict[str, str]
+    effective: str | None
+    unknown_operators: dict[str, int]
+    opaque: bool
+
+
+@dataclass(kw_only=True)
+class WindowChecks(Typed):
+    """The whole-window audit (llmb.window_audit): steps whose backend state was checked, the recorded step."""
+
+    steps_checked: int
+    recorded_step: int
+
+
+@dataclass(kw_only=True)
+class PeakInfo(Typed):
+    """The peak behind the MFU (llmb.peaks): its figure, its public source, and whether llmb's table or the
+    plugin gave it ("llmb table", "declared by plugin"); what the plugin declared, whether used or not."""
+
+    flops: float | None
+    source: str | None
+    origin: str | None
+    declared_flops: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -368,6 +401,9 @@ class Audit(Typed):
     evidence: dict[str, str]
     operator_dtypes: dict[str, int] | None = None  # the dtype census of one forward pass (llmb.census)
     rank_effective: list[str] | None = None  # a multi-process job: every rank's own verdict
+    switches_vs_probe: dict[str, Any] | None = None  # matmul switches that allow less than the probe found
+    dispatch: DispatchAudit | None = None  # one measured step's matmul operators and their input dtypes
+    window: WindowChecks | None = None
 
 
 @dataclass(kw_only=True)
@@ -388,6 +424,9 @@ class Timing(Typed):
     clock: str | None = None
     worker_window_seconds: float | None = None
     worker_repeat_window_seconds: list[float] | None = None
+    # The warmup steps, each between two syncs, and their cost beyond steady-state steps (tracing, compilation).
+    warmup_step_seconds: list[float] = field(default_factory=list)
+    compile_seconds: float | None = None
 
 
 @dataclass(kw_only=True)
@@ -436,15 +475,6 @@ class JobLayout(Typed):
         return " ".join(parts)
 
 
-@dataclass(kw_only=True)
-class InstalledPlugin(Typed):
-    """An llmb plugin installed where a run ran, from package metadata (its code was not imported for this)."""
-
-    name: str
-    distribution: str
-    version: str
-
-
 # The records
 
 
@@ -469,8 +499,6 @@ class Result(Record):
     repeats: int
     seed: int
     plugin: PluginRef
-    # Every llmb plugin installed where the run ran (absent in records written before it was recorded).
-    plugins_installed: list[InstalledPlugin] | None = None
     device: DeviceRef
     software: Software
     facts: dict[str, Any]
@@ -499,8 +527,7 @@ class Result(Record):
     model_flops_per_token: int
     tflops: float
     peak_flops: float | None
-    # Where the peak is published (the backend's llmb.Peak source); absent in records written before it was recorded.
-    peak_flops_source: str | None = None
+    peak: PeakInfo | None = None
     mfu: float | None
     fom: float
     peak_memory_bytes: int | None
@@ -510,6 +537,11 @@ class Result(Record):
     # (llmb.cleanroom); checked by llmb/bundle_evidence.py, so kept as plain JSON here.
     evidence: dict[str, Any] | None = None
     judge: dict[str, Any] | None = None
+    # The matmul rate this device really reached at this run's GEMMs (llmb.roofline) and the run's model FLOP/s
+    # against it: an efficiency for every device, the CPU included; None for FP8 (no dense matmul of one precision).
+    measured_matmul_peak: float | None = None
+    measured_model_gemm_flops: float | None = None
+    matmul_peak_efficiency: float | None = None
 
     def check(self, path: str) -> None:
         super().check(path)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from llmb import __version__, flops, precision
+from llmb import __version__, flops, peaks, precision
 from llmb import console as term
 from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
@@ -66,6 +66,7 @@ class Point:
     tokens_per_second_per_device: float | None = None
     tflops_per_device: float | None = None
     mfu: float | None = None
+    peak: str = ""  # the MFU's peak: its figure, origin ("llmb table" or "declared by plugin") and source
     peak_memory_bytes: int | None = None
     step_seconds: float | None = None
     load_average: float | None = None  # the host's 1-minute load when the run ended
@@ -190,6 +191,7 @@ def point_from_record(record: Result, phase: str | None, source: str) -> Point:
         tokens_per_second_per_device=per_device,
         tflops_per_device=flops.achieved_tflops(per_device, record.model_flops_per_token),
         mfu=record.mfu,
+        peak=peaks.peak_note(record),
         peak_memory_bytes=record.peak_memory_bytes,
         step_seconds=record.timing.window_seconds / record.steps,
         load_average=record.host.load_average_end[0] if record.host and record.host.load_average_end else None,
@@ -394,6 +396,7 @@ def best_table(points: list[Point]) -> Table:
                 peak_memory_bytes=best.peak_memory_bytes,
                 runs=len(runs),
                 status=best.validity
+                + ("; MFU " + best.peak if peaks.ORIGIN_DECLARED in best.peak else "")
                 + ("; noisy" if warning else "")
                 + (f"; larger batches: {', '.join(failed)}" if failed else ""),
             )
@@ -411,7 +414,8 @@ def best_table(points: list[Point]) -> Table:
     note = (
         "Tokens/s is the median run at the best batch size (over a sweep's re-runs where it made them), a run that "
         "happened; the spread is the lowest and highest tokens/s of those runs. TFLOP/s, MFU and peak memory are the "
-        "median run's, TFLOP/s and MFU per device, MFU n/a where the device's peak is not known."
+        "median run's, TFLOP/s and MFU per device, MFU against llmb's peak table (llmb/peaks.py) or, where the "
+        "result says so, a peak declared by the plugin, and n/a where the device's peak is not known."
     )
     return Table("best", "Best batch size per precision", columns, rows, note, warnings)
 
@@ -583,7 +587,9 @@ def _figure():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise LlmbError("plots need matplotlib: pip install 'llmb[report]'") from None
+        raise LlmbError(
+            "plots need matplotlib (an llmb dependency; this install lacks it): pip install matplotlib"
+        ) from None
     fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
     return fig, fig.subplots()
 
@@ -862,6 +868,9 @@ def report(
     inputs = load(paths)
     for line in inputs.skipped if warn is not None else []:  # every file left out is named
         warn(line)
+    labels = sorted({p.label for p in inputs.points})
+    if baseline and baseline not in labels:  # a typo must not read as "no baseline" with exit 0
+        raise UsageError(f"--baseline {baseline!r} is no method in these results (methods: {', '.join(labels)})")
     tables = build_tables(inputs.points, baseline)
     if baseline and not any(t.name == "methods" for t in tables):
         raise UsageError(f"--baseline {baseline!r}: no comparison table (it needs two methods on the same device)")

@@ -12,7 +12,21 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__, census, distributed, evidence, flops, mesh, precision, ranks, records, sysinfo
+from llmb import (
+    __version__,
+    census,
+    distributed,
+    evidence,
+    flops,
+    guard,
+    mesh,
+    peaks,
+    precision,
+    ranks,
+    records,
+    roofline,
+    sysinfo,
+)
 from llmb.backend import Peak
 from llmb.config import official_reasons
 from llmb.device import check_device_present, parse_device
@@ -20,10 +34,11 @@ from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.model import LlamaModel, ModelConfig, count_parameters
 from llmb.names import DEFAULT_TIMEOUT_SECONDS
-from llmb.plugins import Registration, call, installed_records, resolve_settings, select_backend
+from llmb.plugins import Registration, call, resolve_settings, select_backend
 from llmb.records import Result, loss_band
 from llmb.settings import recorded
 from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
+from llmb.window_audit import WindowAudit
 
 
 @dataclass
@@ -248,6 +263,7 @@ def prepare(
             if dropped:
                 settings = {**settings, "optimizer_fallback": dropped}
     invalid: list[str] = [f"optimizer: {p}" for p in optimizer_problems(optimizer, model)]
+    invalid += guard.problems("after post-processing")
     if processed_parameters != parameters:
         invalid.append(f"post-processing changed the parameter count from {parameters} to {processed_parameters}")
     # Data parallelism: each data-parallel rank its own batch (seed + dp rank), the ranks of a tensor or pipeline
@@ -308,6 +324,14 @@ def agreement_facts(options: RunOptions, plugin: Registration, settings: dict) -
     return facts
 
 
+def probe_shape(session: Session) -> tuple[int, int, int] | None:
+    """The matmul probe's model-sized product: the batch's tokens (at most 512) times the first Linear's weight."""
+    linear = next((m for m in session.model.modules() if isinstance(m, torch.nn.Linear)), None)
+    if linear is None:
+        return None
+    return (min(session.trainer.batch.numel(), 512), linear.in_features, linear.out_features)
+
+
 def audit_session(session: Session) -> dict:
     """The precision audit in the run's real state (call it after the first step, so gradients exist)."""
     facts = call(session.backend.precision_facts, session.device, session.recipe.precision, session.settings)
@@ -318,6 +342,7 @@ def audit_session(session: Session) -> dict:
         recipe=session.recipe,
         plugin_facts=list(facts or []),
         sync=lambda: session.backend.synchronize(session.device),
+        probe_shape=probe_shape(session),
     )
     # What the operators produce: a format that lives only inside the GEMMs (float8) shows up only here.
     probe = mesh.stage_input(session.model, session.trainer.batch)  # a later pipeline stage takes hidden states
@@ -335,20 +360,30 @@ def _run(
 
     progress.phase("warmup", options.warmup_steps)
     call(backend.reset_peak_memory, device)
-    initial_loss = float(trainer.step())  # a freshly initialised model's loss, for the band guard
+    # Each warmup step between syncs: compilers trace and compile here, and the record keeps that cost apart.
+    loss, seconds = trainer.timed_step()
+    initial_loss, warmup_seconds = float(loss), [seconds]  # a fresh model's loss, for the band guard
     progress.advance()
     audit = audit_session(session)
+    audited_state = precision.backend_state(device.type)
+    window = WindowAudit(session.model, session.optimizer, device.type, audited_state, options.steps)
     for _ in range(options.warmup_steps - 1):
-        trainer.step()
+        warmup_seconds.append(trainer.timed_step()[1])
         progress.advance()
 
     measurements, busy = [], []
     load_start = sysinfo.load_average()
     for repeat in range(options.repeats):
         progress.phase(f"measure {repeat + 1}/{options.repeats}", options.steps)
+
+        def after_step() -> None:
+            window.after_step()
+            progress.advance()
+
         before = ranks.busy_seconds()
         initial_state.restore(session.optimizer)
-        measurements.append(trainer.measure(options.steps, on_step=progress.advance))
+        window.open()  # after the restore: the window's parameters change from the initial weights
+        measurements.append(trainer.measure(options.steps, on_step=after_step, around_step=window.around_step))
         after = ranks.busy_seconds()
         busy.append(after - before if before is not None and after is not None else None)
     host = records.Host(
@@ -357,9 +392,21 @@ def _run(
         cpu_affinity=sysinfo.cpu_affinity(),
         cpu_count=os.cpu_count(),
     )
+    window.close()
+    invalid += window.problems
+    if window.dispatch() is not None:
+        audit = precision.with_dispatch(audit, window.dispatch())
+    audit["window"] = window.record()
     peak_memory = call(backend.peak_memory_bytes, device)
     peak_memory = int(peak_memory) if peak_memory is not None else None
     chosen = median_measurement(measurements)
+    # The roofline in the run's own backend state, at its own GEMM shapes, after the measured window; on rank 0
+    # alone, since the ranks of one host would share its time.
+    matmul = None
+    if session.world is None or session.world.rank == 0:
+        progress.phase("matmul roofline", 1)
+        matmul = roofline.for_run(backend, device, audit["effective"], options.config, options.batch_size)
+        progress.advance()
 
     invalid += loss_problems(options.config, initial_loss, measurements)
     if trainer.scaler is None and trainer.optimizer_steps != trainer.harness_steps:
@@ -439,6 +486,8 @@ def _run(
         trainer=trainer,
         job=job,
         host=host,
+        warmup_seconds=warmup_seconds,
+        matmul=matmul,
     )
     record.evidence = {
         "schema": evidence.SCHEMA,
@@ -504,6 +553,8 @@ def build_record(
     trainer,
     job=None,
     host=None,
+    warmup_seconds: list[float] | None = None,
+    matmul: roofline.Roofline | None = None,
 ) -> Result:
     config = options.config
     effective = audit["effective"]
@@ -526,10 +577,10 @@ def build_record(
     flops_per_token = flops.model_flops_per_token(config, parameters)
     tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
     backend = plugin.backend
-    peak = call(backend.peak_flops, device, effective) if effective in precision.PRECISIONS else None
-    if peak is not None and not isinstance(peak, Peak):
-        raise LlmbError(f"backend {plugin.name!r}: peak_flops must return llmb.Peak(flops, source) or None")
-    peak_flops = float(peak.flops) if peak is not None else None
+    device_name = str(call(backend.device_name, device))
+    peak = choose_peak(plugin.name, backend, device, device_name, effective)
+    mfu = flops.mfu(tflops, peak.flops)
+    invalid = [*invalid, *peak.problems, *peaks.mfu_problems(mfu)]
     debug = official_reasons(config)
     optimizer = trainer.optimizer
     return Result(
@@ -556,12 +607,10 @@ def build_record(
             defaults=recorded(resolve_settings(backend, {})),
             precisions=list(call(backend.precisions)),
         ),
-        # Every installed llmb plugin, from package metadata (none of them but the run's own was imported).
-        plugins_installed=[records.InstalledPlugin(**p) for p in installed_records()],
         device=records.DeviceRef(
             type=device.type,
             spec=str(device),
-            name=str(call(backend.device_name, device)),
+            name=device_name,
             count=int(call(backend.device_count, device)),
         ),
         software=records.Software(
@@ -588,6 +637,8 @@ def build_record(
             step_seconds=chosen.step_seconds,
             method=chosen.method,
             repeat_window_seconds=[m.window_seconds for m in measurements],
+            warmup_step_seconds=list(warmup_seconds or []),
+            compile_seconds=roofline.compile_seconds(warmup_seconds or [], chosen.window_seconds / options.steps),
         ),
         world_size=job["world_size"],
         nodes=job["nodes"],
@@ -610,19 +661,35 @@ def build_record(
         samples_per_second=global_batch * options.steps / chosen.window_seconds,
         model_flops_per_token=flops_per_token,
         tflops=tflops,
-        peak_flops=peak_flops,
-        peak_flops_source=peak.source if peak is not None else None,
-        mfu=flops.mfu(tflops, peak_flops),
+        peak_flops=peak.flops,
+        peak=records.PeakInfo.from_dict(peak.to_dict()),
+        mfu=mfu,
         fom=flops.fom(config, global_batch, chosen.window_seconds / options.steps),
         peak_memory_bytes=peak_memory,
         loss=records.Loss(initial=initial_loss, first=chosen.loss_first, last=chosen.loss_last),
         host=host,
+        measured_matmul_peak=matmul.peak_flops if matmul else None,
+        measured_model_gemm_flops=matmul.model_gemm_flops if matmul else None,
+        matmul_peak_efficiency=roofline.efficiency(tflops, matmul.peak_flops if matmul else None),
     )
 
 
 def _jsonable(value):
     """What JSON holds: tuples as lists (AdamW's betas), so a record reads back equal to what was built."""
     return list(value) if isinstance(value, tuple) else value
+
+
+def choose_peak(
+    name: str, backend, device: torch.device, device_name: str, effective: str
+) -> peaks.PeakChoice:
+    """llmb's table peak for the device and the label; the backend's declared llmb.Peak only where the table lacks
+    the device (llmb.peaks.choose)."""
+    declared = call(backend.peak_flops, device, effective) if effective in precision.PRECISIONS else None
+    if declared is not None and not isinstance(declared, Peak):
+        raise LlmbError(f"backend {name!r}: peak_flops must return llmb.Peak(flops, source) or None")
+    if declared is None:
+        return peaks.choose(device_name, effective)
+    return peaks.choose(device_name, effective, declared.flops, declared.source)
 
 
 def _facts(facts: dict | None) -> dict:

@@ -226,10 +226,10 @@ An llmb hardware plugin (entry point `{names["name"]}`, module `{names["module"]
 `llmb new-plugin {names["name"]}`. As generated it runs the benchmark on the host CPU.
 
 ```bash
-pip install -e .
+pip install -e '.[test]'    # the test extra brings pytest
 llmb plugins
 llmb run --plugin {names["name"]} --preset tiny --steps 5
-pip install pytest && pytest tests
+pytest tests
 ```
 
 ## Settings

@@ -30,7 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import bundle_io, codediff, manifest, sysinfo
+from llmb import bundle_io, codediff, manifest, peaks, sysinfo
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.precision import PRECISIONS
@@ -152,6 +152,7 @@ def render_summary(submission: dict, records: list[Result]) -> str:
     lines += ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
     blank = " |" * (len(SUMMARY_COLUMNS) - 2)
     warnings = []
+    declared_notes: list[str] = []
     for label in PRECISIONS:
         h = best.get(label)
         if h is None:
@@ -160,6 +161,9 @@ def render_summary(submission: dict, records: list[Result]) -> str:
             continue
         r = h.run
         mfu = f"{r.mfu:.2%}" if r.mfu is not None else "n/a"
+        if r.mfu is not None and peaks.declared(r):
+            mfu += " (peak declared by plugin)"
+            declared_notes.append(f"- {label}: {peaks.peak_note(r)}")
         memory = f"{r.peak_memory_bytes / 2**30:.2f} GiB" if r.peak_memory_bytes else "n/a"
         cells = [
             label,
@@ -184,8 +188,11 @@ def render_summary(submission: dict, records: list[Result]) -> str:
         "Each row is one group of runs (same plugin, settings, mode, shape, batch, device and job layout; groups are "
         "never pooled). Tokens/s, TFLOP/s, MFU and peak memory are the median run's (a run that happened: the slower "
         "middle one for an even count); the spread is the lowest and highest tokens/s of the group's runs. MFU is "
-        "against the plugin's dense peak for the effective precision.",
+        "against llmb's dense peak table for the device and effective precision (llmb/peaks.py), or a peak declared "
+        "by the plugin where marked.",
     ]
+    if declared_notes:
+        lines += ["", "Peaks declared by plugin:", *declared_notes]
     if warnings:
         lines += ["", *warnings]
     return "\n".join(lines) + "\n"
@@ -238,6 +245,7 @@ def debug_reasons(record: Result) -> list[str]:
 def select_results(records: list[Result], options: PackageOptions) -> tuple[list[Result], list[str]]:
     """The results the bundle takes, and one line for each it leaves out."""
     kept, skipped, seen = [], [], set()
+    left_out: dict[str, list[str]] = {}
     for record in records:
         reasons = debug_reasons(record)
         shape_only = reasons == ["debug shape"]
@@ -248,7 +256,10 @@ def select_results(records: list[Result], options: PackageOptions) -> tuple[list
             seen.add(record.run_id)
         else:
             hint = "--allow-debug-shapes" if shape_only else "--include-debug"
-            skipped.append(f"{record.run_id}: {'; '.join(reasons)} (left out; {hint} keeps it)")
+            left_out.setdefault(f"{'; '.join(reasons)} (left out; {hint} keeps them)", []).append(record.run_id)
+    for reason, ids in left_out.items():  # each reason once, with its count: 25 debug runs are one line
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        skipped.append(f"{len(ids)} run(s) ({shown}): {reason}")
     if not kept:
         raise UsageError("no results to submit: " + ("; ".join(skipped) or "no result files found"))
     if not options.include_debug:

@@ -14,12 +14,12 @@ import torch
 
 from llmb import evidence
 from llmb.backend import Backend
+from llmb.config import ADAMW_HYPERPARAMETERS
 from llmb.model import ModelConfig
 from llmb.precision import Recipe
 from llmb.records import median_index
 
-# The benchmark's optimizer, fixed: torch.optim.AdamW with these hyperparameters.
-ADAMW_HYPERPARAMETERS = {"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01}
+# The benchmark's optimizer: torch.optim.AdamW with llmb.config.ADAMW_HYPERPARAMETERS (imported above).
 # What a plugin may choose: AdamW's implementation, never its mathematics.
 OPTIMIZER_OPTIONS = ("foreach", "fused", "capturable")
 
@@ -164,12 +164,18 @@ class Trainer:
         self.backend.synchronize(self.device)
         return loss, time.perf_counter() - start
 
-    def measure(self, steps: int, on_step: Callable[[], None] | None = None) -> Measurement:
+    def measure(
+        self,
+        steps: int,
+        on_step: Callable[[], None] | None = None,
+        around_step: Callable[[int], contextlib.AbstractContextManager] | None = None,
+    ) -> Measurement:
         """Time `steps` steps in one window synchronised on the device at both ends, plus per-step times.
 
         The judge's clock brackets the window: it hands over the challenge (the seed of the window's batch) as it
         starts, and stops on the answer, which holds every step's loss and a digest of the trained parameters
-        computed on the device, so the answer cannot exist before the device has finished the last update."""
+        computed on the device, so the answer cannot exist before the device has finished the last update.
+        ``around_step(index)`` wraps a step (the window audit's dispatch recorder uses it for one step)."""
         backend, device = self.backend, self.device
         pairs = steps if self.has_events else 0
         events = [(backend.new_event(device), backend.new_event(device)) for _ in range(pairs)]
@@ -187,7 +193,8 @@ class Trainer:
                 events[index][0].record()
             else:
                 step_start = time.perf_counter()
-            losses.append(self.step())
+            with around_step(index) if around_step else contextlib.nullcontext():
+                losses.append(self.step())
             if events:
                 events[index][1].record()
             else:

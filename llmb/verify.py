@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from llmb import bundle_evidence, bundle_io, codediff, evidence, flops, manifest
+from llmb import bundle_evidence, bundle_io, codediff, evidence, flops, manifest, peaks
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
-from llmb.config import official_reasons
+from llmb.config import ADAMW_HYPERPARAMETERS, official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.precision import DTYPE_FORMAT, PRECISIONS, RANK, lowest
 from llmb.records import (
@@ -386,6 +386,42 @@ def loss_problems(b: Bundle, path: str, r: Result) -> list[str]:
     return []
 
 
+def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    """The peak behind the MFU is llmb's table figure for the device and label, or one declared by the plugin for a
+    device the table lacks (with a source); and no MFU is above 100%."""
+    problems = peaks.mfu_problems(r.mfu)
+    recorded, label = r.peak_flops, r.precision.effective
+    entry = peaks.match(r.device.name)
+    if entry is not None:
+        known = entry.peaks.get(label)
+        if recorded != known:
+            problems.append(f"peak {recorded!r} for {entry.label} {label}, llmb's table says {known!r}")
+    elif recorded is not None:
+        if r.peak is None or r.peak.origin != peaks.ORIGIN_DECLARED or not (r.peak.source or "").strip():
+            problems.append(f"peak {recorded!r} for a device llmb's table lacks, not marked declared by plugin")
+    return problems
+
+
+def optimizer_record_problems(b: Bundle, path: str, r: Result) -> list[str]:
+    """The recorded optimizer is torch.optim.AdamW with the fixed hyperparameters (re-checked, not trusted)."""
+    problems = []
+    if r.optimizer.class_name != "torch.optim.adamw.AdamW":
+        problems.append(f"optimizer {r.optimizer.class_name!r} is not torch.optim.adamw.AdamW")
+    for key, fixed in ADAMW_HYPERPARAMETERS.items():
+        got = r.optimizer.defaults.get(key)
+        if (tuple(got) if isinstance(got, list) else got) != fixed:
+            problems.append(f"optimizer {key} recorded {got!r}, fixed value is {fixed!r}")
+    return problems
+
+
+def check_peaks(b: Bundle) -> None:
+    _per_result(b, "peak and MFU", peak_problems, "{n} results: peaks from llmb's table or declared, MFU <= 100%")
+
+
+def check_optimizer(b: Bundle) -> None:
+    _per_result(b, "optimizer", optimizer_record_problems, "{n} results: AdamW with the fixed hyperparameters")
+
+
 def check_throughput(b: Bundle) -> None:
     _per_result(b, "throughput recomputed", throughput_problems, "tokens/s, samples/s, TFLOP/s, MFU of {n} results")
 
@@ -460,6 +496,8 @@ def check_code(b: Bundle) -> None:
             got = None if text is None else manifest.sha256_bytes(text.encode("utf-8"))
             if got != want:
                 problems.append(f"{path}: the diff's {side} side does not hash to {want}")
+    known_changes = _known_release_problems(released, entries)
+    problems += known_changes
     sub = b.submission or {}
     division = "open" if changed else "closed"
     if sub and (sub.get("division") != division or set(sub.get("llmb_changes", [])) != changed):
@@ -474,7 +512,25 @@ def check_code(b: Bundle) -> None:
         entry = entries.get(path)
         if entry is None or entry["status"] != "unchanged":
             untouched.append(f"{path} is {entry['status'] if entry else 'missing'}")
+        elif any(p.startswith(f"{path} differs from") for p in known_changes):
+            untouched.append(f"{path} differs from the nearest known release")
     b.add("model and loop unchanged", untouched, f"{manifest.MODEL_PATH}, {manifest.LOOP_PATH} as released")
+
+
+def _known_release_problems(released: dict, entries: dict) -> list[str]:
+    """A bundle made against a manifest that this installation does not list as a release is compared with the
+    nearest known release: each file whose shipped hash differs from that release is named (never "the release")."""
+    if manifest.known_release(released) is not None:
+        return []
+    shipped = {path: e["sha256"] for path, e in entries.items() if e.get("sha256")}
+    nearest, changed = manifest.nearest_release(shipped)
+    if nearest is None:
+        return ["the bundle's release manifest is not a known llmb release, and this installation lists none"]
+    found = [
+        f"the bundle's release manifest is not a known llmb release; against the nearest known release "
+        f"({nearest.get('llmb_version')}, {nearest['digest'][:12]}...) {len(changed)} files differ"
+    ]
+    return found + [f"{path} differs from the nearest known release" for path in changed]
 
 
 def _release_note(released: dict) -> str:
@@ -606,6 +662,8 @@ CHECKS = [
     check_debug,
     check_results_schema,
     check_throughput,
+    check_peaks,
+    check_optimizer,
     check_timing,
     check_official_shape,
     check_validity,

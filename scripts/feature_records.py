@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from llmb.compilers import thunder_unavailable
-from llmb.features import ATTEMPT_SCHEMA, EXCLUSIVE, FEATURES
+from llmb.features import ATTEMPT_SCHEMA, EXCLUSIVE, FEATURES, features_of, load_records, parallel_of
 from llmb.results import write_json_atomic
 
 RUN = ["--preset", "tiny", "--batch-size", "2", "--steps", "3", "--warmup-steps", "2"]
@@ -82,12 +82,31 @@ def run(command: list[str], timeout: float) -> tuple[bool, str]:
 @click.option("--only", default=None, type=click.Choice(list(FEATURES)), help="Only combinations with this feature.")
 @click.option("--timeout", default=900, show_default=True, type=float, help="Seconds allowed for one command.")
 @click.option("--no-conformance", is_flag=True, help="Runs only.")
-def main(out: Path, only: str | None, timeout: float, no_conformance: bool) -> None:
+@click.option("--parallel", "parallels", default="none,ddp,fsdp", show_default=True, help="Parallel modes to run.")
+@click.option("--pairs/--no-pairs", default=True, show_default=True, help="Pairs of features too.")
+def main(out: Path, only: str | None, timeout: float, no_conformance: bool, parallels: str, pairs: bool) -> None:
     python = [sys.executable, "-m", "llmb"]
+    wanted = [p for p in parallels.split(",") if p]
+    done = load_records([out]) if out.exists() else None  # resume: what is recorded already is not run again
+
+    def recorded(combo: frozenset[str], parallel: str | None) -> bool:
+        if done is None:
+            return False
+        if parallel is None:
+            return any(features_of(c) == combo for c in done.conformance) or any(
+                features_of(a) == combo and "check-plugin" in a.get("command", "") for a in done.attempts
+            )
+        return any(features_of(r) == combo and parallel_of(r) == parallel for r in done.results) or any(
+            features_of(a) == combo and a["parallel"] == parallel and " run " in a.get("command", "")
+            for a in done.attempts
+        )
+
     for combo in combinations(only):
+        if len(combo) > 1 and not pairs:
+            continue
         label = "+".join(sorted(combo))
         args = arguments(combo)
-        if not no_conformance:
+        if not no_conformance and "none" in wanted and not recorded(combo, None):
             conformance = out / "conformance" / f"{label}.json"
             command = [*python, "check-plugin", *args, "--steps", "3", "--out", str(conformance)]
             started = time.perf_counter()
@@ -97,6 +116,8 @@ def main(out: Path, only: str | None, timeout: float, no_conformance: bool) -> N
                 attempt(out, combo, "none", command, error)
             click.echo(f"{label} check-plugin: {'ok' if ok else error} ({time.perf_counter() - started:.0f} s)")
         for parallel, extra in PARALLEL.items():
+            if parallel not in wanted or recorded(combo, parallel):
+                continue
             command = [*python, "run", *args, *RUN, *extra, "--out", str(out / "results")]
             started = time.perf_counter()
             ok, error = run(command, timeout)

@@ -6,8 +6,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from llmb import Backend
 from llmb import console as term
-from llmb import hookimpl
 from llmb.cli import cli
 from llmb.errors import LlmbError
 from llmb.settings import Setting
@@ -42,42 +42,36 @@ def test_console_never_parses_markup(capsys):
     assert "error: a [/] b [bold]" in err
 
 
-class HostilePlugin:
-    """A plugin whose every piece of text (device name, settings, facts) holds markup and ESC sequences."""
+class HostilePlugin(Backend):
+    """A backend whose every piece of text (device name, settings, facts) holds markup and ESC sequences."""
 
-    __name__ = "hostile"
+    name = "hostile"
 
-    @hookimpl
     def device_types(self):
         return ["cpu"]
 
-    @hookimpl
-    def plugin_settings(self):
+    def settings(self):
         return [Setting("mode", str, HOSTILE, f"help {HOSTILE}", choices=(HOSTILE, "plain"))]
 
-    @hookimpl
     def device_name(self, device):
         return f"CPU {HOSTILE}"
 
-    @hookimpl
     def run_facts(self, device):
         return {"note": HOSTILE}
 
 
-class FailingPlugin:
-    __name__ = "hostile_fails"
+class FailingPlugin(Backend):
+    name = "hostile_fails"
 
-    @hookimpl
     def device_types(self):
         return ["cpu"]
 
-    @hookimpl
-    def setup_backend(self, device, precision, settings):
+    def setup(self, device, precision, settings):
         raise RuntimeError(f"driver said {HOSTILE}")
 
 
-def test_hostile_plugin_text_through_run_plugins_and_report(register_plugin, tmp_path):
-    register_plugin(HostilePlugin(), "hostile")
+def test_hostile_plugin_text_through_run_plugins_and_report(register_backend, tmp_path):
+    register_backend(HostilePlugin())
     runner = CliRunner()
     out = tmp_path / "results"
     result = runner.invoke(cli, ["run", *TINY, "--plugin", "hostile", "--out", str(out)], catch_exceptions=False)
@@ -98,18 +92,18 @@ def test_hostile_plugin_text_through_run_plugins_and_report(register_plugin, tmp
         assert_clean(shown.output)
 
 
-def test_plugin_error_text_is_shown_not_parsed(register_plugin, tmp_path, monkeypatch):
+def test_plugin_error_text_is_shown_not_parsed(register_backend, tmp_path, monkeypatch):
     monkeypatch.delenv("LLMB_DEBUG", raising=False)
-    register_plugin(FailingPlugin(), "hostile_fails")
+    register_backend(FailingPlugin())
     result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "hostile_fails", "--out", str(tmp_path)])
     assert result.exit_code == 1, result.output
     assert_clean(result.output)
     assert "driver said x[/]y[bold]z\\x1b]0;owned" in result.output
 
 
-def test_llmb_debug_shows_the_plugins_own_traceback(register_plugin, tmp_path, monkeypatch):
+def test_llmb_debug_shows_the_plugins_own_traceback(register_backend, tmp_path, monkeypatch):
     monkeypatch.setenv("LLMB_DEBUG", "1")
-    register_plugin(FailingPlugin(), "hostile_fails")
+    register_backend(FailingPlugin())
     result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "hostile_fails", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "Traceback" in result.output and "in setup_backend" in result.output  # the plugin's frame
@@ -185,3 +179,68 @@ def test_secret_options_env_must_be_an_object(monkeypatch, value):
     monkeypatch.setenv(SECRET_OPTIONS_ENV, value)
     with pytest.raises(LlmbError):
         _secret_options()
+
+
+# Issue 16: the CLI says what it is doing and refuses what it cannot do in one line.
+
+
+def test_oversubscribed_host_is_named():
+    from records_factory import make_result
+
+    from llmb.cli import oversubscribed
+
+    busy = make_result(load_average=20.0, threads_per_rank=[1])
+    assert "load average 20.0" in oversubscribed(busy)
+    assert oversubscribed(make_result(load_average=0.5, threads_per_rank=[1])) is None
+
+
+def test_unknown_baseline_is_a_usage_error_naming_the_methods(tmp_path):
+    from records_factory import make_result
+
+    for tps in (100.0, 120.0):
+        (tmp_path / f"r{tps:.0f}.json").write_text(json.dumps(make_result(tokens_per_second=tps).to_dict()))
+    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--baseline", "foo"])
+    assert result.exit_code == 2, result.output
+    assert "'foo' is no method" in result.output and "methods: cpu" in result.output
+
+
+def test_debug_shapes_refused_once_with_their_count():
+    from records_factory import make_result
+
+    from llmb.submission import PackageOptions, select_results
+
+    records = [make_result(preset="tiny") for _ in range(25)]
+    with pytest.raises(LlmbError) as refused:
+        select_results(records, PackageOptions("Acme", "box", None))
+    message = str(refused.value)
+    assert message.count("debug shape") == 1 and "25 run(s)" in message and "and 20 more" in message
+
+
+def test_project_from_a_debug_run_warns_and_names_the_shape():
+    from records_factory import make_result
+
+    from llmb import project
+
+    comm = {"operation": "all_reduce", "world_size": 2, "results": [{"bytes": 1024, "algbw_bytes_per_second": 1e9}]}
+    shape = project.Shape(layers=2, hidden=4, ffn=16, seq=8, global_batch=4, tp=2, pp=1, dp=2, bytes_per_element=2)
+    p = project.project(shape, make_result(preset="tiny").to_dict(), comm)
+    assert "tiny preset" in p["alpha_measured_at"]
+    assert any("debug run" in w and "tiny preset" in w for w in p["warnings"])
+
+
+def test_check_plugin_takes_precision_all(register_backend, tmp_path):
+    class Fp32Only(Backend):
+        name = "fp32_only"
+
+        def device_types(self):
+            return ["cpu"]
+
+        def precisions(self):
+            return ["FP32"]
+
+    register_backend(Fp32Only())
+    out = tmp_path / "conformance.json"
+    args = ["check-plugin", "--plugin", "fp32_only", "--precision", "all", "--steps", "2", "--out", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["precision"]["requested"] == "FP32"

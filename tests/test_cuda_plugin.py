@@ -231,4 +231,4 @@ def test_tiny_run_on_the_gpu(tmp_path):
     assert record["device"]["name"] == torch.cuda.get_device_name(0)
     assert record["facts"]["cuda_runtime"] == torch.version.cuda
     assert (record["mfu"] is None) == (flops(record["device"]["name"], "BF16") is None)
-    assert (record.get("peak_flops_source") is None) == (record["mfu"] is None)
+    assert (record["peak"]["source"] is None) == (record["mfu"] is None)

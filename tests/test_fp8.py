@@ -69,4 +69,5 @@ def test_an_fp8_run_is_labelled_fp8_and_has_no_mfu(register_backend, requested):
     assert record["precision"]["audit"]["operator_dtypes"]["float8_e4m3fn"] > 0
     assert not record["valid"] and "effective precision FP8 is not a benchmark precision" in record["invalid_reasons"]
     assert record["peak_flops"] is None and record["mfu"] is None
+    assert record.get("measured_matmul_peak") is None and record.get("matmul_peak_efficiency") is None
     assert record["tokens_per_second"] > 0

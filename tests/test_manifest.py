@@ -50,3 +50,24 @@ def test_stale_files_names_the_changed_file(tmp_path):
     (package / "a.py").write_text("b\n")
     (package / "new.py").write_text("n\n")
     assert manifest.stale_files(package) == ["llmb/a.py", "llmb/new.py"]
+
+
+def test_the_shipped_manifest_is_a_known_release():
+    assert manifest.known_release(manifest.load()) is not None
+
+
+def test_writing_the_manifest_records_a_release_and_the_nearest_release_names_changes(tmp_path):
+    package = tmp_path / "llmb"
+    package.mkdir()
+    (package / "model.py").write_bytes(manifest.PACKAGE_DIR.joinpath("model.py").read_bytes())
+    (package / "train.py").write_text("the loop\n")
+    manifest.write(package)
+    released = manifest.load(package)
+    assert manifest.known_release(released, package)["digest"] == manifest.digest(released)
+    assert manifest.record_release(released, package) is False  # once
+    (package / "releases.json").read_text()
+    edited = dict(released["files"], **{"llmb/train.py": manifest.sha256_bytes(b"a faster loop\n")})
+    assert manifest.known_release({"files": edited}, package) is None
+    nearest, changed = manifest.nearest_release(edited, package)
+    assert nearest["digest"] == manifest.digest(released) and changed == ["llmb/train.py"]
+    assert "llmb/releases.json" not in manifest.compute(package)["files"]

@@ -41,7 +41,7 @@ class PresentBackend(HostBackend):
         return {"foreach": False}
 
     def peak_flops(self, device, precision):
-        # An invented peak for this in-memory device, so that MFU has something to divide by.
+        # An invented peak with a source for this in-memory device (not in llmb's table), so MFU has a denominator.
         return Peak(5e11, "tests/test_plugins.py (invented)")
 
 
@@ -238,7 +238,8 @@ def test_auto_selected_backend_runs_and_its_settings_peak_and_options_are_record
     }
     assert record["device"]["type"] == "cpu" and record["device"]["count"] == 1
     assert record["optimizer"]["defaults"]["foreach"] is False
-    assert (record["peak_flops"], record["peak_flops_source"]) == (5e11, "tests/test_plugins.py (invented)")
+    assert (record["peak_flops"], record["peak"]["source"]) == (5e11, "tests/test_plugins.py (invented)")
+    assert record["peak"]["origin"] == "declared by plugin"
     assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 5e11)
     assert record["mfu"] > 0
 
@@ -247,7 +248,7 @@ def test_a_backend_without_a_peak_gets_no_mfu(register_backend, tmp_path):
     register_backend(HostBackend())
     record = run_record(tmp_path, "--plugin", "host")
     assert record["plugin"]["settings"] == {"mode": "off", "threads": 0, "fast": False}
-    assert record["peak_flops"] is None and "peak_flops_source" not in record and record["mfu"] is None
+    assert record["peak_flops"] is None and record["peak"]["source"] is None and record["mfu"] is None
     assert record["tflops"] > 0
 
 
@@ -309,7 +310,7 @@ def test_installed_plugins_are_listed_from_metadata_without_importing_them(monke
 
 def test_a_run_records_every_installed_plugin(tmp_path):
     record = run_record(tmp_path, "--plugin", "cpu", "--device", "cpu")
-    assert record["plugins_installed"] == plugins.installed_records()
+    assert record["judge"]["installed_plugins"] == plugins.installed_records()
 
 
 def test_all_first_party_plugins_are_listed_when_installed():
@@ -392,6 +393,6 @@ def test_a_run_imports_only_the_selected_plugin(tmp_path):
     llmb("run", "--plugin", "cpu", "--device", "cpu", *TINY, "--out", str(out))
     assert not mark.exists(), "an installed plugin that was not selected was imported during the run"
     (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
-    assert {"name": "noisy", "distribution": "llmb-noisy", "version": "2.0"} in record["plugins_installed"]
+    assert {"name": "noisy", "distribution": "llmb-noisy", "version": "2.0"} in record["judge"]["installed_plugins"]
     llmb("plugins", "--json")
     assert mark.read_text() == "imported"  # listing loads every plugin

@@ -58,17 +58,69 @@ class MediumMatmulBackend(Backend):
         torch.set_float32_matmul_precision("medium")
 
 
-def test_medium_matmul_precision_under_fp32_is_labelled_bf16(register_backend, tmp_path):
+def test_medium_matmul_precision_under_fp32_is_labelled_by_what_ran(register_backend, tmp_path):
     register_backend(MediumMatmulBackend())
     result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32")
     assert result.exit_code == 0, result.output
+    audit = record["precision"]["audit"]
     assert record["precision"]["requested"] == "FP32"
-    assert record["precision"]["effective"] == "BF16"
-    evidence = record["precision"]["audit"]["evidence"]
-    # The flag audit always sees it; the probe sees it where oneDNN really uses BF16 (AVX512-BF16/AMX CPUs).
-    assert evidence["torch.float32_matmul_precision"] == "BF16"
-    assert "-BF16-" in next(tmp_path.glob("*.json")).name
-    assert "PRECISION: requested FP32 but the audit found BF16" in result.output
+    # "medium" allows BF16; whether oneDNN uses it depends on the CPU (AVX512-BF16/AMX). The label follows the
+    # probe and the dispatch record (what ran), and the record keeps the disagreement where the switch said more.
+    probe = audit["matmul_probe"]["verdict"]
+    assert record["precision"]["effective"] == precision.lowest([probe, audit["dispatch"]["effective"]])
+    assert {"name": "torch.float32_matmul_precision", "value": "medium", "implies": "BF16"} in audit["backend"]
+    if probe == "FP32":
+        assert audit["switches_vs_probe"]["allow"] == "BF16" and audit["switches_vs_probe"]["label"] == "probe"
+    else:
+        assert record["precision"]["effective"] == "BF16"
+        assert "PRECISION: requested FP32 but the audit found BF16" in result.output
+
+
+def test_high_on_the_cpu_is_not_labelled_tf32(register_backend, tmp_path):
+    """No CPU computes TF32: "high" under FP32 keeps the FP32 label the probe shows, and records the switch."""
+
+    class High(MediumMatmulBackend):
+        name = "high"
+
+        def setup(self, device, precision, settings):
+            torch.set_float32_matmul_precision("high")
+
+    register_backend(High())
+    result, [record] = run(tmp_path, "--plugin", "high", "--precision", "FP32")
+    assert result.exit_code == 0, result.output
+    audit = record["precision"]["audit"]
+    assert audit["matmul_probe"]["verdict"] == "FP32"
+    assert record["precision"]["effective"] == "FP32"
+    assert audit["switches_vs_probe"] == {
+        "switches": {"torch.float32_matmul_precision": "TF32", "torch.backends.mkldnn.matmul.fp32_precision": "TF32"},
+        "allow": "TF32",
+        "probe": "FP32",
+        "label": "probe",
+    }
+
+
+def test_one_new_api_switch_does_not_crash_the_audit(register_backend, tmp_path):
+    """A plugin that sets one per-backend fp32_precision switch makes torch refuse to read the global matmul
+    precision ("checking the matmul precision without a specific backend name"); the audit records that, reads the
+    per-backend switches, and labels what the probe shows (no CPU computes TF32)."""
+
+    class ConvTweak(MediumMatmulBackend):
+        name = "convtweak"
+
+        def setup(self, device, precision, settings):
+            torch.backends.mkldnn.matmul.fp32_precision = "tf32"
+            torch.backends.mkldnn.conv.fp32_precision = "tf32"
+
+    register_backend(ConvTweak())
+    result, [record] = run(tmp_path, "--plugin", "convtweak", "--precision", "FP32")
+    assert result.exit_code == 0, result.output
+    backend = {f["name"]: f for f in record["precision"]["audit"]["backend"]}
+    assert backend["torch.float32_matmul_precision"]["value"].startswith("unreadable")
+    assert backend["torch.backends.mkldnn.matmul.fp32_precision"]["implies"] == "TF32"
+    # The fixed model has no convolution (one that ran would show in the dispatch record): no implication.
+    assert backend["torch.backends.mkldnn.conv.fp32_precision"]["implies"] is None
+    assert record["precision"]["effective"] == record["precision"]["audit"]["matmul_probe"]["verdict"] == "FP32"
+    assert record["invalid_reasons"] == []
 
 
 def test_medium_probe_agrees_with_what_the_cpu_really_computes():
@@ -82,9 +134,29 @@ def test_medium_probe_agrees_with_what_the_cpu_really_computes():
     assert probe["verdict"] == ("BF16" if ran_bf16 else "FP32"), probe
 
 
+class AutocastForwardBackend(MediumMatmulBackend):
+    """Wraps the model's forward in autocast(bf16) under an FP32 request: every tensor at rest stays FP32."""
+
+    name = "autocast_forward"
+
+    def setup(self, device, precision, settings):
+        pass
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        forward = model.forward
+
+        def autocast_forward(*args, **kwargs):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return forward(*args, **kwargs)
+
+        model.forward = autocast_forward
+        return model
+
+
 def test_strict_precision_makes_a_lower_effective_precision_an_error(register_backend, tmp_path):
-    register_backend(MediumMatmulBackend())
-    result, [record] = run(tmp_path, "--plugin", "medium", "--precision", "FP32", "--strict-precision")
+    register_backend(AutocastForwardBackend())
+    result, [record] = run(tmp_path, "--plugin", "autocast_forward", "--precision", "FP32", "--strict-precision")
+    assert record["precision"]["audit"]["evidence"]["dispatch"] == "BF16"
     assert result.exit_code == 1
     assert any("--strict-precision" in r for r in record["invalid_reasons"])
 
@@ -132,7 +204,8 @@ class PeakBackend(Backend):
         return ["FP32", "BF16"]
 
     def peak_flops(self, device, precision):
-        return Peak(1e12, "an invented figure for this test") if precision == "FP32" else None
+        # A peak with its public source; the host CPU is not in llmb's peak table.
+        return Peak(1e12, "https://example.com/datasheet") if precision == "FP32" else None
 
 
 def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_backend, tmp_path):
@@ -140,7 +213,9 @@ def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_backend,
     result, records = run(tmp_path, "--plugin", "peak", "--precision", "FP32")
     assert result.exit_code == 0, result.output
     [record] = records
-    assert (record["peak_flops"], record["peak_flops_source"]) == (1e12, "an invented figure for this test")
+    assert record["peak_flops"] == 1e12
+    assert record["peak"]["origin"] == "declared by plugin"
+    assert record["peak"]["source"] == "https://example.com/datasheet"
     assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 1e12)
     result, records = run(tmp_path / "bf16", "--plugin", "peak", "--precision", "BF16")
     assert records[0]["mfu"] is None and records[0]["peak_flops"] is None

@@ -135,3 +135,16 @@ def test_for_run_measures_the_runs_precision_and_none_for_fp8():
     assert roofline.for_run(cpu, device, "FP8", TINY, 1) is None
     result = roofline.for_run(cpu, device, "FP32", TINY, 1, repeats=1)
     assert result.precision == "FP32" and result.rates[-1].gemm.name == "square" and result.peak_flops > 0
+
+
+def test_every_run_records_its_compile_cost_and_the_measured_matmul_peak():
+    from llmb import runner
+
+    options = runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", steps=2, warmup_steps=3)
+    record = runner.run(options).to_dict()
+    timing = record["timing"]
+    assert len(timing["warmup_step_seconds"]) == 3 and all(s > 0 for s in timing["warmup_step_seconds"])
+    steady = timing["window_seconds"] / 2
+    assert timing["compile_seconds"] == pytest.approx(max(0.0, sum(timing["warmup_step_seconds"]) - 3 * steady))
+    assert record["measured_matmul_peak"] > 0 and record["measured_model_gemm_flops"] > 0
+    assert record["matmul_peak_efficiency"] == pytest.approx(record["tflops"] * 1e12 / record["measured_matmul_peak"])

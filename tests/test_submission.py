@@ -76,6 +76,13 @@ def made(tmp_path_factory):
     return {"results": results, "package": package, "root": root, "base": base}
 
 
+@pytest.fixture(autouse=True)
+def the_test_package_is_a_known_release(made, monkeypatch):
+    """verify trusts only the releases its installation lists; these tests' release is the copied package's."""
+    known = manifest.releases(made["package"])
+    monkeypatch.setattr(manifest, "releases", lambda package_dir=manifest.PACKAGE_DIR: known)
+
+
 def rows_by_check(rows) -> dict:
     return {row.check: row for row in rows}
 

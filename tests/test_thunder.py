@@ -63,3 +63,9 @@ def test_thunder_conforms(register_backend):
     record = conformance.check_plugin("thunder_on_cpu", "cpu", "FP32", steps=3)
     assert record.passed, conformance.failed_checks(record)
     assert record.precision.effective == "FP32"
+
+
+@needs_thunder
+def test_the_cpu_plugins_compile_thunder_conforms():
+    record = conformance.check_plugin("cpu", "cpu", "FP32", settings={"compile": "thunder"}, steps=3)
+    assert record.passed, conformance.failed_checks(record)

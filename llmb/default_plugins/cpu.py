@@ -10,9 +10,9 @@ import sys
 
 import torch
 
-from llmb import Backend, Setting, hookimpl
+from llmb import Backend, PrecisionFact, Setting, checkpointing, compilers, fp8, hookimpl
 
-COMPILE_MODES = ("none", "default", "max-autotune")
+COMPILE_MODES = ("none", "default", "max-autotune", compilers.THUNDER)
 
 
 class CpuBackend(Backend):
@@ -30,7 +30,16 @@ class CpuBackend(Backend):
 
     def settings(self) -> list[Setting]:
         return [
-            Setting("compile", str, "none", "torch.compile the model with this mode", COMPILE_MODES),
+            Setting(
+                "compile",
+                str,
+                "none",
+                "torch.compile the model with this mode, or thunder: Lightning Thunder's thunder.jit (needs torch 2.9)",
+                COMPILE_MODES,
+            ),
+            Setting("activation_checkpointing", str, "none", checkpointing.HELP, checkpointing.MODES),
+            Setting("fp8", str, "none", "train the Linear layers in float8 with this torchao recipe", fp8.RECIPES),
+            Setting("fp8_emulate", bool, True, "torchao's float8 emulation (false: torch._scaled_mm's CPU kernel)"),
             Setting("threads", int, 0, "intra-op threads for torch (0: torch's default)"),
             # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop
             # (benchmarks/RESULTS.md).
@@ -38,14 +47,21 @@ class CpuBackend(Backend):
         ]
 
     def setup(self, device, precision, settings) -> None:
+        # Before the model exists: a compiler or FP8 that cannot run here is one line, not a traceback mid-run.
+        compilers.check_compiler(settings.get("compile", "none"))
+        fp8.check_fp8(settings.get("fp8", "none"))
         if settings.get("threads"):
             torch.set_num_threads(settings["threads"])
 
     def process_model(self, model, optimizer, device, precision, settings):
-        mode = settings.get("compile", "none")
-        if mode == "none":
-            return model
-        return torch.compile(model, mode=None if mode == "default" else mode)
+        # torchtitan's order: float8 swaps the Linear modules, checkpointing wraps the layers, the compiler sees all.
+        model = fp8.convert(model, settings.get("fp8", "none"), emulate=settings.get("fp8_emulate", True))
+        model = checkpointing.apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
+        return compilers.compile_model(model, settings.get("compile", "none"))
+
+    def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
+        recipe = settings.get("fp8", "none")
+        return [PrecisionFact("llmb.fp8", recipe, "FP8" if recipe != "none" else None)]
 
     def optimizer_options(self, device, precision, settings) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}

@@ -1,0 +1,273 @@
+"""Identities of what the benchmark depends on, captured before any plugin is imported and compared afterwards.
+
+A plugin is arbitrary code in llmb's process: at import it can replace `nn.Linear.forward`, `torch.optim.AdamW`,
+llmb's loop or its constants, register a global optimizer hook, or override an aten kernel through
+`torch.library`. None of that shows in the plugin's hooks, so llmb keeps the objects themselves (not copies of
+their names) from before the first plugin import and compares them, by identity, after the plugin's
+post-processing and after the measured window. Any difference makes the run invalid and names what changed.
+
+Watched (see docs/integrity.md):
+- torch's matmul, attention, linear and loss entry points: the callables of `torch`, `torch.nn.functional`,
+  `torch._C._nn` (torch._C._VariableFunctions is read-only), and the class dictionaries of `torch.Tensor`, `nn.Module`,
+  `nn.Linear`, `nn.Embedding`, the optimizer classes and `GradScaler` (a name added later shadows a C method);
+- AdamW: `torch.optim.AdamW`, its bases, the functional `adam`/`adamw` modules, and the global optimizer and module
+  hook registries (their contents);
+- the aten dispatcher table of every aten operator (a `torch.library` override leaves the old kernel "inactive"):
+  a kernel replaced or removed, or one added for a key that computes on the run's devices;
+- llmb's own modules: every function and class (and each llmb class's dictionary) by identity, and every UPPER_CASE
+  constant by value;
+- the clocks in `time`.
+
+This cannot stop a plugin that also patches the comparison; that is what the clean-room process and the replay
+close (docs/integrity.md, "residual risks").
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+# llmb modules that judge, time or define a run; imported before the baseline so a plugin's patch to any is seen.
+LLMB_MODULES = (
+    "llmb.config",
+    "llmb.model",
+    "llmb.train",
+    "llmb.precision",
+    "llmb.runner",
+    "llmb.device",
+    "llmb.flops",
+    "llmb.fingerprint",
+    "llmb.conformance",
+    "llmb.manifest",
+    "llmb.peaks",
+    "llmb.guard",
+    "llmb.dispatch_audit",
+    "llmb.window_audit",
+    "llmb.results",
+)
+# Optional llmb modules that other work adds (watched when present).
+OPTIONAL_LLMB_MODULES = ("llmb.records", "llmb.worker", "llmb.cleanroom", "llmb.replay")
+
+TORCH_MODULES = (
+    ("torch", torch),
+    ("torch.nn.functional", torch.nn.functional),
+    ("torch._C._nn", torch._C._nn),
+    ("torch.autograd", torch.autograd),
+    ("torch.optim.adamw", importlib.import_module("torch.optim.adamw")),
+    ("torch.optim.adam", importlib.import_module("torch.optim.adam")),
+    ("torch.optim.optimizer", importlib.import_module("torch.optim.optimizer")),
+)
+TORCH_CLASSES = (
+    ("torch.Tensor", torch.Tensor),
+    ("torch.nn.Module", torch.nn.Module),
+    ("torch.nn.Linear", torch.nn.Linear),
+    ("torch.nn.Embedding", torch.nn.Embedding),
+    ("torch.nn.Parameter", torch.nn.Parameter),
+    ("torch.optim.Optimizer", torch.optim.Optimizer),
+    ("torch.optim.Adam", torch.optim.Adam),
+    ("torch.optim.AdamW", torch.optim.AdamW),
+    ("torch.amp.GradScaler", torch.amp.GradScaler),
+    ("torch.autocast", torch.autocast),
+)
+# Registries whose contents a public API changes globally: a step pre-hook that drops gradients is one line.
+HOOK_REGISTRIES = (
+    ("torch.optim.optimizer", "_global_optimizer_pre_hooks"),
+    ("torch.optim.optimizer", "_global_optimizer_post_hooks"),
+    ("torch.nn.modules.module", "_global_forward_pre_hooks"),
+    ("torch.nn.modules.module", "_global_forward_hooks"),
+    ("torch.nn.modules.module", "_global_backward_pre_hooks"),
+    ("torch.nn.modules.module", "_global_backward_hooks"),
+    ("torch.nn.modules.module", "_global_forward_hooks_always_called"),
+    ("torch.nn.modules.module", "_global_module_registration_hooks"),
+    ("torch.nn.modules.module", "_global_parameter_registration_hooks"),
+    ("torch.nn.modules.module", "_global_buffer_registration_hooks"),
+)
+CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "process_time")
+
+_MISSING = object()
+
+
+@dataclass
+class Baseline:
+    """The watched objects as they were before any plugin import: name -> (holder, key, object)."""
+
+    bindings: dict[str, tuple[object, str, object]] = field(default_factory=dict)
+    constants: dict[str, str] = field(default_factory=dict)
+    class_keys: dict[str, tuple[type, frozenset[str]]] = field(default_factory=dict)
+    hooks: dict[str, tuple] = field(default_factory=dict)
+    dispatcher: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def watch(self, name: str, holder: object, key: str) -> None:
+        self.bindings[name] = (holder, key, vars(holder).get(key, _MISSING))
+
+    def watch_class(self, name: str, cls: type) -> None:
+        for key in vars(cls):
+            if key not in _SKIPPED_CLASS_KEYS:
+                self.watch(f"{name}.{key}", cls, key)
+        self.class_keys[name] = (cls, frozenset(vars(cls)))
+
+
+_SKIPPED_CLASS_KEYS = frozenset({"__dict__", "__weakref__", "__doc__", "__annotations__", "__parameters__"})
+
+
+def _settle_lazy_patches() -> None:
+    """Apply torch's own lazy patches now, so the baseline holds what every later run uses and an honest run never
+    shows them as changes: an optimizer class's `step` is wrapped with its hook machinery on the first instance, and
+    torch.compile's first use wraps the optimizers' `_init_group` and fused kernels (dynamo's TorchPatcher) and
+    `nn.Module.__init__` (generation tagging)."""
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    try:
+        from torch._dynamo.eval_frame import TorchPatcher
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+    except ImportError:  # pragma: no cover - a torch without dynamo's patches has nothing to settle
+        return
+    TorchPatcher.patch()
+    install_generation_tagging_init()
+
+
+def _llmb_modules() -> list[types.ModuleType]:
+    modules = [importlib.import_module(name) for name in LLMB_MODULES]
+    for name in OPTIONAL_LLMB_MODULES:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return modules
+
+
+def _is_code(value: object) -> bool:
+    return callable(value) or isinstance(value, (staticmethod, classmethod, property))
+
+
+# Dispatch keys whose kernels compute nothing the benchmark measures (Meta: shapes only; torch registers Python meta
+# kernels lazily), or that belong to an out-of-tree device backend, whose library registers its own kernels when
+# it loads (torch_xla registers XLA kernels for every aten operator): new kernels there are not a change.
+TOLERATED_NEW_KEYS = (
+    "Meta",
+    "XLA",
+    "AutogradXLA",
+    "AutocastXLA",
+    "Lazy",
+    "AutogradLazy",
+    "PrivateUse1",
+    "AutogradPrivateUse1",
+    "AutocastPrivateUse1",
+    "HPU",
+    "AutogradHPU",
+    "MTIA",
+    "AutogradMTIA",
+)
+
+
+def _aten_dispatch_table() -> dict[str, dict[str, str]]:
+    """Per aten operator, its registered kernels by dispatch key (an overridden kernel shows as "KEY (inactive)")."""
+    table = {}
+    for name in torch._C._dispatch_get_all_op_names():
+        if name.startswith("aten::"):
+            kernels = {}
+            for line in torch._C._dispatch_dump(name).splitlines():
+                key, sep, where = line.partition(": registered at ")
+                if sep:
+                    kernels[key] = where
+            table[name] = kernels
+    return table
+
+
+def _dispatch_changes(before: dict[str, str], after: dict[str, str]) -> bool:
+    """Whether an operator's kernels changed: one replaced or removed, or one added for a key that computes."""
+    if any(after.get(key) != where for key, where in before.items() if not key.startswith("Meta")):
+        return True
+    return any(key not in before and not key.startswith(TOLERATED_NEW_KEYS) for key in after)
+
+
+def _hook_contents(module_name: str, attribute: str) -> tuple:
+    registry = getattr(sys.modules[module_name], attribute, None)
+    return tuple(registry.items()) if isinstance(registry, dict) else (registry,)
+
+
+def capture() -> Baseline:
+    """Everything watched, as it is now (call before importing any plugin)."""
+    _settle_lazy_patches()
+    baseline = Baseline()
+    for prefix, module in TORCH_MODULES:
+        for key, value in list(vars(module).items()):
+            if not key.startswith("__") and _is_code(value) and not isinstance(value, types.ModuleType):
+                baseline.watch(f"{prefix}.{key}", module, key)
+    for prefix, cls in TORCH_CLASSES:
+        module_name, _, key = prefix.rpartition(".")
+        baseline.watch(prefix, sys.modules[module_name], key)
+        baseline.watch_class(prefix, cls)
+    baseline.watch("torch.optim.AdamW", torch.optim, "AdamW")
+    for name in CLOCKS:
+        baseline.watch(f"time.{name}", time, name)
+    for module in _llmb_modules():
+        for key, value in list(vars(module).items()):
+            if key.startswith("__"):
+                continue
+            qualified = f"{module.__name__}.{key}"
+            if isinstance(value, types.ModuleType) or _is_code(value):
+                baseline.watch(qualified, module, key)
+                if isinstance(value, type) and value.__module__ == module.__name__:
+                    baseline.watch_class(qualified, value)
+            elif key.isupper():
+                baseline.watch(qualified, module, key)
+                baseline.constants[qualified] = repr(value)
+    for module_name, attribute in HOOK_REGISTRIES:
+        baseline.hooks[f"{module_name}.{attribute}"] = _hook_contents(module_name, attribute)
+    baseline.dispatcher = _aten_dispatch_table()
+    return baseline
+
+
+def compare(baseline: Baseline, limit: int = 10) -> list[str]:
+    """What changed since the baseline, one phrase per change (empty when nothing did)."""
+    changed: list[str] = []
+    for name, (holder, key, original) in baseline.bindings.items():
+        now = vars(holder).get(key, _MISSING)
+        if now is original:
+            if name in baseline.constants and repr(now) != baseline.constants[name]:
+                changed.append(f"{name} was changed (was {baseline.constants[name]})")
+        elif now is _MISSING:
+            changed.append(f"{name} was removed")
+        elif original is _MISSING:
+            changed.append(f"{name} was added")
+        else:
+            changed.append(f"{name} was replaced")
+    for name, (cls, keys) in baseline.class_keys.items():
+        # An added name matters where it shadows an inherited one (`torch.Tensor.mm` over the C method); a new name
+        # nothing calls does not (transformers adds `nn.Module.smart_apply` when it loads).
+        added = [key for key in sorted(set(vars(cls)) - keys) if any(key in vars(base) for base in cls.__mro__[1:])]
+        changed += [f"{name}.{key} was added" for key in added]
+    for name, contents in baseline.hooks.items():
+        module_name, _, attribute = name.rpartition(".")
+        if _hook_contents(module_name, attribute) != contents:
+            changed.append(f"{name} changed (a global hook was registered or removed)")
+    now_table = _aten_dispatch_table()
+    for op, kernels in baseline.dispatcher.items():
+        if _dispatch_changes(kernels, now_table.get(op, {})):
+            changed.append(f"the dispatcher's kernels for {op} changed (overridden through torch.library?)")
+    if len(changed) > limit:
+        changed = changed[:limit] + [f"and {len(changed) - limit} more"]
+    return changed
+
+
+_baseline: Baseline | None = None
+
+
+def ensure_baseline() -> Baseline:
+    """The process's baseline, captured on the first call (plugins.load calls it before any import)."""
+    global _baseline
+    if _baseline is None:
+        _baseline = capture()
+    return _baseline
+
+
+def problems(when: str) -> list[str]:
+    """Invalid reasons for everything changed since the baseline, naming the stage (`when`)."""
+    if _baseline is None:
+        return [f"{when}: no identity baseline was captured before the plugins were imported"]
+    return [f"identity {when}: {change}" for change in compare(_baseline)]

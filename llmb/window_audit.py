@@ -1,0 +1,150 @@
+"""The whole measured window audited, not one moment before it.
+
+The precision audit runs once, after the first warmup step; a plugin can change the backend afterwards (turn on
+`set_float32_matmul_precision("medium")` in `step_end`), behave differently once the window opens, drop gradients,
+or patch torch late. Around and during the window this module checks:
+
+- the backend state (llmb.precision.backend_state: matmul switches, autocast, default dtype, torch function and
+  dispatch modes) equals the audited state at the window's opening, after every step, and at its close;
+- one step of the window, chosen at random when the window opens, runs under the dispatch recorder
+  (llmb.dispatch_audit), so the formats the matmul and attention operators received at the model's own shapes
+  join the precision evidence;
+- at the close, every parameter holds a non-zero gradient from the last step, and every parameter changed over the
+  window (or, for a 16-bit parameter too coarse to hold an lr-sized update, its AdamW state did);
+- the identity guard (llmb.guard) after the window.
+
+Each failure becomes an invalid reason naming "window" and what happened. The checks cost a handful of attribute
+reads per step plus one reduction per parameter at each edge, all outside the timed steps but the recorded one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import Iterator
+
+import torch
+
+from llmb import guard, precision
+from llmb.dispatch_audit import DtypeRecorder
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP), else the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _digest(tensor: torch.Tensor) -> tuple[float, float]:
+    """Sum and norm in FP32: any AdamW update of a tensor moves at least one of them (not a proof of each element)."""
+    local = _local(tensor.detach())
+    if local.numel() == 0:
+        return (0.0, 0.0)
+    return (float(local.sum(dtype=torch.float32)), float(torch.linalg.vector_norm(local, dtype=torch.float32)))
+
+
+def parameter_digests(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple]:
+    """Per parameter name: digest of the parameter and of its AdamW first moment (None before the first step)."""
+    digests = {}
+    for name, p in model.named_parameters():
+        moment = optimizer.state.get(p, {}).get("exp_avg")
+        digests[name] = (_digest(p), _digest(moment) if isinstance(moment, torch.Tensor) else None)
+    return digests
+
+
+def unchanged_parameters(before: dict[str, tuple], after: dict[str, tuple], dtypes: dict[str, torch.dtype]) -> list:
+    """Parameters that did not change over the window (a 16-bit one passes if its AdamW state moved)."""
+    stuck = []
+    for name, (param, moment) in after.items():
+        old_param, old_moment = before.get(name, (None, None))
+        if param != old_param:
+            continue
+        if dtypes.get(name) in HALF_DTYPES and moment is not None and moment != old_moment:
+            continue
+        stuck.append(name)
+    return stuck
+
+
+def gradient_problems(model: torch.nn.Module) -> list[str]:
+    """Parameters without a gradient, or with an all-zero one, after the last step."""
+    missing, zero = [], []
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            missing.append(name)
+        elif _local(p.grad).numel() and not bool(_local(p.grad).detach().abs().amax() > 0):
+            zero.append(name)
+    found = []
+    if missing:
+        found.append(f"window: {len(missing)} parameters received no gradient (first: {missing[0]})")
+    if zero:
+        found.append(f"window: {len(zero)} parameters received an all-zero gradient (first: {zero[0]})")
+    return found
+
+
+class WindowAudit:
+    """One run's window checks; `problems` collects the invalid reasons, `record()` what goes in the result."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device_type: str,
+        audited_state: tuple,
+        steps: int,
+    ) -> None:
+        self.model, self.optimizer, self.device_type = model, optimizer, device_type
+        self.audited_state = audited_state
+        self.problems: list[str] = []
+        self.steps_checked = 0
+        # Unpredictable to the plugin: which step of the first window runs under the recorder.
+        self.record_step = secrets.randbelow(steps)
+        self.recorder: DtypeRecorder | None = None
+        self._before: dict[str, tuple] | None = None
+        self._step = 0
+
+    def _check_state(self, where: str) -> None:
+        changes = precision.state_changes(self.audited_state, precision.backend_state(self.device_type))
+        if changes and not any(p.startswith("window: backend state changed") for p in self.problems):
+            self.problems.append(f"window: backend state changed since the audit ({where}): {'; '.join(changes)}")
+
+    def open(self) -> None:
+        """At the opening of the window (before its clock starts)."""
+        self._check_state("at the window's opening")
+        self._step = 0
+        if self._before is None:
+            self._before = parameter_digests(self.model, self.optimizer)
+
+    def after_step(self) -> None:
+        """After each step of the window: a handful of attribute reads."""
+        self.steps_checked += 1
+        self._step += 1
+        self._check_state(f"after step {self._step} of the window")
+
+    @contextlib.contextmanager
+    def around_step(self, index: int) -> Iterator[None]:
+        """The recorder around the chosen step of the first window; nothing around the others."""
+        if self.recorder is not None or index != self.record_step:
+            yield
+            return
+        self.recorder = DtypeRecorder()
+        with self.recorder:
+            yield
+
+    def close(self) -> None:
+        """At the close of the last window (after its clock stopped)."""
+        self._check_state("at the window's close")
+        self.problems += gradient_problems(self.model)
+        if self._before is not None:
+            after = parameter_digests(self.model, self.optimizer)
+            dtypes = {name: p.dtype for name, p in self.model.named_parameters()}
+            stuck = unchanged_parameters(self._before, after, dtypes)
+            if stuck:
+                self.problems.append(f"window: {len(stuck)} parameters did not change (first: {stuck[0]})")
+        self.problems += guard.problems("after the window")
+
+    def dispatch(self) -> dict | None:
+        return self.recorder.record.to_dict() if self.recorder is not None else None
+
+    def record(self) -> dict:
+        return {"steps_checked": self.steps_checked, "recorded_step": self.record_step + 1}

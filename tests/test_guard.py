@@ -1,0 +1,87 @@
+"""llmb.guard: the identities captured before any plugin import, and what a comparison names after a change.
+
+Each test changes one watched object in this process and puts it back (monkeypatch), so the comparison sees the
+change while it lasts and nothing afterwards.
+"""
+
+import sys
+
+import pytest
+import torch
+
+import llmb.model
+import llmb.train
+from llmb import guard
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    return guard.capture()
+
+
+def test_nothing_changed_compares_clean(baseline):
+    assert guard.compare(baseline) == []
+
+
+@pytest.mark.parametrize(
+    "holder, name, reported",
+    [
+        (torch.nn.Linear, "forward", "torch.nn.Linear.forward was replaced"),
+        (torch.nn.functional, "scaled_dot_product_attention", "scaled_dot_product_attention was replaced"),
+        (torch.optim, "AdamW", "torch.optim.AdamW was replaced"),
+        (torch.optim.AdamW, "step", "torch.optim.AdamW.step was replaced"),
+        (llmb.model.LlamaModel, "forward", "llmb.model.LlamaModel.forward was replaced"),
+        (llmb.train.Trainer, "measure", "llmb.train.Trainer.measure was replaced"),
+        (llmb.train, "time", "llmb.train.time was replaced"),
+        (llmb.train, "ADAMW_HYPERPARAMETERS", "llmb.train.ADAMW_HYPERPARAMETERS was replaced"),
+    ],
+)
+def test_a_replaced_object_is_named(baseline, monkeypatch, holder, name, reported):
+    monkeypatch.setattr(holder, name, lambda *args, **kwargs: None)
+    assert any(reported in change for change in guard.compare(baseline)), guard.compare(baseline)
+
+
+def test_a_method_added_to_tensor_shadowing_a_c_method_is_named(baseline, monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "mm", lambda self, other: other, raising=False)
+    assert "torch.Tensor.mm was added" in guard.compare(baseline)
+
+
+def test_a_global_optimizer_hook_is_named(baseline):
+    handle = sys.modules["torch.optim.optimizer"].register_optimizer_step_pre_hook(lambda *args: None)
+    try:
+        changes = guard.compare(baseline)
+    finally:
+        handle.remove()
+    assert any("_global_optimizer_pre_hooks changed" in c for c in changes), changes
+    assert guard.compare(baseline) == []
+
+
+def test_constants_are_read_only_and_compared_by_value():
+    with pytest.raises(TypeError):
+        llmb.train.ADAMW_HYPERPARAMETERS["lr"] = 1e-3
+
+
+def test_an_aten_kernel_overridden_through_torch_library_is_named(baseline):
+    """Run in a child: an override cannot be taken back in this process."""
+    import subprocess
+
+    code = (
+        "import torch, warnings; from llmb import guard; b = guard.capture(); warnings.simplefilter('ignore');"
+        "lib = torch.library.Library('aten', 'IMPL'); lib.impl('mm', lambda a, b: a, 'CPU');"
+        "print(guard.compare(b))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "the dispatcher's kernels for aten::mm changed" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_torch_compile_in_an_honest_run_changes_nothing(baseline):
+    """torch's own lazy patches (dynamo's optimizer wrappers, Module generation tagging) are applied before the
+    baseline, so compiling a model shows no change."""
+    model = torch.compile(torch.nn.Linear(4, 4))
+    model(torch.randn(2, 4)).sum().backward()
+    assert guard.compare(baseline) == []
+
+
+def test_problems_name_the_stage():
+    guard.ensure_baseline()
+    assert guard.problems("after the window") == []
