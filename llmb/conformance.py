@@ -253,8 +253,8 @@ def compare(candidate: Trace, reference: Trace, requested: str, mode: str) -> li
         Check(
             "identities",
             not changed,
-            "; ".join(changed) or "torch's entry points, AdamW, hook registries, aten kernels and llmb as before "
-            "any plugin was imported",
+            "; ".join(changed)
+            or "torch's entry points, AdamW, hook registries, aten kernels and llmb as before any plugin was imported",
             len(changed),
             0,
         )

@@ -76,6 +76,8 @@ class Point:
     source: str = ""
     threads: tuple[int, ...] = ()  # intra-op threads of each rank (a scaling baseline must have run the same)
     global_batch: int | None = None
+    torch: str = ""  # the torch version that ran it
+    steps: str = ""  # measured and warmup steps, as "50 + 5 warmup"
 
     @property
     def ok(self) -> bool:
@@ -194,6 +196,8 @@ def point_from_record(record: Result, phase: str | None, source: str) -> Point:
         peak=peaks.peak_note(record),
         peak_memory_bytes=record.peak_memory_bytes,
         step_seconds=record.timing.window_seconds / record.steps,
+        torch=record.software.torch,
+        steps=f"{record.steps} + {record.warmup_steps} warmup",
         load_average=record.host.load_average_end[0] if record.host and record.host.load_average_end else None,
         validity=validity,
         detail="; ".join(record.invalid_reasons),
@@ -614,19 +618,29 @@ def _batch_axis(ax, batches: set[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(batches))
     ax.set_xticklabels([str(b) for b in sorted(batches)])
+    # Neighbouring sizes (48, 64) sit close on a log axis: many ticks are turned so their labels never overlap.
+    ax.tick_params(axis="x", labelrotation=45 if len(batches) > 6 else 0, labelsize=8)
     ax.minorticks_off()
     ax.set_xlabel("batch size per device")
     ax.grid(True, alpha=0.3)
 
 
-def _versus_batch(points: list[Point], value: Callable, ylabel: str, title: str) -> bytes | None:
+def _legend(ax) -> None:
+    """The legend beside the axes, never over the data (seven series cover a plot's corner)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
+
+
+def _versus_batch(
+    points: list[Point], value: Callable, ylabel: str, title: str, mark_best: bool = False
+) -> bytes | None:
     groups = {g: ps for g, ps in by_group(points).items() if g[6] == 1}
     if not any(value(p) is not None for ps in groups.values() for p in ps if p.ok):
         return None
     fig, ax = _figure()
     batches: set[int] = set()
     drawn: dict[int, int] = {}  # failures drawn per batch size
-    drawn_label = False
+    drawn_label = marked = False
     for index, (group, ps) in enumerate(groups.items()):
         color = f"C{index % 10}"
         runs = [p for p in ps if p.ok and value(p) is not None]
@@ -635,6 +649,11 @@ def _versus_batch(points: list[Point], value: Callable, ylabel: str, title: str)
         if runs:
             ax.scatter([p.batch_size for p in runs], [value(p) for p in runs], color=color, alpha=0.35, s=14)
             ax.plot(list(medians), [value(p) for p in medians.values()], "o-", color=color, label=_label(group))
+            if mark_best and medians:
+                batch, best = max(medians.items(), key=lambda item: value(item[1]))
+                ax.scatter([batch], [value(best)], marker="*", s=220, color=color, edgecolors="black", zorder=6,
+                           label=None if marked else "best batch")  # fmt: skip
+                marked = True
         failures = [p for p in ps if not p.ok]
         if failures:
             # Failed trials have no measurement: marked on the x axis at their batch size, nudged apart where
@@ -663,7 +682,7 @@ def _versus_batch(points: list[Point], value: Callable, ylabel: str, title: str)
     ax.set_ylim(bottom=0)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _png(fig)
 
 
@@ -694,7 +713,7 @@ def methods_plot(points: list[Point]) -> bytes | None:
     ax.set_ylabel("tokens/s (median at the best batch)")
     ax.set_title("Best throughput per method and precision")
     ax.margins(y=0.15)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _png(fig)
 
 
@@ -727,7 +746,7 @@ def scaling_plot(tables: list[Table]) -> bytes | None:
     ax.set_ylabel(f"tokens/s (dotted: linear from {base['devices']} device{'s' if base['devices'] > 1 else ''})")
     ax.set_title("Scaling")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _png(fig)
 
 
@@ -735,7 +754,10 @@ def make_plots(points: list[Point], tables: list[Table]) -> dict[str, bytes]:
     """PNG bytes by file name; a plot with nothing to show is left out."""
     plots = {
         "throughput_vs_batch.png": _versus_batch(
-            points, lambda p: p.tokens_per_second, "tokens/s", "Throughput vs batch size"
+            points, lambda p: p.tokens_per_second, "tokens/s", "Throughput vs batch size", mark_best=True
+        ),
+        "tflops_vs_batch.png": _versus_batch(
+            points, lambda p: p.tflops_per_device, "TFLOP/s per device", "Achieved TFLOP/s vs batch size", True
         ),
         "memory_vs_batch.png": _versus_batch(
             points,
@@ -778,6 +800,22 @@ img { max-width: 100%; display: block; margin: 1em 0; }
 """
 
 
+def _about(points: list[Point], e: Callable[[object], str]) -> list[str]:
+    """What a reader needs before the figures: shapes (with parameters), torch, steps and the hosts' load."""
+    measured = [p for p in points if p.ok]
+    if not measured:
+        return []
+    loads = [p.load_average for p in measured if p.load_average is not None]
+    items = [
+        ("Shapes", sorted({p.shape for p in measured})),
+        ("torch", sorted({p.torch for p in measured if p.torch})),
+        ("Steps per run", sorted({p.steps for p in measured if p.steps})),
+        ("Host load (1 min, at the end of each run)", [f"{min(loads):.2f}-{max(loads):.2f}"] if loads else []),
+    ]
+    rows = "".join(f"<li><b>{e(name)}:</b> {e(', '.join(values))}</li>" for name, values in items if values)
+    return [f"<h2>About these runs</h2><ul class='about'>{rows}</ul>"]
+
+
 def to_html(tables: list[Table], plots: dict[str, bytes], inputs: Inputs) -> str:
     def e(value: object) -> str:
         return html.escape(term.clean(value, limit=None))
@@ -790,6 +828,7 @@ def to_html(tables: list[Table], plots: dict[str, bytes], inputs: Inputs) -> str
         "<h1>llmb report</h1>",
         f"<p class='note'>llmb {e(__version__)}, {e(created)}; inputs: {e(', '.join(inputs.sources))}</p>",
     ]
+    parts += _about(inputs.points, e)
     for table in tables:
         parts.append(f"<h2>{e(table.title)}</h2><table><thead><tr>")
         parts += [f"<th>{e(c.header)}</th>" for c in table.columns]

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import torch
 
-from llmb import guard, precision
+from llmb import evidence, guard, precision
 from llmb.dispatch_audit import DtypeRecorder
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -36,21 +36,19 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def _digest(tensor: torch.Tensor) -> tuple[float, float]:
-    """Sum and norm in FP32: any AdamW update of a tensor moves at least one of them (not a proof of each element)."""
-    local = _local(tensor.detach())
-    if local.numel() == 0:
-        return (0.0, 0.0)
-    return (float(local.sum(dtype=torch.float32)), float(torch.linalg.vector_norm(local, dtype=torch.float32)))
-
-
 def parameter_digests(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, tuple]:
-    """Per parameter name: digest of the parameter and of its AdamW first moment (None before the first step)."""
-    digests = {}
-    for name, p in model.named_parameters():
-        moment = optimizer.state.get(p, {}).get("exp_avg")
-        digests[name] = (_digest(p), _digest(moment) if isinstance(moment, torch.Tensor) else None)
-    return digests
+    """Per parameter name: the float64 sum and sum of squares of the parameter and of its AdamW first moment (None
+    before the first step), by llmb.evidence.digest. float64, because an AdamW update of lr = 1e-5 on a weight near
+    1 (a norm's) is lost in an FP32 sum, and the sum of squares, because the signs of first updates can cancel."""
+    named = list(model.named_parameters())
+    params = evidence.as_list(evidence.digest([p for _, p in named])) if named else []
+    moments = [optimizer.state.get(p, {}).get("exp_avg") for _, p in named]
+    present = [m for m in moments if isinstance(m, torch.Tensor)]
+    moment_rows = iter(evidence.as_list(evidence.digest(present)) if present else [])
+    return {
+        name: (tuple(row), tuple(next(moment_rows)) if isinstance(moment, torch.Tensor) else None)
+        for (name, _), row, moment in zip(named, params, moments, strict=True)
+    }
 
 
 def unchanged_parameters(before: dict[str, tuple], after: dict[str, tuple], dtypes: dict[str, torch.dtype]) -> list:
