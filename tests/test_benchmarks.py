@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmb import runner
+from llmb import Backend, runner
 from llmb.config import build_config
 from llmb.errors import UsageError
 from llmb.plugins import get_backend
@@ -157,9 +157,18 @@ def test_compile_modes_lists_what_the_plugin_does_not_offer(bench):
     _, _, compile_modes = bench
     cpu = get_backend("cpu").backend
     fused = compile_modes.method_settings(cpu, compile_modes.METHODS["fused AdamW"])
-    assert fused == {"compile": "none", "fused_adamw": "true"}
+    assert fused == {"compile": "none", "fused_adamw": "true", "activation_checkpointing": "none"}
     assert compile_modes.method_settings(cpu, {})["fused_adamw"] == "false"  # eager is the unfused reference
+    full = compile_modes.method_settings(cpu, compile_modes.METHODS["checkpointing full"])
+    assert full["activation_checkpointing"] == "full"
+
+    class NoCheckpointing(Backend):  # a backend that declares only the compile setting
+        name = "nockpt"
+
+        def settings(self):
+            return [s for s in cpu.settings() if s.name == "compile"]
+
     with pytest.raises(UsageError, match="no activation_checkpointing setting"):
-        compile_modes.method_settings(cpu, compile_modes.METHODS["checkpointing full"])
+        compile_modes.method_settings(NoCheckpointing(), compile_modes.METHODS["checkpointing full"])
     with pytest.raises(UsageError, match="reduce-overhead"):
         compile_modes.method_settings(cpu, compile_modes.METHODS["compile reduce-overhead"])
