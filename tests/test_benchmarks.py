@@ -157,9 +157,9 @@ def test_compile_modes_lists_what_the_plugin_does_not_offer(bench):
     _, _, compile_modes = bench
     cpu = Plugin("cpu")
     fused = compile_modes.method_settings(cpu, compile_modes.METHODS["fused AdamW"])
-    assert fused == {"compile": "none", "fused_adamw": "true"}
+    assert fused == {"compile": "none", "fused_adamw": "true", "activation_checkpointing": "none"}
     assert compile_modes.method_settings(cpu, {})["fused_adamw"] == "false"  # eager is the unfused reference
-    with pytest.raises(UsageError, match="no activation_checkpointing setting"):
-        compile_modes.method_settings(cpu, compile_modes.METHODS["checkpointing full"])
+    full = compile_modes.method_settings(cpu, compile_modes.METHODS["checkpointing full"])
+    assert full["activation_checkpointing"] == "full"
     with pytest.raises(UsageError, match="reduce-overhead"):
         compile_modes.method_settings(cpu, compile_modes.METHODS["compile reduce-overhead"])
