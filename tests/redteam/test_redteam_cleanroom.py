@@ -47,8 +47,8 @@ def test_a_patched_measure_that_scales_its_times_is_caught(tmp_path):
     _measure = _train.Trainer.measure
 
 
-    def _scaled(self, steps, on_step=None, **kwargs):
-        m = _measure(self, steps, on_step, **kwargs)
+    def _scaled(self, *args, **kwargs):
+        m = _measure(self, *args, **kwargs)
         return dataclasses.replace(
             m, window_seconds=m.window_seconds / 1.5, step_seconds=[s / 1.5 for s in m.step_seconds]
         )
