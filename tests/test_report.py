@@ -91,14 +91,14 @@ def test_plots_are_pngs_and_html_embeds_them(inputs, tmp_path):
     result = invoke(*inputs, "--format", "html", "--out", html_file, "--plot", plots)
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in plots.iterdir())
-    assert names == ["memory_vs_batch.png", "methods.png", "throughput_vs_batch.png"]
+    assert names == ["memory_vs_batch.png", "methods.png", "tflops_vs_batch.png", "throughput_vs_batch.png"]
     for path in plots.iterdir():
         width, height = png_size(path.read_bytes())
         assert width > 400 and height > 200
     page = html_file.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("<table>") == 3
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
-    assert len(images) == 3
+    assert len(images) == len(names)
     assert {base64.b64decode(i) for i in images} == {p.read_bytes() for p in plots.iterdir()}
     assert "http" not in page.replace("http-equiv", "")  # nothing to fetch: it opens without a server
 
@@ -136,7 +136,7 @@ def test_scaling_table_from_multi_device_records(tiny_sweep):
     assert rows[4]["tokens_per_second"] == 320.0 and rows[4]["parallel"] == "ddp"
     assert "against 1 device" in table.note
     plots = make_plots(points, [table])
-    assert list(plots) == ["throughput_vs_batch.png", "memory_vs_batch.png", "methods.png", "scaling.png"]
+    assert list(plots) == ["throughput_vs_batch.png", "tflops_vs_batch.png", "memory_vs_batch.png", "methods.png", "scaling.png"]
     assert png_size(plots["scaling.png"])[0] > 400
 
 
