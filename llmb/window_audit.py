@@ -70,7 +70,8 @@ def gradient_problems(model: torch.nn.Module) -> list[str]:
     for name, p in model.named_parameters():
         if p.grad is None:
             missing.append(name)
-        elif _local(p.grad).numel() and not bool(_local(p.grad).detach().abs().amax() > 0):
+        # max(), not amax(): amax's default dim=() reduces nothing on XLA (torch 2.9), leaving a tensor.
+        elif _local(p.grad).numel() and not bool(_local(p.grad).detach().abs().max() > 0):
             zero.append(name)
     found = []
     if missing:

@@ -94,8 +94,11 @@ def test_ipex_post_processing_trains_on_the_cpu(xpu, tmp_path, precision):
     result, records = run(tmp_path, "--device", "cpu", "--precision", precision, "-O", "ipex=true")
     assert result.exit_code == 0, result.output
     (record,) = records
-    # The harness's checks hold after ipex.optimize: the same AdamW over every parameter, stepped once a step.
-    assert record["invalid_reasons"] == []
+    # ipex.optimize replaces torch functions (torch.embedding_bag, ...) process-wide: the integrity guard
+    # (llmb/guard.py) cannot tell that from a cheat, so the run is invalid and names them; nothing else fails.
+    assert record["invalid_reasons"], record["invalid_reasons"]
+    assert all(r.startswith("identity ") for r in record["invalid_reasons"]), record["invalid_reasons"]
+    # The harness's other checks hold after ipex.optimize: the same AdamW over every parameter, stepped once a step.
     assert record["optimizer"]["optimizer_steps"] == record["optimizer"]["harness_steps"] == 3
     assert record["plugin"]["settings"] == {"ipex": True}
     assert record["facts"]["ipex"] == importlib.metadata.version("intel-extension-for-pytorch")
