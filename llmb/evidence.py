@@ -31,8 +31,9 @@ from llmb.names import DEFAULT_REPLAY_STEPS  # noqa: F401  (defined where the CL
 SCHEMA = "llmb.evidence/1"
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
 CHALLENGE_BITS = 62
-# Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead.
-MIN_STEP_SHARE_OF_WINDOW = 0.5
+# Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead
+# plus the digest and the pipe: honest tiny-preset windows (0.06 s) measured 0.41-0.47 of the window in step times.
+MIN_STEP_SHARE_OF_WINDOW = 0.2
 
 
 def window_seed(challenge: int, rank: int) -> int:
