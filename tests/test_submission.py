@@ -256,7 +256,7 @@ def tamper_malformed(root):
 TAMPERINGS = [
     ("edited throughput", tamper_throughput, "throughput recomputed", "tokens_per_second recorded"),
     ("edited step time", tamper_step_time, "step times", "more than the"),
-    ("edited window", tamper_window, "step times", "more than the"),
+    ("edited window", tamper_window, "run evidence", "is not its judged time"),
     ("removed file", tamper_remove, "result schema", "not the ones submission.json lists"),
     ("added file", tamper_add, "result schema", "not the ones submission.json lists"),
     ("changed model file", tamper_model, "model and loop unchanged", "llmb/model.py is changed"),
