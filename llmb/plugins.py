@@ -159,6 +159,12 @@ def get_backend(name: str) -> Registration:
     for plugin in sources:
         if plugin in load_errors:
             raise LlmbError(f"plugin {plugin!r} failed to load: {load_errors[plugin]}")
+    if name in sources:
+        # Installed and loaded, yet no backend by its name: an old hook-per-method plugin, or one that registers
+        # under other names. Say so rather than "no plugin named" beside a list that names it.
+        mine = sorted(n for n, reg in found.items() if reg.plugin.name == name)
+        hint = f"it registers {', '.join(mine)}" if mine else "it registers no llmb.Backend through register_backends"
+        raise UsageError(f"plugin {name!r} has no backend named {name!r}: {hint}")
     known = ", ".join(sorted({*found, *(info.name for info in installed())}))
     raise UsageError(f"no plugin named {name!r} (installed: {known})")
 

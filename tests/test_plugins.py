@@ -396,3 +396,23 @@ def test_a_run_imports_only_the_selected_plugin(tmp_path):
     assert {"name": "noisy", "distribution": "llmb-noisy", "version": "2.0"} in record["judge"]["installed_plugins"]
     llmb("plugins", "--json")
     assert mark.read_text() == "imported"  # listing loads every plugin
+
+
+def test_an_installed_plugin_without_a_backend_is_named_as_such(tmp_path):
+    """A plugin written to the old hook-per-method contract loads but registers nothing: the error says that, not
+    "no plugin named" beside a list that names it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import write_dist_info
+
+    site = tmp_path / "site"
+    write_dist_info(site, "llmb-legacy", "0.1", "legacy", "llmb_legacy")
+    (site / "llmb_legacy.py").write_text("from llmb import hookimpl\n\n@hookimpl\ndef step_end(device):\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    command = [sys.executable, "-m", "llmb", "run", "--plugin", "legacy", *TINY, "--out", str(tmp_path / "out")]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "plugin 'legacy' has no backend named 'legacy'" in line and "register_backends" in line

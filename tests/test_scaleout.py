@@ -243,20 +243,20 @@ def test_a_dead_peer_is_named_not_the_survivor(tmp_path):
 
 PAUSING_PLUGIN = """
 import os, time
-from llmb import hookimpl
+from llmb import Backend, hookimpl
 
-steps = 0
+class Pausing(Backend):
+    name = "pausing"
+    steps = 0
+
+    def step_end(self, device):
+        self.steps += 1
+        if os.environ.get("RANK") == "1" and self.steps == 4:  # the third measured step (after one warmup step)
+            time.sleep(4)  # a rank held up inside the window: preempted, throttled, swapping
 
 @hookimpl
-def device_types():
-    return ["cpu"]
-
-@hookimpl
-def step_end(device):
-    global steps
-    steps += 1
-    if os.environ.get("RANK") == "1" and steps == 4:  # the third measured step (after one warmup step)
-        time.sleep(4)  # a rank held up inside the window: preempted, throttled, swapping
+def register_backends(register):
+    register(Pausing())
 """
 
 
