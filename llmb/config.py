@@ -30,7 +30,6 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-
 def build_config(preset: str, **overrides: int | None) -> ModelConfig:
     """The preset's shape with any debug overrides applied; checks that the shape can be built."""
     if preset not in PRESETS:

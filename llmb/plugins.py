@@ -227,4 +227,3 @@ def describe(registration: Registration) -> dict:
         "settings": [s.describe() for s in call(backend.settings)],
         "peak_sources": dict(call(backend.peak_sources)),
     }
-

@@ -164,9 +164,7 @@ def measure_gemm(backend: Backend, device: torch.device, gemm: Gemm, dtype: torc
     return GemmRate(gemm, iters, seconds, gemm.flops * iters / median)
 
 
-def measure(
-    backend: Backend, device: torch.device, precision: str, gemms: list[Gemm], repeats: int = 5
-) -> Roofline:
+def measure(backend: Backend, device: torch.device, precision: str, gemms: list[Gemm], repeats: int = 5) -> Roofline:
     """The roofline for one precision in the backend state the caller set (a run's own, or `prepare_backend`)."""
     if precision not in MATMUL_DTYPE:
         raise ValueError(f"no matmul dtype for precision {precision!r}")

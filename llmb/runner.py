@@ -217,10 +217,7 @@ class Session:
         return self.plugin.backend
 
 
-
-def prepare(
-    options: RunOptions, plugin: Registration, device: torch.device, settings: dict, judge=None
-) -> Session:
+def prepare(options: RunOptions, plugin: Registration, device: torch.device, settings: dict, judge=None) -> Session:
     """Everything before the first step: the precision recipe, the plugin's backend setup, the model built from the
     seed on the CPU and moved to the device, AdamW, the plugin's post-processing, and the checks on its output."""
     config = options.config
@@ -679,9 +676,7 @@ def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def choose_peak(
-    name: str, backend, device: torch.device, device_name: str, effective: str
-) -> peaks.PeakChoice:
+def choose_peak(name: str, backend, device: torch.device, device_name: str, effective: str) -> peaks.PeakChoice:
     """llmb's table peak for the device and the label; the backend's declared llmb.Peak only where the table lacks
     the device (llmb.peaks.choose)."""
     declared = call(backend.peak_flops, device, effective) if effective in precision.PRECISIONS else None

@@ -108,7 +108,7 @@ class MediumMatmul(CpuPlugin):
 
 
 def test_medium_matmuls_fail_precision_where_the_cpu_really_computes_bf16(register_backend):
-    """"medium" allows BF16; oneDNN uses it only on some CPUs (AVX512-BF16/AMX, and not on every one of those). The
+    """ "medium" allows BF16; oneDNN uses it only on some CPUs (AVX512-BF16/AMX, and not on every one of those). The
     label follows what the probe and the dispatch record show, so the check fails exactly where BF16 ran."""
     register_backend(MediumMatmul(), name="bad")
     record = check("bad")

@@ -175,8 +175,6 @@ def test_failure_prefers_a_ranks_own_error_over_a_peers_consequence():
     }
     error = distributed.failure_error(failures)
     assert type(error) is LlmbError
-    assert (
-        str(error) == "rank 1 failed: backend 'x' failed in process_model: RuntimeError: boom (also failed: rank 0)"
-    )
+    assert str(error) == "rank 1 failed: backend 'x' failed in process_model: RuntimeError: boom (also failed: rank 0)"
     usage = distributed.failure_error({1: _Failure("UsageError: rank 1: device 'cuda:1' is not available", 5)})
     assert isinstance(usage, UsageError) and str(usage) == "rank 1 failed: device 'cuda:1' is not available"

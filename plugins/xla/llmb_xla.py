@@ -85,6 +85,7 @@ def _compilations() -> tuple[int, float]:
     data = met.metric_data("CompileTime")
     return (int(data[0]), data[1] / 1e9) if data else (0, 0.0)
 
+
 def _check_autograd(device) -> None:
     """Fail with one line when autograd started before torch_xla registered its device (a CPU backward ran first)."""
     probe = torch.zeros(1, device=device, requires_grad=True)
