@@ -34,6 +34,7 @@ from llmb.errors import UsageError
 from llmb.plugins import resolve_settings, select_backend
 
 # The reference: no compile, torch's default AdamW, no recomputation. Each method changes only its own settings.
+# The one table of methods: benchmarks/cpu_paths.py runs a selection of these by name.
 EAGER = {"compile": "none", "fused_adamw": "false", "activation_checkpointing": "none"}
 METHODS = {
     "eager": {},
@@ -42,6 +43,11 @@ METHODS = {
     "compile max-autotune": {"compile": "max-autotune"},
     "fused AdamW": {"fused_adamw": "true"},
     "compile default + fused AdamW": {"compile": "default", "fused_adamw": "true"},
+    "compile default + fused AdamW + checkpointing selective-ops": {
+        "compile": "default",
+        "fused_adamw": "true",
+        "activation_checkpointing": "selective-ops",
+    },
     "thunder": {"compile": "thunder"},
     "checkpointing selective-layers": {"activation_checkpointing": "selective-layers"},
     "checkpointing selective-ops": {"activation_checkpointing": "selective-ops"},

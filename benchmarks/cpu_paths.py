@@ -26,25 +26,24 @@ from common import (
     summarise,
     write_raw,
 )
+from compile_modes import METHODS, method_settings
 from rich.table import Table
 
 from llmb import roofline, runner
 from llmb.config import build_config
+from llmb.errors import UsageError
 from llmb.flops import model_flops_per_token
+from llmb.plugins import get_backend
 
-EAGER = {"compile": "none", "fused_adamw": "false", "activation_checkpointing": "none"}
-PATHS = {
-    "eager": {},
-    "fused AdamW": {"fused_adamw": "true"},
-    "compile default": {"compile": "default"},
-    "SAC per op": {"activation_checkpointing": "selective-ops"},
-    "compile + fused AdamW": {"compile": "default", "fused_adamw": "true"},
-    "compile + fused AdamW + SAC per op": {
-        "compile": "default",
-        "fused_adamw": "true",
-        "activation_checkpointing": "selective-ops",
-    },
-}
+# compile_modes.py's methods are the one table of settings; these are the cpu plugin's fast paths among them.
+PATHS = (
+    "eager",
+    "fused AdamW",
+    "compile default",
+    "checkpointing selective-ops",
+    "compile default + fused AdamW",
+    "compile default + fused AdamW + checkpointing selective-ops",
+)
 CLASSES = ("matmul", "attention", "elementwise", "optimizer", "other")
 MATMUL = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "mkldnn", "onednn")
 OPTIMIZER = ("adam", "_foreach_")
@@ -112,12 +111,24 @@ def profile(spec: dict, settings: dict, steps: int = 3) -> dict[str, float]:
 @click.option("--steps", default=4, show_default=True, type=int)
 @click.option("--warmup-steps", default=2, show_default=True, type=int)
 @click.option("--threads", default=0, show_default=True, type=int, help="torch threads, every arm (0: default).")
-@click.option("--paths", default=",".join(PATHS), show_default=True, help="Comma-separated paths to run.")
+@click.option(
+    "--paths", default=",".join(PATHS), show_default=True, help="Comma-separated paths to run (compile_modes' methods)."
+)
 @click.option("--timeout", default=1800, show_default=True, type=float)
 def main(preset, batch_size, precision, mode, rounds, steps, warmup_steps, threads, paths, timeout) -> None:
     """Eager vs the fast paths of the cpu plugin, with efficiency against the measured matmul peak."""
     import torch
 
+    # Before any measuring: a path name that is not a method is a usage error.
+    wanted = [p.strip() for p in paths.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in METHODS]
+    if unknown:
+        raise click.BadParameter(f"unknown paths {unknown} (choose from {list(METHODS)})", param_hint="--paths")
+    cpu = get_backend("cpu").backend
+    try:
+        settings = {name: method_settings(cpu, METHODS[name]) for name in wanted}
+    except UsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="--paths") from None
     if threads:
         torch.set_num_threads(threads)
     options = dict(
@@ -149,8 +160,7 @@ def main(preset, batch_size, precision, mode, rounds, steps, warmup_steps, threa
         f"{peak.model_gemm_flops / 1e9:.1f} GFLOP/s",
         highlight=False,
     )
-    wanted = [p.strip() for p in paths.split(",") if p.strip()]
-    arms = {name: {**base, "arm": "llmb", "settings": {**EAGER, **PATHS[name]}} for name in wanted}
+    arms = {name: {**base, "arm": "llmb", "settings": settings[name]} for name in wanted}
     measurements = alternate(arms, rounds, timeout=timeout)
     summary = summarise(measurements)
     flops_per_token = model_flops_per_token(config)
@@ -188,7 +198,7 @@ def main(preset, batch_size, precision, mode, rounds, steps, warmup_steps, threa
     profiles = {}
     for name in dict.fromkeys(["eager", best]):
         if name:
-            profiles[name] = profile(base, {**EAGER, **PATHS[name]})
+            profiles[name] = profile(base, settings[name])
     prof_table = Table(title="where a step's time goes (self CPU seconds per step, torch.profiler)")
     prof_table.add_column("class")
     for name in profiles:

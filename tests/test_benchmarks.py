@@ -172,3 +172,15 @@ def test_compile_modes_lists_what_the_plugin_does_not_offer(bench):
         compile_modes.method_settings(NoCheckpointing(), compile_modes.METHODS["checkpointing full"])
     with pytest.raises(UsageError, match="reduce-overhead"):
         compile_modes.method_settings(cpu, compile_modes.METHODS["compile reduce-overhead"])
+
+
+def test_cpu_paths_runs_compile_modes_methods(bench):
+    # One table of methods and their settings: cpu_paths.py names a selection of compile_modes.py's.
+    _, _, compile_modes = bench
+    import cpu_paths
+
+    assert cpu_paths.METHODS is compile_modes.METHODS
+    assert set(cpu_paths.PATHS) <= set(compile_modes.METHODS) and "eager" in cpu_paths.PATHS
+    cpu = get_backend("cpu").backend
+    best = compile_modes.method_settings(cpu, compile_modes.METHODS[cpu_paths.PATHS[-1]])
+    assert best == {"compile": "default", "fused_adamw": "true", "activation_checkpointing": "selective-ops"}

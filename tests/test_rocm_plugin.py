@@ -2,6 +2,7 @@
 
 import json
 import os
+from types import SimpleNamespace
 
 import llmb_cuda
 import llmb_rocm
@@ -9,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from llmb import fp8
 from llmb.cli import cli
 from llmb.errors import UsageError
 from llmb.plugins import get_backend, resolve_settings
@@ -59,6 +61,8 @@ def test_settings_extend_the_cuda_plugin():
         "compile": "none",
         "fused_adamw": False,
         "activation_checkpointing": "none",
+        "fp8": "none",
+        "fp8_emulate": False,
         "tunableop": False,
         "hipblaslt": True,
     }
@@ -89,6 +93,32 @@ def test_device_services_are_inherited_from_the_cuda_backend():
         assert getattr(type(ROCM), method) is getattr(llmb_cuda.CudaBackend, method)
     assert ROCM.distributed_backend(torch.device("cuda")) == "nccl"
     assert ROCM.peak_sources() == {entry.label: entry.source for entry in llmb_rocm.PEAKS}
+
+
+@pytest.mark.parametrize(
+    "arch, supported", [("gfx942:sramecc+:xnack-", True), ("gfx950", True), ("gfx90a:sramecc+:xnack-", False)]
+)
+def test_fp8_is_asked_of_the_gpu_architecture(monkeypatch, arch, supported):
+    # A ROCm GPU, simulated (none exists here): MI250X (gfx90a) answers compute capability 9.0 but has no float8.
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: SimpleNamespace(gcnArchName=arch))
+    monkeypatch.setattr(torch.cuda.tunable, "enable", lambda on: None)
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", lambda name: None)
+    monkeypatch.setattr(fp8, "torchao_unavailable", lambda: None)  # the GPU check alone is under test
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    settings = resolve_settings(ROCM, {"fp8": "rowwise"})
+    reason = ROCM.fp8_unsupported(torch.device("cuda", 0))
+    assert (reason is None) is supported
+    if supported:
+        ROCM.setup(torch.device("cuda", 0), "BF16", settings)
+    else:
+        assert "gfx90a" in reason and "MI300" in reason
+        with pytest.raises(UsageError, match="^fp8=rowwise: gfx90a "):
+            ROCM.setup(torch.device("cuda", 0), "BF16", settings)
 
 
 def test_cuda_plugin_steps_aside_on_a_rocm_build(monkeypatch):

@@ -1,6 +1,7 @@
-"""llmb plugin for NVIDIA GPUs through torch.cuda: events, memory stats, a peak FLOP/s table, compile, checkpointing.
+"""llmb plugin for NVIDIA GPUs through torch.cuda: events, memory stats, a peak FLOP/s table, and the training
+features llmb shares with every plugin (llmb.checkpointing, llmb.compilers, llmb.fp8: the cpu plugin's too).
 
-Settings (-O key=value): compile, fused_adamw, activation_checkpointing. See README.md.
+Settings (-O key=value): compile, fused_adamw, activation_checkpointing, fp8, fp8_emulate. See README.md.
 """
 
 from __future__ import annotations
@@ -9,23 +10,40 @@ import re
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from llmb import Backend, Peak, PrecisionFact, Setting, hookimpl
+from llmb import Backend, Peak, PrecisionFact, Setting, checkpointing, compilers, fp8, hookimpl
+from llmb.errors import UsageError
 
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-CHECKPOINTING = ("none", "selective", "full")
+COMPILE_MODES = ("none", *compilers.INDUCTOR_MODES, compilers.THUNDER)
+# float8 GEMMs (torch._scaled_mm) need Ada or Hopper tensor cores or newer: compute capability 8.9.
+FP8_CAPABILITY = (8, 9)
 
 SETTINGS = [
-    Setting("compile", str, "none", "torch.compile the model with this mode", COMPILE_MODES),
-    Setting("fused_adamw", bool, False, "use AdamW's fused CUDA kernel (fused=True) instead of torch's default"),
     Setting(
-        "activation_checkpointing",
+        "compile",
         str,
         "none",
-        "recompute decoder layers in the backward pass: selective = every other layer, full = every layer",
-        CHECKPOINTING,
+        "torch.compile the model with this mode, or thunder: Lightning Thunder's thunder.jit (needs torch 2.9)",
+        COMPILE_MODES,
+    ),
+    Setting("fused_adamw", bool, False, "use AdamW's fused CUDA kernel (fused=True) instead of torch's default"),
+    # Layer-wise "selective" was renamed selective-layers, beside the per-operator selective-ops: the old name is
+    # outside the choices, so it is a one-line usage error listing the new ones.
+    Setting("activation_checkpointing", str, "none", checkpointing.HELP, checkpointing.MODES),
+    Setting(
+        "fp8",
+        str,
+        "none",
+        "train the Linear layers (not the LM head) in float8 with this torchao recipe; torchao >= 0.18 scales "
+        "dynamically only (no delayed scaling): tensorwise, rowwise, rowwise_with_gw_hp",
+        fp8.RECIPES,
+    ),
+    Setting(
+        "fp8_emulate",
+        bool,
+        False,
+        "torchao's float8 emulation (high-precision GEMMs; for checking numerics, not for timing) instead of "
+        "torch._scaled_mm's float8 kernels",
     ),
 ]
 
@@ -123,41 +141,6 @@ def match_peak(name: str, precision: str, table: tuple[PeakEntry, ...] = PEAKS) 
     return Peak(entry.peaks[precision], f"{entry.label}: {entry.source}")
 
 
-class CheckpointedLayer(nn.Module):
-    """A decoder layer whose activations are recomputed in the backward pass instead of kept."""
-
-    def __init__(self, layer: nn.Module) -> None:
-        super().__init__()
-        # torch's checkpoint_wrapper's attribute name: `llmb check-plugin` drops this segment from parameter names.
-        self._checkpoint_wrapped_module = layer
-
-    def forward(self, *args, **kwargs):
-        return checkpoint(self._checkpoint_wrapped_module, *args, use_reentrant=False, **kwargs)
-
-
-def checkpointed_layers(mode: str, count: int) -> list[int]:
-    """Which decoder layers to wrap: none, every other one starting at 0 (selective), or all (full)."""
-    if mode == "full":
-        return list(range(count))
-    if mode == "selective":
-        # torchtitan's layer-selective checkpointing with frequency 2: half the recompute, half the saving.
-        return list(range(0, count, 2))
-    return []
-
-
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
-    """Wrap the model's decoder layers in place; the parameters stay the same objects, so the optimizer holds."""
-    for index in checkpointed_layers(mode, len(model.layers)):
-        model.layers[index] = CheckpointedLayer(model.layers[index])
-    return model
-
-
-def compile_model(model: nn.Module, mode: str) -> nn.Module:
-    if mode == "none":
-        return model
-    return torch.compile(model, mode=None if mode == "default" else mode)
-
-
 def driver_version() -> str | None:
     """The NVIDIA kernel driver version from /proc (Linux); torch exposes only the CUDA driver API level."""
     try:
@@ -205,13 +188,36 @@ class CudaBackend(Backend):
     # Backend setup and model post-processing
 
     def setup(self, device, precision, settings) -> None:
-        # The harness has set the TF32 switches for the precision; here only the current device is chosen.
+        # The harness has set the TF32 switches for the precision; here the current device is chosen, and a compiler
+        # or FP8 that cannot run here is one line before the model exists, not a traceback mid-run.
         if device.index is not None and torch.cuda.is_available():
             torch.cuda.set_device(device)
+        compilers.check_compiler(settings.get("compile", "none"))
+        recipe = settings.get("fp8", "none")
+        fp8.check_fp8(recipe)
+        if recipe != "none" and not settings.get("fp8_emulate"):
+            reason = self.fp8_unsupported(device)
+            if reason:
+                raise UsageError(f"fp8={recipe}: {reason} (fp8_emulate=true checks the numerics without them)")
+
+    def fp8_unsupported(self, device) -> str | None:
+        """Why this device has no float8 GEMMs (one line), or None."""
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return None  # no GPU to ask (a test on the CPU device): torchao's own checks decide
+        capability = torch.cuda.get_device_capability(device_index(device))
+        if capability < FP8_CAPABILITY:
+            name = torch.cuda.get_device_name(device_index(device))
+            return (
+                f"{name} (compute capability {capability[0]}.{capability[1]}) has no float8 GEMMs; they need "
+                f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} (Ada, Hopper) or newer"
+            )
+        return None
 
     def process_model(self, model, optimizer, device, precision, settings):
-        model = apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
-        return compile_model(model, settings.get("compile", "none"))
+        # torchtitan's order: float8 swaps the Linear modules, checkpointing wraps the layers, the compiler sees all.
+        model = fp8.convert(model, settings.get("fp8", "none"), emulate=bool(settings.get("fp8_emulate")))
+        model = checkpointing.apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
+        return compilers.compile_model(model, settings.get("compile", "none"))
 
     def optimizer_options(self, device, precision, settings) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}
@@ -243,9 +249,14 @@ class CudaBackend(Backend):
         return {entry.label: entry.source for entry in self.peaks}
 
     def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
-        # None of these lowers FP32 math by itself (inductor's GEMMs follow the TF32 switches the audit already
+        # None of the others lowers FP32 math by itself (inductor's GEMMs follow the TF32 switches the audit already
         # reads); they are recorded so a reader sees what else ran. Fused AdamW keeps FP32 math for FP32 parameters.
+        # FP8 does (the cpu plugin's fact, so both plugins' records say it alike); the audit's dtype census finds
+        # the float8 tensors too.
+        recipe = settings.get("fp8", "none")
         facts = [
+            PrecisionFact("llmb.fp8", recipe, "FP8" if recipe != "none" else None),
+            PrecisionFact("llmb_cuda.fp8_emulate", bool(settings.get("fp8_emulate"))),
             PrecisionFact("llmb_cuda.compile", settings.get("compile", "none")),
             PrecisionFact("llmb_cuda.fused_adamw", bool(settings.get("fused_adamw"))),
             PrecisionFact("torch.backends.cuda.flash_sdp_enabled", torch.backends.cuda.flash_sdp_enabled()),

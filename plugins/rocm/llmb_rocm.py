@@ -4,7 +4,8 @@ HIP mirrors the CUDA API in torch, so `RocmBackend` subclasses llmb_cuda's `Cuda
 the post-processing are inherited. What differs: hardware detection, the peak table, ROCm's BLAS and TunableOp
 setup, and the facts recorded.
 
-Settings (-O key=value): llmb_cuda's compile, fused_adamw and activation_checkpointing, plus tunableop and hipblaslt.
+Settings (-O key=value): llmb_cuda's compile, fused_adamw, activation_checkpointing, fp8 and fp8_emulate, plus
+tunableop and hipblaslt.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ PEAKS: tuple[PeakEntry, ...] = (
 )
 
 
+# GPU architectures whose float8 GEMMs torch._scaled_mm runs ("ROCm MI300+" in its check): MI300/MI325 (gfx942),
+# MI350 (gfx950), RDNA4 (gfx12xx).
+FP8_ARCHS = ("gfx94", "gfx95", "gfx12")
+
+
 def env_for(settings: dict) -> dict[str, str]:
     """The environment variables ROCm's libraries read for these settings."""
     return {
@@ -81,8 +87,16 @@ class RocmBackend(CudaBackend):
         if torch.version.hip is not None and torch.cuda.is_available():
             torch.cuda.tunable.enable(bool(settings.get("tunableop")))
             torch.backends.cuda.preferred_blas_library("hipblaslt" if settings.get("hipblaslt", True) else "cublas")
-            if device.index is not None:
-                torch.cuda.set_device(device)
+        super().setup(device, precision, settings)  # the device, and the compiler and FP8 checks
+
+    def fp8_unsupported(self, device) -> str | None:
+        # HIP reports no CUDA compute capability that says float8 (MI250X answers 9.0): the GPU architecture does.
+        if device.type != "cuda" or torch.version.hip is None or not torch.cuda.is_available():
+            return None
+        arch = (getattr(torch.cuda.get_device_properties(device_index(device)), "gcnArchName", "") or "").split(":")[0]
+        if arch.startswith(FP8_ARCHS):
+            return None
+        return f"{arch or 'this GPU'} has no float8 GEMMs in torch._scaled_mm; they need MI300 (gfx942) or newer"
 
     def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
         # TunableOp and the BLAS choice pick among kernels of the same GEMM type; they do not lower its format, but
