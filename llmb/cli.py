@@ -928,17 +928,40 @@ def sweep(
     help="Output format (default: tables on the console, or the --out file's suffix).",
 )
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")
-@click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False, path_type=Path), help="PNG dir.")
+@click.option(
+    "--plot",
+    "plot_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the PNGs here (a Markdown --out file links them; without --plot they go to <name>_plots beside it).",
+)
 @click.option("--baseline", default=None, help="Method the speed-up is measured against (default: default settings).")
+@click.option(
+    "--reference",
+    default=None,
+    metavar="RUN_ID|PATH",
+    help="Add an 'x vs reference' column: tokens/s against this run id (or unique start of one), or the results of "
+    "this file, sweep directory or bundle (added to the report if not among PATHS), at the same shape and precision "
+    "only; plotted in panels of its own.",
+)
 @handle_errors
-def report_command(paths, fmt, out, plot_dir, baseline) -> None:
+def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
     """Tables and plots from result files, sweep directories and submission bundles."""
     from llmb.report import report
 
     def warn(line: str) -> None:
         term.say("skipped: ", line, stderr=True)
 
-    text = report(list(paths), fmt=fmt, out=out, plot_dir=plot_dir, baseline=baseline, console=console, warn=warn)
+    text = report(
+        list(paths),
+        fmt=fmt,
+        out=out,
+        plot_dir=plot_dir,
+        baseline=baseline,
+        console=console,
+        warn=warn,
+        reference=reference,
+    )
     if text is not None and out is None:
         click.echo(text, nl=False)
     elif out is not None:

@@ -16,6 +16,7 @@ import datetime as dt
 import html
 import io
 import json
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from llmb import __version__, flops, peaks, precision
 from llmb import console as term
 from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
+from llmb.names import PRECISIONS
 from llmb.records import (
     RECORD_LIMIT,
     REPORT_SCHEMA,
@@ -65,7 +67,8 @@ class Point:
     tokens_per_second: float | None = None
     tokens_per_second_per_device: float | None = None
     tflops_per_device: float | None = None
-    mfu: float | None = None
+    mfu: float | None = None  # None for a precision outside the closed four (FP8): no MFU against a BF16 peak
+    matmul_peak_efficiency: float | None = None  # model GEMM FLOP/s against the matmul peak measured in the run
     peak: str = ""  # the MFU's peak: its figure, origin ("llmb table" or "declared by plugin") and source
     peak_memory_bytes: int | None = None
     step_seconds: float | None = None
@@ -78,6 +81,12 @@ class Point:
     global_batch: int | None = None
     torch: str = ""  # the torch version that ran it
     steps: str = ""  # measured and warmup steps, as "50 + 5 warmup"
+    reference: bool = False  # chosen with --reference: the "x vs reference" ratios are against it
+
+    @property
+    def closed(self) -> bool:
+        """Whether it ran one of the benchmark's four precisions (FP8 and anything lower did not)."""
+        return self.precision in PRECISIONS
 
     @property
     def ok(self) -> bool:
@@ -164,6 +173,43 @@ def load(paths: list[Path]) -> Inputs:
     return inputs
 
 
+def mark_reference(inputs: Inputs, selector: str) -> None:
+    """Mark the reference's points: a run id (or a unique start of one) among the inputs, or a result file, sweep
+    directory or submission bundle, read and added to the inputs where its runs are not among them already."""
+    if not selector.strip():
+        raise UsageError("--reference is empty: give a run id, a result file, a sweep directory or a bundle")
+    path = Path(selector)
+    if path.exists():
+        found = load([path])
+        ids = {p.run_id for p in found.points if p.run_id}
+        if not ids:
+            raise UsageError(f"--reference {selector}: no finished run in it")
+        known = {p.run_id for p in inputs.points if p.run_id}
+        if not ids <= known:  # not among the inputs: shown beside them (its failed trials too)
+            added = [p for p in found.points if p.run_id not in known]
+            for p in added:
+                p.reference = True
+            inputs.points.extend(added)
+            inputs.sources.extend(s for s in found.sources if s not in inputs.sources)
+            inputs.skipped.extend(found.skipped)
+        for p in inputs.points:
+            p.reference = p.reference or p.run_id in ids
+        return
+    runs = {p.run_id: p for p in inputs.points if p.run_id and p.ok}
+    matches = [r for r in runs if r == selector] or [r for r in runs if selector and r.startswith(selector)]
+    if len(matches) == 1:
+        runs[matches[0]].reference = True
+        return
+    # Run ids only (the error line is capped): `--format csv` names each run's method, precision and shape.
+    listed = sorted(runs)
+    more = f" and {len(listed) - 24} more" if len(listed) > 24 else ""
+    why = f"starts {len(matches)} run ids" if matches else "is no file or folder, and no run id in these results"
+    raise UsageError(
+        f"--reference {selector!r} {why}; give a result file, sweep directory or bundle, or one of the run ids "
+        f"(llmb report --format csv names their runs): {', '.join(listed[:24])}{more}"
+    )
+
+
 def _files(directory: Path) -> list[Path]:
     found = [*directory.rglob("*.json"), *directory.rglob(SWEEP_LOG_NAME)]
     # Hidden paths hold a sweep's scratch (a trial in flight) and temporary files of atomic writes.
@@ -192,8 +238,11 @@ def point_from_record(record: Result, phase: str | None, source: str) -> Point:
         tokens_per_second=record.tokens_per_second,
         tokens_per_second_per_device=per_device,
         tflops_per_device=flops.achieved_tflops(per_device, record.model_flops_per_token),
-        mfu=record.mfu,
-        peak=peaks.peak_note(record),
+        # The rules' lowest-bit principle: a run below the four precisions (FP8) has no MFU here, whatever peak a
+        # plugin declared (as torchtitan: a BF16 datasheet peak is not an FP8 run's ceiling).
+        mfu=record.mfu if record.precision.effective in PRECISIONS else None,
+        matmul_peak_efficiency=record.matmul_peak_efficiency,
+        peak=peaks.peak_note(record) if record.precision.effective in PRECISIONS else "",
         peak_memory_bytes=record.peak_memory_bytes,
         step_seconds=record.timing.window_seconds / record.steps,
         torch=record.software.torch,
@@ -368,7 +417,49 @@ SETTINGS = Column("settings", "Settings")
 SHAPE = Column("shape", "Shape")
 
 
-def best_table(points: list[Point]) -> Table:
+EFFICIENCY = Column("matmul_peak_efficiency", "vs matmul peak", _percent, True, "n/a")
+VERSUS_REFERENCE = Column("vs_reference", "x vs reference", _ratio, True, "n/a")
+CLOSED = "/".join(PRECISIONS)
+
+
+# The reference (--reference): ratios at the same shape and precision only
+
+
+def reference_bests(points: list[Point]) -> dict[tuple[str, str], Point]:
+    """Per (shape, precision), the reference's headline run (its fastest group's where it has several)."""
+    bests: dict[tuple[str, str], Point] = {}
+    for ps in by_group([p for p in points if p.reference]).values():
+        best, _ = headline(ps)
+        if best is None:
+            continue
+        key = (best.shape, best.precision)
+        if key not in bests or best.tokens_per_second > bests[key].tokens_per_second:
+            bests[key] = best
+    return bests
+
+
+def versus_reference(p: Point, refs: dict[tuple[str, str], Point]) -> float | None:
+    """A run's tokens/s over the reference's at its own shape and precision; None where the reference has none
+    (never a ratio across shapes or precisions: a smaller model is not a faster device)."""
+    ref = refs.get((p.shape, p.precision))
+    return p.tokens_per_second / ref.tokens_per_second if ref is not None and p.tokens_per_second else None
+
+
+def reference_note(refs: dict[tuple[str, str], Point]) -> str:
+    if not refs:
+        return " x vs reference: n/a everywhere (the reference has no finished run)."
+    each = "; ".join(
+        f"{shape} {prec}: {ref.label} on {ref.device}, batch {ref.batch_size}, {ref.tokens_per_second:,.1f} tokens/s"
+        for (shape, prec), ref in sorted(refs.items())
+    )
+    return (
+        " x vs reference: tokens/s over the reference's headline at the same shape and precision, n/a where the "
+        f"reference has no run at that shape and precision (never a ratio across shapes). The reference: {each}."
+    )
+
+
+def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = None, outside: bool = False) -> Table:
+    """The headline per group: of the closed precisions, or (outside=True) of the runs below them (FP8)."""
     multi = any(p.world_size > 1 for p in points)
     rows, warnings = [], []
     for (method, settings, device, prec, mode, shape, world_size, nodes, parallel), group in by_group(points).items():
@@ -397,13 +488,17 @@ def best_table(points: list[Point]) -> Table:
                 spread=[low, high],
                 tflops_per_device=best.tflops_per_device,
                 mfu=best.mfu,
+                matmul_peak_efficiency=best.matmul_peak_efficiency,
                 peak_memory_bytes=best.peak_memory_bytes,
                 runs=len(runs),
                 status=best.validity
+                + ("; reference" if best.reference else "")
                 + ("; MFU " + best.peak if peaks.ORIGIN_DECLARED in best.peak else "")
                 + ("; noisy" if warning else "")
                 + (f"; larger batches: {', '.join(failed)}" if failed else ""),
             )
+            if refs is not None:
+                row["vs_reference"] = versus_reference(best, refs)
         rows.append(row)
     columns = [METHOD, SETTINGS, Column("device", "Device"), Column("precision", "Precision"), Column("mode", "Mode")]
     columns.append(SHAPE)
@@ -413,20 +508,41 @@ def best_table(points: list[Point]) -> Table:
             Column("nodes", "Nodes", str, True),
             Column("parallel", "Strategy"),
         ]
-    columns += [Column("best_batch_size", "Best batch", str, True), TOKENS, SPREAD, TFLOPS, MFU, MEMORY]
+    columns += [Column("best_batch_size", "Best batch", str, True), TOKENS, SPREAD, TFLOPS]
+    columns += [MEMORY] if outside else [MFU, EFFICIENCY, MEMORY]
+    columns += [VERSUS_REFERENCE] if refs is not None else []
     columns += [Column("runs", "Runs", str, True), Column("status", "Result")]
-    note = (
-        "Tokens/s is the median run at the best batch size (over a sweep's re-runs where it made them), a run that "
-        "happened; the spread is the lowest and highest tokens/s of those runs. TFLOP/s, MFU and peak memory are the "
-        "median run's, TFLOP/s and MFU per device, MFU against llmb's peak table (llmb/peaks.py) or, where the "
-        "result says so, a peak declared by the plugin, and n/a where the device's peak is not known."
+    efficiency = (
+        "'vs matmul peak' is the run's model FLOP/s against the dense matmul rate measured in the same run at its "
+        "own GEMM shapes (llmb.roofline), so every device, the CPU included, has an efficiency."
     )
-    return Table("best", "Best batch size per precision", columns, rows, note, warnings)
+    if outside:
+        note = (
+            f"These runs' audited precision is below the benchmark's closed precisions ({CLOSED}), e.g. FP8 from "
+            "torchao's float8: by the rules' lowest-bit principle they are outside the benchmark, kept apart from its "
+            "rows and never on its leaderboard. No MFU is given (a BF16 datasheet peak is not an FP8 run's ceiling), "
+            "and no efficiency against the measured matmul peak (their GEMMs are no dense matmul of one precision)."
+        )
+        title = f"Outside the benchmark's precisions ({CLOSED})"
+    else:
+        note = (
+            "Tokens/s is the median run at the best batch size (over a sweep's re-runs where it made them), a run "
+            "that happened; the spread is the lowest and highest tokens/s of those runs. TFLOP/s, MFU and peak memory "
+            "are the median run's, TFLOP/s and MFU per device, MFU against llmb's peak table (llmb/peaks.py) or, "
+            "where the result says so, a peak declared by the plugin, and n/a where the device's peak is not known; "
+            + efficiency
+        )
+        title = "Best batch size per precision"
+    if refs is not None:
+        note += reference_note(refs)
+    return Table("outside" if outside else "best", title, columns, rows, note, warnings)
 
 
-def comparison_tables(points: list[Point], baseline: str | None = None) -> list[Table]:
+def comparison_tables(
+    points: list[Point], baseline: str | None = None, refs: dict[tuple[str, str], Point] | None = None
+) -> list[Table]:
     """lit-gpt style: per device, precision and shape, each method's best time, memory and speed-up over the
-    baseline."""
+    baseline (and, with a reference, its ratio against the reference at the same shape and precision)."""
     sets: dict[tuple, list[tuple[Point, list[Point]]]] = {}
     for (_method, _settings, device, prec, mode, shape, world_size, _nodes, _), group in by_group(points).items():
         best, runs = headline(group)
@@ -452,6 +568,7 @@ def comparison_tables(points: list[Point], baseline: str | None = None) -> list[
                     "spread": [low, high],
                     "peak_memory_bytes": b.peak_memory_bytes,
                     "speedup": b.tokens_per_second / base.tokens_per_second if base else None,
+                    **({"vs_reference": versus_reference(b, refs)} if refs is not None else {}),
                 }
             )
         columns = [
@@ -464,12 +581,17 @@ def comparison_tables(points: list[Point], baseline: str | None = None) -> list[
             SPREAD,
             Column("peak_memory_bytes", "Memory ↓", _memory, True),
             Column("speedup", "Speed-up ↑", _ratio, True),
+            *([VERSUS_REFERENCE] if refs is not None else []),
         ]
         if base:
             note = f"Speed-up in tokens/s over {base.label} (each method at its best batch size)."
         else:
             note = f"No baseline: no run of {baseline!r}" if baseline else "No baseline: no run with default settings"
+        if refs is not None:
+            note += reference_note({k: v for k, v in refs.items() if k == (shape, prec)})
         title = f"Methods on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "") + f", {shape}"
+        if prec not in PRECISIONS:
+            title += f" (outside the benchmark's precisions, {CLOSED})"
         tables.append(Table("methods", title, columns, rows, note))
     return tables
 
@@ -575,8 +697,14 @@ def failure_table(points: list[Point]) -> Table | None:
     return Table("failures", "Failed trials", columns, rows, "From sweep logs: oom, crash, timeout or invalid.")
 
 
-def build_tables(points: list[Point], baseline: str | None = None) -> list[Table]:
-    tables = [best_table(points), *comparison_tables(points, baseline), *scaling_tables(points)]
+def build_tables(points: list[Point], baseline: str | None = None, reference: bool = False) -> list[Table]:
+    """The tables; reference=True adds the "x vs reference" column (against the points marked as the reference)."""
+    refs = reference_bests(points) if reference else None
+    closed = [p for p in points if p.closed]
+    outside = [p for p in points if not p.closed]
+    tables = [best_table(closed, refs)] if closed else []
+    tables += [best_table(outside, refs, outside=True)] if outside else []
+    tables += [*comparison_tables(points, baseline, refs), *scaling_tables(points)]
     failures = failure_table(points)
     return tables + ([failures] if failures else [])
 
@@ -587,15 +715,16 @@ POINT_FIELDS = [f for f in Point.__dataclass_fields__ if f != "source"] + ["sour
 # Plots (matplotlib's Agg canvas through Figure, so no pyplot state and no display is needed)
 
 
-def _figure():
+def _figure(panels: int = 1, sharex: bool = False):
+    """A figure of `panels` axes stacked vertically (each with its own y scale), and the list of them."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         raise LlmbError(
             "plots need matplotlib (an llmb dependency; this install lacks it): pip install matplotlib"
         ) from None
-    fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
-    return fig, fig.subplots()
+    fig = Figure(figsize=(7.5, 4.5 if panels == 1 else 0.6 + 3.3 * panels), dpi=110, layout="constrained")
+    return fig, list(fig.subplots(panels, 1, squeeze=False, sharex=sharex)[:, 0])
 
 
 def _png(fig) -> bytes:
@@ -612,6 +741,13 @@ def _method(group: tuple) -> str:
 def _label(group: tuple) -> str:
     prec, mode, shape = group[3], group[4], group[5]
     return f"{prec}{' ' + mode if mode != 'pure' else ''} · {shape} · {_method(group)}"
+
+
+def _series_label(group: tuple, with_device: bool) -> str:
+    """A series inside a panel that names its shape: precision, mode, method (and device where several share it)."""
+    prec, mode = group[3], group[4]
+    device = f" · {group[2]}" if with_device else ""
+    return f"{prec}{' ' + mode if mode != 'pure' else ''} · {_method(group)}{device}"
 
 
 def _batch_axis(ax, batches: set[int]) -> None:
@@ -631,40 +767,54 @@ def _legend(ax) -> None:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
 
 
-def _versus_batch(
-    points: list[Point], value: Callable, ylabel: str, title: str, mark_best: bool = False
-) -> bytes | None:
-    groups = {g: ps for g, ps in by_group(points).items() if g[6] == 1}
-    if not any(value(p) is not None for ps in groups.values() for p in ps if p.ok):
-        return None
-    fig, ax = _figure()
+def plot_panels(points: list[Point]) -> dict[str, dict[tuple, list[Point]]]:
+    """The single-device groups of the versus-batch plots by panel, each panel with its own y scale: one per shape
+    (two shapes' tokens/s are never compared, and a small model's curves would flatten a large one's), and the
+    --reference's runs in panels of their own (a reference bundle from a slower or faster device would flatten
+    the curves it is plotted beside)."""
+    panels: dict[tuple[bool, str], dict[tuple, list[Point]]] = {}
+    for is_reference in (False, True):
+        chosen = [p for p in points if p.reference == is_reference and p.world_size == 1]
+        for group, ps in by_group(chosen).items():
+            panels.setdefault((is_reference, group[5]), {})[group] = ps
+    return {
+        (f"reference: {shape}" if is_reference else shape): groups
+        for (is_reference, shape), groups in sorted(panels.items())
+    }
+
+
+def _draw(ax, groups: dict[tuple, list[Point]], value: Callable, colors: dict, mark_best: bool, failures: bool):
+    """One panel's series: every run faint, the median per batch joined, the best batch starred, failed trials
+    marked × on the x axis. Returns the batch sizes drawn."""
     batches: set[int] = set()
     drawn: dict[int, int] = {}  # failures drawn per batch size
     drawn_label = marked = False
-    for index, (group, ps) in enumerate(groups.items()):
-        color = f"C{index % 10}"
+    with_device = len({g[2] for g in groups}) > 1
+    for group, ps in groups.items():
+        color = colors[group]
         runs = [p for p in ps if p.ok and value(p) is not None]
         medians = batch_medians(runs)
-        batches.update(p.batch_size for p in ps)
+        batches.update(p.batch_size for p in ps if p.ok or failures)
         if runs:
             ax.scatter([p.batch_size for p in runs], [value(p) for p in runs], color=color, alpha=0.35, s=14)
-            ax.plot(list(medians), [value(p) for p in medians.values()], "o-", color=color, label=_label(group))
+            ax.plot(list(medians), [value(p) for p in medians.values()], "o-", color=color,
+                    label=_series_label(group, with_device))  # fmt: skip
             if mark_best and medians:
                 batch, best = max(medians.items(), key=lambda item: value(item[1]))
                 ax.scatter([batch], [value(best)], marker="*", s=220, color=color, edgecolors="black", zorder=6,
                            label=None if marked else "best batch")  # fmt: skip
                 marked = True
-        failures = [p for p in ps if not p.ok]
-        if failures:
+        failed = [p for p in ps if not p.ok] if failures else []
+        if failed:
             # Failed trials have no measurement: marked on the x axis at their batch size, nudged apart where
             # several precisions failed at the same size.
             xs = []
-            for p in failures:
+            for p in failed:
                 xs.append(p.batch_size * 2 ** (0.04 * drawn.get(p.batch_size, 0)))
                 drawn[p.batch_size] = drawn.get(p.batch_size, 0) + 1
             ax.scatter(
                 xs,
-                [0] * len(failures),
+                [0] * len(failed),
                 marker="x",
                 s=70,
                 color=color,
@@ -674,16 +824,75 @@ def _versus_batch(
                 label=None if drawn_label else "failed (× at its batch size)",
             )
             drawn_label = True
-            for x, p in zip(xs, failures, strict=True):
+            for x, p in zip(xs, failed, strict=True):
                 ax.annotate(
                     p.status, (x, 0), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7, color=color
                 )
-    _batch_axis(ax, batches)
-    ax.set_ylim(bottom=0)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    _legend(ax)
-    return _png(fig)
+    return batches
+
+
+def _colors(points: list[Point]) -> dict[tuple, str]:
+    """One colour per group, the same in every panel and plot."""
+    return {group: f"C{i % 10}" for i, group in enumerate(by_group(points))}
+
+
+def versus_batch_figure(points: list[Point], value: Callable, ylabel: str, title: str, mark_best: bool = False):
+    """The figure of a value against batch size, one panel per plot_panels entry; None when nothing has the value."""
+    panels = plot_panels(points)
+    if not any(value(p) is not None for groups in panels.values() for ps in groups.values() for p in ps if p.ok):
+        return None
+    fig, axes = _figure(len(panels))
+    colors = _colors(points)
+    for ax, (name, groups) in zip(axes, panels.items(), strict=True):
+        batches = _draw(ax, groups, value, colors, mark_best, failures=True)
+        _batch_axis(ax, batches)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} · {name}", fontsize=10)
+        _legend(ax)
+    return fig
+
+
+def _versus_batch(
+    points: list[Point], value: Callable, ylabel: str, title: str, mark_best: bool = False
+) -> bytes | None:
+    fig = versus_batch_figure(points, value, ylabel, title, mark_best)
+    return None if fig is None else _png(fig)
+
+
+def efficiency_figure(points: list[Point]):
+    """Both efficiencies against batch size, one panel each: MFU against the datasheet peak, and model GEMM FLOP/s
+    against the matmul peak measured in the run. Ratios share a scale, so every single-device series (the reference
+    too) is in the same panel; None when no run has either."""
+    single = [p for p in points if p.world_size == 1]
+    kinds = [
+        (
+            "MFU (against the datasheet peak)",
+            lambda p: None if p.mfu is None else 100 * p.mfu,
+            "no datasheet peak is known for these devices and precisions",
+        ),
+        (
+            "against the matmul peak measured in the run",
+            lambda p: None if p.matmul_peak_efficiency is None else 100 * p.matmul_peak_efficiency,
+            "no run measured its matmul peak",
+        ),
+    ]
+    if not any(value(p) is not None for _, value, _ in kinds for p in single if p.ok):
+        return None
+    fig, axes = _figure(2, sharex=True)  # a panel without figures keeps the other's batch axis
+    colors = _colors(points)
+    groups = by_group(single)
+    for ax, (name, value, missing) in zip(axes, kinds, strict=True):
+        batches = _draw(ax, groups, value, colors, mark_best=False, failures=False)
+        _batch_axis(ax, batches)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("% of peak")
+        ax.set_title(f"Efficiency vs batch size: {name}", fontsize=10)
+        if not any(value(p) is not None for ps in groups.values() for p in ps if p.ok):
+            ax.text(0.5, 0.5, f"n/a: {missing}",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#666")  # fmt: skip
+        _legend(ax)
+    return fig
 
 
 def methods_plot(points: list[Point]) -> bytes | None:
@@ -695,7 +904,7 @@ def methods_plot(points: list[Point]) -> bytes | None:
     if not bests:
         return None
     methods = sorted({m for per in bests.values() for m in per})
-    fig, ax = _figure()
+    fig, (ax,) = _figure()
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
         offset = (i - (len(methods) - 1) / 2) * width
@@ -721,7 +930,7 @@ def scaling_plot(tables: list[Table]) -> bytes | None:
     scaling = [t for t in tables if t.name == "scaling"]
     if not scaling:
         return None
-    fig, ax = _figure()
+    fig, (ax,) = _figure()
     devices: set[int] = set()
     line = 0
     for table in scaling:
@@ -759,6 +968,7 @@ def make_plots(points: list[Point], tables: list[Table]) -> dict[str, bytes]:
         "tflops_vs_batch.png": _versus_batch(
             points, lambda p: p.tflops_per_device, "TFLOP/s per device", "Achieved TFLOP/s vs batch size", True
         ),
+        "efficiency_vs_batch.png": (lambda fig: None if fig is None else _png(fig))(efficiency_figure(points)),
         "memory_vs_batch.png": _versus_batch(
             points,
             lambda p: p.peak_memory_bytes / 2**20 if p.peak_memory_bytes else None,
@@ -774,19 +984,41 @@ def make_plots(points: list[Point], tables: list[Table]) -> dict[str, bytes]:
 # Renderers
 
 
-def to_markdown(tables: list[Table], plots: dict[str, str]) -> str:
+# What Markdown (CommonMark, GitHub's tables) could read as markup in the records' text: each is backslash-escaped,
+# so a device named "<img src=x>" or "**fast**" is shown as written, never rendered. An underscore between two
+# letters or digits opens no emphasis, so setting names (oom_above_batch_size) stay readable.
+MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|&~#")
+
+
+def md(value: object) -> str:
+    """Text from records as Markdown shows it literally: printable (term.clean) and every markup character escaped."""
+    text = term.clean(value, limit=None)
+    out = []
+    for i, c in enumerate(text):
+        intraword = c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+        out.append("\\" + c if c in MARKDOWN_SPECIAL and not intraword else c)
+    return "".join(out)
+
+
+def to_markdown(tables: list[Table], plots: dict[str, str], missing_plots: str = "") -> str:
+    """The tables, then the plots as image links (paths relative to the Markdown file where it was written)."""
     lines = ["# llmb report", ""]
     for table in tables:
-        lines += [f"## {term.clean(table.title)}", ""]
-        lines.append("| " + " | ".join(c.header for c in table.columns) + " |")
+        lines += [f"## {md(table.title)}", ""]
+        lines.append("| " + " | ".join(md(c.header) for c in table.columns) + " |")
         lines.append("|" + "|".join("--:" if c.numeric else "---" for c in table.columns) + "|")
         for cells in table.cells():
-            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-        lines += ["", f"_{table.note}_" if table.note else "", ""]
-        lines += [f"**Noisy:** {term.clean(w).replace('|', '/')}" for w in table.warnings]
+            lines.append("| " + " | ".join(md(cell) for cell in cells) + " |")
+        lines += ["", f"_{md(table.note)}_" if table.note else "", ""]
+        lines += [f"**Noisy:** {md(w)}" for w in table.warnings]
         lines += [""] if table.warnings else []
+    if plots or missing_plots:
+        lines += ["## Plots", ""]
     for name, path in plots.items():
-        lines += [f"![{name}]({path})", ""]
+        # The link target in angle brackets: a path with spaces or parentheses stays one link.
+        lines += [f"![{md(name)}](<{path.replace('<', '%3C').replace('>', '%3E')}>)", ""]
+    if missing_plots:
+        lines += [f"_{md(missing_plots)}_", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -878,7 +1110,7 @@ def to_json(tables: list[Table], inputs: Inputs) -> str:
 def print_tables(tables: list[Table], console: Console) -> None:
     # Titles and cells quote the records (plugin names, settings, devices): plain text, never rich markup.
     for table in tables:
-        rich_table = term.table(table.title, caption=term.text(table.note), caption_justify="left")
+        rich_table = term.table(table.title, caption=term.text(table.note, limit=None), caption_justify="left")
         for c in table.columns:
             term.column(rich_table, c.header, numeric=c.numeric)
         for cells in table.cells():
@@ -886,6 +1118,16 @@ def print_tables(tables: list[Table], console: Console) -> None:
         console.print(rich_table)
         for warning in table.warnings:
             console.print(term.text(f"NOISY: {warning}", "bold yellow"), soft_wrap=True)
+
+
+def plot_folder(fmt: str | None, out: Path | None, plot_dir: Path | None) -> Path | None:
+    """Where the PNGs are written: --plot DIR; for a Markdown file (which can only link them) without --plot, the
+    folder <report name>_plots beside it; else nowhere (HTML embeds them, the console and CSV/JSON have none)."""
+    if plot_dir is not None:
+        return plot_dir
+    if fmt == "md" and out is not None:
+        return out.parent / f"{out.stem}_plots"
+    return None
 
 
 def report(
@@ -896,6 +1138,7 @@ def report(
     baseline: str | None = None,
     console: Console | None = None,
     warn: Callable[[str], None] | None = None,
+    reference: str | None = None,
 ) -> str | None:
     """Load the inputs, render the report; return the text (None when printed to the console as rich tables)."""
     if fmt is None and out is not None:
@@ -905,26 +1148,32 @@ def report(
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
     inputs = load(paths)
+    if reference is not None:
+        mark_reference(inputs, reference)
     for line in inputs.skipped if warn is not None else []:  # every file left out is named
         warn(line)
     labels = sorted({p.label for p in inputs.points})
     if baseline and baseline not in labels:  # a typo must not read as "no baseline" with exit 0
         raise UsageError(f"--baseline {baseline!r} is no method in these results (methods: {', '.join(labels)})")
-    tables = build_tables(inputs.points, baseline)
+    tables = build_tables(inputs.points, baseline, reference=reference is not None)
     if baseline and not any(t.name == "methods" for t in tables):
         raise UsageError(f"--baseline {baseline!r}: no comparison table (it needs two methods on the same device)")
+    plot_dir = plot_folder(fmt, out, plot_dir)
     png = make_plots(inputs.points, tables) if (plot_dir is not None or fmt == "html") else {}
     links: dict[str, str] = {}
-    if plot_dir is not None:
+    if plot_dir is not None and png:
         plot_dir.mkdir(parents=True, exist_ok=True)
         for name, data in png.items():
             write_bytes_atomic(plot_dir / name, data)
-            links[name] = str(plot_dir / name)
+            # Relative to the Markdown file, so the report and its plots can be moved (or published) together.
+            target = plot_dir / name
+            links[name] = Path(os.path.relpath(target, out.parent)).as_posix() if out is not None else str(target)
     if fmt is None:
         print_tables(tables, console or term.out)
         return None
+    missing = "" if plot_dir is not None else "Plots: give --plot DIR, or --out FILE.md to write them beside it."
     text = {
-        "md": lambda: to_markdown(tables, links),
+        "md": lambda: to_markdown(tables, links, missing),
         "html": lambda: to_html(tables, png, inputs),
         "csv": lambda: to_csv(inputs.points),
         "json": lambda: to_json(tables, inputs),

@@ -129,12 +129,18 @@ def collect(records: list[dict], plugins: list[dict]) -> dict:
     cpu = _cpuinfo()
     cores = int(cpu.get("cpu cores", 0)) or os.cpu_count() or 0
     devices = {(r["device"]["type"], r["device"]["name"], r["device"]["count"]) for r in records}
-    device_type, device_name, count = sorted(devices)[0] if devices else ("cpu", "", 1)
-    accelerated = device_type != "cpu"
+    # The accelerator is the device the runs measured, as the backend's device services named and counted it in
+    # the records (device.name, device.count): the host CPU too, where the cpu plugin ran on it. Nothing here asks a
+    # plugin, and the packaging host's torch is asked only for a device type that is not the CPU.
+    types = sorted({t for t, _, _ in devices})
+    names = sorted({n for _, n, _ in devices if n})
+    count = max((c or 1 for _, _, c in devices), default=0)
     # A multi-process job records its world size and nodes; a single process its device count.
     nodes = max((r.get("nodes", 1) for r in records), default=1)
     world = max((r.get("world_size", 1) for r in records), default=1)
-    count = max(count, world // nodes)
+    count = max(count, world // nodes) if devices else 0
+    on_host = types == ["cpu"]
+    accelerated = bool(types) and not on_host
     dependencies = sorted({"torch", "pluggy", "llmb", *(p["distribution"] for p in plugins)})
     return {
         "number_of_nodes": nodes,
@@ -143,9 +149,14 @@ def collect(records: list[dict], plugins: list[dict]) -> dict:
         "host_processor_core_count": cores,
         "host_processor_threads": os.cpu_count(),
         "host_memory_capacity": _gib(_memory_bytes()),
-        "accelerators_per_node": count if accelerated else 0,
-        "accelerator_model_name": device_name if accelerated else "N/A (host CPU)",
-        "accelerator_memory_capacity": _gib(_accelerator_memory(device_type)) if accelerated else "N/A",
+        "accelerators_per_node": count,
+        "accelerator_model_name": "; ".join(names) or "unknown",
+        "accelerator_type": "; ".join(types) or "unknown",
+        "accelerator_memory_capacity": (
+            _gib(_accelerator_memory(next(t for t in types if t != "cpu")))
+            if accelerated
+            else "N/A (the host CPU: host_memory_capacity)"
+        ),
         "accelerator_interconnect": "",
         "devices": [{"type": t, "name": n, "count": c} for t, n, c in sorted(devices)],
         "framework": f"PyTorch {torch.__version__}",

@@ -3,6 +3,7 @@
 import base64
 import copy
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -11,11 +12,22 @@ import struct
 
 import pytest
 from click.testing import CliRunner
+from records_factory import make_result
 
 from llmb import runner
 from llmb.cli import cli
 from llmb.config import build_config
-from llmb.report import load, make_plots, report, scaling_tables
+from llmb.records import PeakInfo, Precision
+from llmb.report import (
+    efficiency_figure,
+    load,
+    make_plots,
+    mark_reference,
+    plot_panels,
+    report,
+    scaling_tables,
+    versus_batch_figure,
+)
 from llmb.results import write_result
 
 # The tiny sweep's pure FP16 run fails the replay's parameter digest at random (relative error up to 0.08
@@ -97,7 +109,13 @@ def test_plots_are_pngs_and_html_embeds_them(inputs, tmp_path):
     result = invoke(*inputs, "--format", "html", "--out", html_file, "--plot", plots)
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in plots.iterdir())
-    assert names == ["memory_vs_batch.png", "methods.png", "tflops_vs_batch.png", "throughput_vs_batch.png"]
+    assert names == [
+        "efficiency_vs_batch.png",  # the runner measures every run's matmul peak: an efficiency for the CPU too
+        "memory_vs_batch.png",
+        "methods.png",
+        "tflops_vs_batch.png",
+        "throughput_vs_batch.png",
+    ]
     for path in plots.iterdir():
         width, height = png_size(path.read_bytes())
         assert width > 400 and height > 200
@@ -143,7 +161,14 @@ def test_scaling_table_from_multi_device_records(tiny_sweep):
     assert rows[4]["tokens_per_second"] == 320.0 and rows[4]["parallel"] == "ddp"
     assert "against 1 device" in table.note
     plots = make_plots(points, [table])
-    names = ["throughput_vs_batch.png", "tflops_vs_batch.png", "memory_vs_batch.png", "methods.png", "scaling.png"]
+    names = [
+        "throughput_vs_batch.png",
+        "tflops_vs_batch.png",
+        "efficiency_vs_batch.png",
+        "memory_vs_batch.png",
+        "methods.png",
+        "scaling.png",
+    ]
     assert list(plots) == names
     assert png_size(plots["scaling.png"])[0] > 400
 
@@ -164,3 +189,173 @@ def test_bad_input_is_one_line(args, code, message, tiny_sweep, tmp_path):
     result = CliRunner().invoke(cli, ["report", *(a.format(**paths) for a in args)])
     assert result.exit_code == code, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+# From factory records (tests/records_factory.py): the report's arithmetic and layout, in milliseconds.
+
+
+def write_records(folder, *records):
+    folder.mkdir(parents=True, exist_ok=True)
+    for record in records:
+        (folder / f"{record.run_id}.json").write_text(json.dumps(record.to_dict()))
+    return folder
+
+
+def rows_of(text: str, name: str) -> list[dict]:
+    tables = [t for t in json.loads(text)["tables"] if t["name"] == name]
+    return [row for t in tables for row in t["rows"]]
+
+
+@pytest.fixture
+def sweep_and_reference(tmp_path):
+    sweep = write_records(
+        tmp_path / "sweep",
+        make_result(tokens_per_second=1000.0, batch_size=1, run_id="aaaa0001"),
+        make_result(tokens_per_second=2000.0, batch_size=2, run_id="aaaa0002"),
+        make_result(tokens_per_second=3000.0, batch_size=2, plugin="acme", run_id="bbbb0001"),
+        make_result(tokens_per_second=500.0, precision="BF16", run_id="cccc0001"),
+        make_result(tokens_per_second=100.0, preset="small", run_id="dddd0001"),
+    )
+    reference = write_records(
+        tmp_path / "reference",
+        make_result(tokens_per_second=20.0, plugin="cpu", device_name="Ref CPU", run_id="eeee0001"),
+    )
+    return sweep, reference
+
+
+def test_reference_ratio_only_at_the_same_shape_and_precision(sweep_and_reference):
+    sweep, reference = sweep_and_reference
+    text = report([sweep], fmt="json", reference=str(reference))  # a folder not among the inputs: added
+    rows = {(r["method"], r["device"], r["precision"], r["shape"]): r for r in rows_of(text, "best")}
+    assert rows["cpu", "Test CPU", "FP32", TINY]["vs_reference"] == pytest.approx(100.0)  # best batch 2: 2000 / 20
+    assert rows["acme", "Test CPU", "FP32", TINY]["vs_reference"] == pytest.approx(150.0)
+    assert rows["cpu", "Ref CPU", "FP32", TINY]["vs_reference"] == pytest.approx(1.0)
+    assert "reference" in rows["cpu", "Ref CPU", "FP32", TINY]["status"]
+    assert rows["cpu", "Test CPU", "BF16", TINY]["vs_reference"] is None  # no BF16 reference: no ratio
+    assert rows["cpu", "Test CPU", "FP32", "small (43.3M params)"]["vs_reference"] is None  # never across shapes
+    markdown = report([sweep, reference], fmt="md", reference=str(reference))  # among the inputs: marked only
+    header = next(line for line in markdown.splitlines() if line.startswith("| Method"))
+    assert "x vs reference" in header
+    assert "| 100.00x |" in markdown and "| 150.00x |" in markdown and markdown.count("| n/a | 1 |") >= 2
+    assert markdown.count("| Ref CPU |") == 1  # read once, though named twice
+
+
+def test_reference_by_run_id_and_in_the_methods_table(sweep_and_reference):
+    sweep, _ = sweep_and_reference
+    text = report([sweep], fmt="json", reference="aaaa0001")
+    rows = {(r["method"], r["precision"], r["shape"]): r for r in rows_of(text, "best")}
+    assert rows["cpu", "FP32", TINY]["vs_reference"] == pytest.approx(2.0)  # its best batch against batch 1's run
+    assert rows["acme", "FP32", TINY]["vs_reference"] == pytest.approx(3.0)
+    methods = rows_of(text, "methods")
+    assert {r["method"]: r["vs_reference"] for r in methods} == {"acme": pytest.approx(3.0), "cpu": pytest.approx(2.0)}
+    by_start = rows_of(report([sweep], fmt="json", reference="bbbb"), "best")  # a unique start of a run id
+    assert {r["method"]: r["vs_reference"] for r in by_start if r["shape"] == TINY and r["precision"] == "FP32"} == {
+        "acme": pytest.approx(1.0),
+        "cpu": pytest.approx(2000 / 3000),
+    }
+    without = report([sweep], fmt="json")
+    assert all("vs_reference" not in r for r in rows_of(without, "best"))  # no reference, no column
+
+
+@pytest.mark.parametrize("selector, why", [("nosuch", "no run id in these results"), ("aaaa", "starts 2 run ids")])
+def test_an_unknown_reference_is_a_usage_error_listing_the_runs(sweep_and_reference, selector, why):
+    sweep, _ = sweep_and_reference
+    result = CliRunner().invoke(cli, ["report", str(sweep), "--reference", selector])
+    assert result.exit_code == 2, result.output
+    assert why in result.output and "Traceback" not in result.output
+    for run_id in ("aaaa0001", "aaaa0002", "bbbb0001", "cccc0001", "dddd0001"):
+        assert run_id in result.output
+
+
+def test_the_reference_is_plotted_in_its_own_panel(sweep_and_reference):
+    sweep, reference = sweep_and_reference
+    inputs = load([sweep])
+    mark_reference(inputs, str(reference))
+    assert list(plot_panels(inputs.points)) == ["small (43.3M params)", TINY, f"reference: {TINY}"]
+    fig = versus_batch_figure(inputs.points, lambda p: p.tokens_per_second, "tokens/s", "Throughput")
+    assert len(fig.axes) == 3
+    for ax in fig.axes:
+        # Each panel scaled to its own data: a reference 100x slower does not flatten the sweep's curves.
+        highest = max(y for line in ax.get_lines() for y in line.get_ydata())
+        assert highest <= ax.get_ylim()[1] <= 1.2 * highest, ax.get_title()
+
+
+def test_markdown_links_its_plots_beside_the_file(sweep_and_reference, tmp_path):
+    sweep, _ = sweep_and_reference
+    out = tmp_path / "out" / "report.md"
+    out.parent.mkdir()
+    result = invoke(sweep, "--out", out)  # no --plot: the PNGs go beside the Markdown file
+    assert result.exit_code == 0, result.output
+    links = re.findall(r"!\[[^]]*\]\(<([^>]+)>\)", out.read_text())
+    assert len(links) >= 4 and all(link.startswith("report_plots/") for link in links)
+    for link in links:
+        assert png_size((out.parent / link).read_bytes())[0] > 400  # relative to the file: it resolves
+    elsewhere = tmp_path / "pngs"
+    assert invoke(sweep, "--out", out, "--plot", elsewhere).exit_code == 0
+    links = re.findall(r"!\[[^]]*\]\(<([^>]+)>\)", out.read_text())
+    assert links and all((out.parent / link).resolve().parent == elsewhere.resolve() for link in links)
+    printed = invoke(sweep, "--format", "md")  # on stdout and no --plot: nowhere to write them, and it says so
+    assert "![" not in printed.output and "give --plot DIR" in printed.output
+
+
+def test_markdown_shows_record_text_as_written(tmp_path):
+    folder = write_records(tmp_path / "r", make_result(device_name="<img src=x onerror=alert(1)> **fast** [a](b)"))
+    text = report([folder], fmt="md")
+    for markup in (r"<img", r"\*\*fast", r"\[a\]"):  # none of it unescaped
+        assert not re.search(r"(?<!\\)" + markup, text), markup
+    assert "\\<img src=x onerror=alert(1)\\> \\*\\*fast\\*\\* \\[a\\](b)" in text
+
+
+def fp8_result(**fields):
+    """A record as an FP8 run writes it: the audit found float8 tensors and labelled it FP8. Its plugin declared a
+    peak and the record has an MFU against it, which the report must not show."""
+    base = make_result(precision="BF16", mode="amp", **fields)
+    audit = dataclasses.replace(base.precision.audit, effective="FP8")
+    return dataclasses.replace(
+        base,
+        precision=Precision(requested="BF16", effective="FP8", mode="amp", audit=audit),
+        peak=PeakInfo(flops=1e15, source="vendor sheet (BF16)", origin="declared by plugin", declared_flops=1e15),
+        mfu=0.4,
+        matmul_peak_efficiency=None,
+    )
+
+
+def test_fp8_results_have_their_own_rows_and_no_mfu(tmp_path):
+    folder = write_records(tmp_path / "r", make_result(tokens_per_second=800.0, precision="BF16"), fp8_result())
+    text = report([folder], fmt="json")
+    tables = {t["name"]: t for t in json.loads(text)["tables"]}
+    assert {r["precision"] for r in tables["best"]["rows"]} == {"BF16"}
+    (outside,) = tables["outside"]["rows"]
+    assert outside["precision"] == "FP8" and outside["mfu"] is None
+    assert "outside the benchmark" in tables["outside"]["note"]
+    markdown = report([folder], fmt="md")
+    section = markdown.split("## Outside the benchmark's precisions (FP32/TF32/FP16/BF16)")[1]
+    header = next(line for line in section.splitlines() if line.startswith("| Method"))
+    assert "MFU" not in header and "| FP8 |" in section
+    assert "40.0%" not in markdown and "declared by plugin" not in markdown
+    assert all(p.mfu is None for p in load([folder]).points if p.precision == "FP8")
+
+
+def test_both_efficiencies_are_plotted_against_batch_size(tmp_path):
+    records = [
+        make_result(
+            tokens_per_second=100.0 * b,
+            batch_size=b,
+            mfu=0.05 * b,
+            matmul_peak_efficiency=0.1 * b,
+            peak=PeakInfo(flops=1e12, source="a datasheet", origin="llmb table"),
+        )
+        for b in (1, 2, 4)
+    ]
+    points = load([write_records(tmp_path / "r", *records)]).points
+    fig = efficiency_figure(points)
+    mfu_ax, matmul_ax = fig.axes
+    (mfu_line,) = mfu_ax.get_lines()
+    (matmul_line,) = matmul_ax.get_lines()
+    assert list(mfu_line.get_xdata()) == [1, 2, 4]
+    assert list(mfu_line.get_ydata()) == pytest.approx([5.0, 10.0, 20.0])  # percent of the datasheet peak
+    assert list(matmul_line.get_ydata()) == pytest.approx([10.0, 20.0, 40.0])  # of the measured matmul peak
+    assert "efficiency_vs_batch.png" in make_plots(points, [])
+    best = rows_of(report([tmp_path / "r"], fmt="json"), "best")[0]
+    assert best["matmul_peak_efficiency"] == pytest.approx(0.4) and best["mfu"] == pytest.approx(0.2)
+    assert efficiency_figure(load([write_records(tmp_path / "none", make_result())]).points) is None

@@ -42,7 +42,11 @@ def write_sweep_like_results(folder):
             for batch in (1, 2, 4, 8, 16, 24, 32, 48, 64):
                 tps = scale * 100 * batch / (1 + batch / 16) * (1.1 if threads else 1.0)
                 record = make_result(
-                    tokens_per_second=tps, precision=precision, batch_size=batch, settings={"threads": threads}
+                    tokens_per_second=tps,
+                    precision=precision,
+                    batch_size=batch,
+                    settings={"threads": threads},
+                    matmul_peak_efficiency=tps / 2000,  # made up, as the rest: what `llmb run` measures by roofline
                 )
                 (folder / f"{record.run_id}.json").write_text(json.dumps(record.to_dict()))
     extra = make_result(tokens_per_second=500.0, batch_size=4, plugin="acme", device_name="Acme X1")
@@ -54,10 +58,20 @@ def test_html_report_renders_in_a_headless_browser(tmp_path):
     results = tmp_path / "results"
     write_sweep_like_results(results)
     page = tmp_path / "report.html"
-    made = CliRunner().invoke(cli, ["report", str(results), "--out", str(page)], catch_exceptions=False)
+    # The Acme record as the reference: a ratio column, and its own plot panel (it would flatten the sweep's curves).
+    args = ["report", str(results), "--out", str(page), "--reference", str(results / "acme.json")]
+    made = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert made.exit_code == 0, made.output
     html = page.read_text()
-    for expected in ("About these runs", "tiny (4.2M params)", "2.13.0+cpu", "3 + 1 warmup", "tflops_vs_batch.png"):
+    for expected in (
+        "About these runs",
+        "tiny (4.2M params)",
+        "2.13.0+cpu",
+        "3 + 1 warmup",
+        "tflops_vs_batch.png",
+        "efficiency_vs_batch.png",
+        "x vs reference",
+    ):
         assert expected in html, expected
 
     shot = tmp_path / "shot.png"
