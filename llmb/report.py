@@ -1023,7 +1023,8 @@ def to_markdown(tables: list[Table], plots: dict[str, str], missing_plots: str =
 
 
 HTML_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; padding: 0 1em; color: #222; }
+div.wide { overflow-x: auto; }
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
@@ -1062,7 +1063,8 @@ def to_html(tables: list[Table], plots: dict[str, bytes], inputs: Inputs) -> str
     ]
     parts += _about(inputs.points, e)
     for table in tables:
-        parts.append(f"<h2>{e(table.title)}</h2><table><thead><tr>")
+        # A wide table scrolls inside its own box instead of running off the page (the body keeps its margins).
+        parts.append(f"<h2>{e(table.title)}</h2><div class='wide'><table><thead><tr>")
         parts += [f"<th>{e(c.header)}</th>" for c in table.columns]
         parts.append("</tr></thead><tbody>")
         for cells in table.cells():
@@ -1071,7 +1073,7 @@ def to_html(tables: list[Table], plots: dict[str, bytes], inputs: Inputs) -> str
                 for c, v in zip(table.columns, cells, strict=True)
             )
             parts.append(f"<tr>{row}</tr>")
-        parts.append("</tbody></table>")
+        parts.append("</tbody></table></div>")
         if table.note:
             parts.append(f"<p class='note'>{e(table.note)}</p>")
         parts += [f"<p class='warn'><b>Noisy:</b> {e(w)}</p>" for w in table.warnings]
