@@ -79,41 +79,13 @@ from llmb.records import Check, Conformance, DeviceRef, PluginRef, Precision
 from llmb.results import write_json_atomic
 from llmb.runner import RunOptions, Session, audit_session, is_out_of_memory, prepare, resolve
 from llmb.settings import recorded
+from llmb.tolerances import TOLERANCES, Tolerance, tolerance_for  # noqa: F401  (the measurements: above)
 from llmb.train import optimizer_problems
 
 REFERENCE_PLUGIN = "cpu"
 WRAPPER_SEGMENTS = frozenset(
     {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_offload_wrapped_module", "module"}
 )
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Largest accepted relative errors against the FP32 reference for one effective precision and mode."""
-
-    loss: float
-    logits: float
-    gradients: float
-    loss_curve: float
-    trained: float
-
-
-# (effective precision, mode) -> tolerance; see the module docstring for the measurements behind each figure.
-TOLERANCES: dict[tuple[str, str], Tolerance] = {
-    ("FP32", "pure"): Tolerance(loss=1e-6, logits=1e-5, gradients=2e-5, loss_curve=1e-6, trained=2e-2),
-    ("TF32", "pure"): Tolerance(loss=2e-5, logits=2e-2, gradients=5e-2, loss_curve=2e-5, trained=1e-1),
-    ("FP16", "amp"): Tolerance(loss=2e-5, logits=2e-2, gradients=5e-2, loss_curve=2e-5, trained=1e-1),
-    ("FP16", "pure"): Tolerance(loss=5e-5, logits=2e-2, gradients=5e-1, loss_curve=2e-1, trained=5e-2),
-    ("BF16", "amp"): Tolerance(loss=5e-4, logits=1e-1, gradients=2e-1, loss_curve=5e-4, trained=5e-1),
-    ("BF16", "pure"): Tolerance(loss=2e-4, logits=1e-1, gradients=5e-1, loss_curve=2e-1, trained=5e-2),
-}
-
-
-def tolerance_for(effective: str, mode: str) -> Tolerance:
-    """The tolerance row for what really ran; a format below BF16 (FP8) is held to BF16's, and fails `precision`."""
-    if effective in ("FP32", "TF32"):
-        mode = "pure"
-    return TOLERANCES.get((effective, mode), TOLERANCES[("BF16", mode)])
 
 
 def normalise_name(name: str) -> str:

@@ -27,6 +27,7 @@ import torch
 
 from llmb.model import LlamaModel, ModelConfig
 from llmb.names import DEFAULT_REPLAY_STEPS  # noqa: F401  (defined where the CLI reads it without torch)
+from llmb.tolerances import replay_tolerance_for
 
 SCHEMA = "llmb.evidence/1"
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
@@ -217,12 +218,20 @@ def _relative(candidate: list[float], reference: list[float]) -> float:
     return difference / scale
 
 
-def compare(window: dict, replayed: Replayed, effective: str, mode: str, fp32_master: bool) -> list[ReplayCheck]:
-    """The window's recorded losses (and digest, for a whole window) against the replay, with the conformance
-    tolerances of what really ran."""
-    from llmb.conformance import tolerance_for
+FP16_LOOP_HINT = (
+    "; pure FP16 with AdamW's per-tensor loops keeps g^2 in FP16, where it underflows and the weights run away: use "
+    "the fused AdamW (its arithmetic is FP32) or --precision-mode amp"
+)
 
-    tol = tolerance_for(effective, mode)
+
+def compare(
+    window: dict, replayed: Replayed, effective: str, mode: str, fp32_master: bool, fused: bool | None = None
+) -> list[ReplayCheck]:
+    """The window's recorded losses (and digest, for a whole window) against the replay, with the conformance
+    tolerances of what really ran (`fused`: whether the run's AdamW was the fused kernel, for the failure's hint)."""
+    tol = replay_tolerance_for(effective, mode)
+    digest_tolerance = tol.trained
+    hint = FP16_LOOP_HINT if (effective, mode) == ("FP16", "pure") and not fused else ""
     checks = []
     recorded = window.get("losses") or []
     if len(recorded) < len(replayed.losses):
@@ -240,7 +249,7 @@ def compare(window: dict, replayed: Replayed, effective: str, mode: str, fp32_ma
                 f"replay-loss-{index + 1}",
                 error <= tolerance,
                 f"step {index + 1}: recorded loss {value!r}, replayed {reference:.6f}: relative error {error:.3g} "
-                f"(tolerance {tolerance:g}, {effective} {mode})",
+                f"(tolerance {tolerance:g}, {effective} {mode})" + ("" if error <= tolerance else hint),
                 error,
                 tolerance,
             )
@@ -256,15 +265,12 @@ def compare(window: dict, replayed: Replayed, effective: str, mode: str, fp32_ma
         else:
             candidate, reference, what = _flat(end), _flat(replayed.digest_end), "parameter digest"
         error = _relative(candidate, reference) if candidate is not None and reference is not None else math.inf
-        checks.append(
-            ReplayCheck(
-                "replay-digest",
-                error <= tol.trained,
-                f"{what} after {len(replayed.losses)} steps: relative error {error:.3g} (tolerance {tol.trained:g})",
-                error,
-                tol.trained,
-            )
-        )
+        passed = error <= digest_tolerance
+        detail = f"{what} after {len(replayed.losses)} steps: relative error {error:.3g}"
+        detail += f" (tolerance {digest_tolerance:g})"
+        if not passed:
+            detail += hint
+        checks.append(ReplayCheck("replay-digest", passed, detail, error, digest_tolerance))
     return checks
 
 
@@ -321,7 +327,8 @@ def replay_record(record: dict, steps: int, window: int | None = None) -> dict:
     )
     precision = record["precision"]
     fp32_master = precision["mode"] == "amp" or precision["requested"] in ("FP32", "TF32")
-    checks = compare(chosen, replayed, precision["effective"], precision["mode"], fp32_master)
+    fused = bool(((record.get("optimizer") or {}).get("defaults") or {}).get("fused"))
+    checks = compare(chosen, replayed, precision["effective"], precision["mode"], fp32_master, fused)
     return {
         "window": index,
         "steps": len(replayed.losses),

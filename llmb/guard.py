@@ -18,6 +18,9 @@ Watched (see docs/integrity.md):
   constant by value;
 - the clocks in `time`.
 
+A change that a known vendor library release makes (IPEX's `ipex.optimize` replaces torch functions and aten kernels
+process-wide), from its own unmodified files, is accepted and recorded instead: llmb/vendor_libraries.py.
+
 This cannot stop a plugin that also patches the comparison; that is what the clean-room process and the replay
 close (docs/integrity.md, "residual risks").
 """
@@ -49,6 +52,8 @@ LLMB_MODULES = (
     "llmb.dispatch_audit",
     "llmb.window_audit",
     "llmb.results",
+    "llmb.vendor_libraries",
+    "llmb.tolerances",
 )
 # Optional llmb modules that other work adds (watched when present).
 OPTIONAL_LLMB_MODULES = ("llmb.records", "llmb.worker", "llmb.cleanroom", "llmb.replay")
@@ -223,9 +228,40 @@ def capture() -> Baseline:
     return baseline
 
 
-def compare(baseline: Baseline, limit: int = 10) -> list[str]:
-    """What changed since the baseline, one phrase per change (empty when nothing did)."""
+def _vendor_kernels(before: dict[str, str], after: dict[str, str]) -> str | None:
+    """The known vendor library that registered an operator's changed kernels (each one displaced, not removed), or
+    None: llmb.vendor_libraries."""
+    from llmb import vendor_libraries
+
+    active = []
+    for key, where in after.items():
+        if key.startswith("Meta"):  # shape functions compute nothing (IPEX registers its Meta kernels from Python)
+            continue
+        base, inactive, _ = key.partition(" (inactive)")
+        if inactive:
+            if before.get(base) != where:  # only the displaced original may turn up as inactive
+                return None
+        elif before.get(key) != where:
+            active.append(where)
+    if any(key not in after for key in before if not key.startswith("Meta")):
+        return None
+    return vendor_libraries.owner_of_kernels(active)
+
+
+def changes(baseline: Baseline) -> tuple[list[str], dict[str, list[str]]]:
+    """What changed since the baseline, one phrase per change; and apart, the changes a known, intact vendor
+    library made (by library), which do not make a run invalid (llmb/vendor_libraries.py)."""
+    from llmb import vendor_libraries
+
     changed: list[str] = []
+    accepted: dict[str, list[str]] = {}
+
+    def note(phrase: str, owner: str | None) -> None:
+        if owner is None:
+            changed.append(phrase)
+        else:
+            accepted.setdefault(owner, []).append(phrase)
+
     for name, (holder, key, original) in baseline.bindings.items():
         now = vars(holder).get(key, _MISSING)
         if now is original:
@@ -234,25 +270,42 @@ def compare(baseline: Baseline, limit: int = 10) -> list[str]:
         elif now is _MISSING:
             changed.append(f"{name} was removed")
         elif original is _MISSING:
-            changed.append(f"{name} was added")
+            note(f"{name} was added", vendor_libraries.owner_of_object(now))
         else:
-            changed.append(f"{name} was replaced")
+            note(f"{name} was replaced", vendor_libraries.owner_of_object(now))
     for name, (cls, keys) in baseline.class_keys.items():
         # An added name matters where it shadows an inherited one (`torch.Tensor.mm` over the C method); a new name
         # nothing calls does not (transformers adds `nn.Module.smart_apply` when it loads).
         added = [key for key in sorted(set(vars(cls)) - keys) if any(key in vars(base) for base in cls.__mro__[1:])]
-        changed += [f"{name}.{key} was added" for key in added]
+        for key in added:
+            note(f"{name}.{key} was added", vendor_libraries.owner_of_object(vars(cls)[key]))
     for name, contents in baseline.hooks.items():
         module_name, _, attribute = name.rpartition(".")
         if _hook_contents(module_name, attribute) != contents:
             changed.append(f"{name} changed (a global hook was registered or removed)")
     now_table = _aten_dispatch_table()
     for op, kernels in baseline.dispatcher.items():
-        if _dispatch_changes(kernels, now_table.get(op, {})):
-            changed.append(f"the dispatcher's kernels for {op} changed (overridden through torch.library?)")
+        after = now_table.get(op, {})
+        if _dispatch_changes(kernels, after):
+            phrase = f"the dispatcher's kernels for {op} changed (overridden through torch.library?)"
+            note(phrase, _vendor_kernels(kernels, after))
+    return changed, accepted
+
+
+def compare(baseline: Baseline, limit: int = 10) -> list[str]:
+    """What changed since the baseline that no known vendor library accounts for (empty when nothing did)."""
+    changed, _ = changes(baseline)
     if len(changed) > limit:
         changed = changed[:limit] + [f"and {len(changed) - limit} more"]
     return changed
+
+
+def vendor_changes() -> dict[str, int]:
+    """Per known vendor library, how many watched objects and kernels it replaced (recorded with the run)."""
+    if _baseline is None:
+        return {}
+    _, accepted = changes(_baseline)
+    return {owner: len(phrases) for owner, phrases in accepted.items()}
 
 
 _baseline: Baseline | None = None

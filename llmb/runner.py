@@ -613,7 +613,7 @@ def build_record(
         software=records.Software(
             python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
         ),
-        facts=_facts(call(backend.run_facts, device)),
+        facts=_facts(call(backend.run_facts, device)) | _vendor_facts(),
         optimizer=records.OptimizerInfo(
             class_name=f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
             defaults={
@@ -685,6 +685,13 @@ def choose_peak(name: str, backend, device: torch.device, device_name: str, effe
     if declared is None:
         return peaks.choose(device_name, effective)
     return peaks.choose(device_name, effective, declared.flops, declared.source)
+
+
+def _vendor_facts() -> dict:
+    """The process-wide replacements the guard accepted from known vendor libraries (llmb/vendor_libraries.py), by
+    library: the harness's fact, written over any plugin fact of the same name."""
+    accepted = guard.vendor_changes()
+    return {"vendor_library_replacements": accepted} if accepted else {}
 
 
 def _facts(facts: dict | None) -> dict:

@@ -23,6 +23,11 @@ class OomTestBackend(CpuBackend):
     def settings(self) -> list[Setting]:
         return [Setting("oom_above_batch_size", int, 0, "raise torch.OutOfMemoryError above this batch (0: off)")]
 
+    def optimizer_options(self, device, precision, settings) -> dict:
+        # The cpu backend's default AdamW (its settings, fused_adamw among them, are not offered here): pure FP16
+        # needs its FP32 arithmetic to follow the reference (llmb/tolerances.py, REPLAY_TOLERANCES).
+        return {"fused": True}
+
     def process_model(self, model, optimizer, device, precision, settings):
         limit = settings.get("oom_above_batch_size", 0)
         if limit:

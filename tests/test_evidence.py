@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from llmb import cleanroom, evidence, runner
+from llmb import cleanroom, evidence, runner, tolerances
 from llmb.config import PRESETS
 from llmb.model import LlamaModel
 from llmb.train import build_optimizer
@@ -63,6 +63,32 @@ def test_the_replay_catches_a_changed_loss_and_a_changed_digest():
     assert not replayed["passed"]
     failed = [c["name"] for c in replayed["checks"] if not c["passed"]]
     assert failed == ["replay-loss-2", "replay-digest"]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_pure_fp16_follows_the_reference_only_with_adamws_fp32_arithmetic(fused):
+    """Pure FP16 with the fused AdamW (FP32 arithmetic inside) replays; with the per-tensor loop, g^2 underflows in
+    FP16 and the weights leave the reference: the replay fails every time, saying why (not at random)."""
+    record = runner.run(
+        runner.RunOptions(
+            config=TINY,
+            preset="tiny",
+            plugin="cpu",
+            device="cpu",
+            precision="FP16",
+            steps=2,
+            warmup_steps=1,
+            settings={"fused_adamw": str(fused).lower()},
+        )
+    ).to_dict()
+    replayed = evidence.replay_record(record, steps=2)
+    checks = {c["name"]: c for c in replayed["checks"]}
+    assert checks["replay-loss-2"]["tolerance"] == tolerances.REPLAY_TOLERANCES[("FP16", "pure")].loss_curve
+    if fused:
+        assert replayed["passed"], replayed["checks"]
+    else:
+        assert not checks["replay-loss-2"]["passed"], checks
+        assert "use the fused AdamW" in checks["replay-loss-2"]["detail"], checks
 
 
 def test_judge_and_link_time_the_window_and_hand_out_fresh_challenges():

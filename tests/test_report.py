@@ -30,10 +30,6 @@ from llmb.report import (
 )
 from llmb.results import write_result
 
-# The tiny sweep's pure FP16 run fails the replay's parameter digest at random (relative error up to 0.08
-# against 0.05, seed-dependent: pure FP16 AdamW does not preserve training); see the closing note of issue 19.
-FP16_REPLAY = "pure FP16 replay digest fails at random (issue 19 note)"
-
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SIMULATED = "oomtest | oom_above_batch_size=1"  # the sweep's plugin and settings: the test backend's memory limit
 TINY = "tiny (4.2M params)"
@@ -57,7 +53,6 @@ def invoke(*args):
     return CliRunner().invoke(cli, ["report", *map(str, args)], catch_exceptions=False)
 
 
-@pytest.mark.xfail(reason=FP16_REPLAY, strict=False)
 def test_markdown_has_best_batch_per_precision_methods_and_failures(inputs):
     result = invoke(*inputs, "--format", "md")
     assert result.exit_code == 0, result.output
@@ -81,7 +76,6 @@ def test_markdown_has_best_batch_per_precision_methods_and_failures(inputs):
     assert "Scaling" not in text  # single-device results only
 
 
-@pytest.mark.xfail(reason=FP16_REPLAY, strict=False)
 def test_csv_has_one_row_per_run_and_failed_trial(inputs):
     rows = list(csv.DictReader(io.StringIO(report(inputs, fmt="csv"))))
     ok = [r for r in rows if r["status"] == "ok"]
@@ -127,7 +121,6 @@ def test_plots_are_pngs_and_html_embeds_them(inputs, tmp_path):
     assert "http" not in page.replace("http-equiv", "")  # nothing to fetch: it opens without a server
 
 
-@pytest.mark.xfail(reason=FP16_REPLAY, strict=False)
 def test_submission_bundle_layout_is_read(tiny_sweep, tmp_path):
     bundle = tmp_path / "submissions" / "org" / "system"
     for source in tiny_sweep.glob("*-b1-*.json"):

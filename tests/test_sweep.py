@@ -22,10 +22,6 @@ from llmb.config import build_config
 from llmb.errors import UsageError
 from llmb.runner import RunOptions
 
-# The tiny sweep's pure FP16 run fails the replay's parameter digest at random (relative error up to 0.08
-# against 0.05, seed-dependent: pure FP16 AdamW does not preserve training); see the closing note of issue 19.
-FP16_REPLAY = "pure FP16 replay digest fails at random (issue 19 note)"
-
 
 def trial(batch, tps=None, status="ok", index=0):
     return sweep.Trial("FP32", batch, "search", index, status, tokens_per_second=tps)
@@ -136,7 +132,6 @@ def read_trials(out: Path) -> list[dict]:
     return [json.loads(line) for line in lines if json.loads(line)["type"] == "trial"]
 
 
-@pytest.mark.xfail(reason=FP16_REPLAY, strict=False)
 def test_auto_finds_a_best_batch_for_every_cpu_precision_with_oom_points(tiny_sweep):
     summary = json.loads((tiny_sweep / sweep.SUMMARY_NAME).read_text())
     assert list(summary["precisions"]) == ["FP32", "TF32", "FP16", "BF16"]

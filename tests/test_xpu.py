@@ -89,22 +89,16 @@ def test_tiny_run_on_the_xpu(xpu, tmp_path, precision):
 
 
 @requires_ipex
-@pytest.mark.xfail(
-    reason=(
-        "every window now starts from the initial weights on a challenge batch, so the window's "
-        "last loss is not always below the warmup's first"
-    ),
-    strict=False,
-)
 @pytest.mark.parametrize("precision", ["FP32", "BF16"])
 def test_ipex_post_processing_trains_on_the_cpu(xpu, tmp_path, precision):
     result, records = run(tmp_path, "--device", "cpu", "--precision", precision, "-O", "ipex=true")
     assert result.exit_code == 0, result.output
     (record,) = records
-    # ipex.optimize replaces torch functions (torch.embedding_bag, ...) process-wide: the integrity guard
-    # (llmb/guard.py) cannot tell that from a cheat, so the run is invalid and names them; nothing else fails.
-    assert record["invalid_reasons"], record["invalid_reasons"]
-    assert all(r.startswith("identity ") for r in record["invalid_reasons"]), record["invalid_reasons"]
+    # ipex.optimize replaces torch functions and aten kernels process-wide: the guard accepts them as a known,
+    # unmodified IPEX release's own (llmb/vendor_libraries.py) and records how many; nothing makes the run invalid.
+    assert record["invalid_reasons"] == [], record["invalid_reasons"]
+    label = f"intel-extension-for-pytorch {importlib.metadata.version('intel-extension-for-pytorch')}"
+    assert record["facts"]["vendor_library_replacements"][label] > 0
     # The harness's other checks hold after ipex.optimize: the same AdamW over every parameter, stepped once a step.
     assert record["optimizer"]["optimizer_steps"] == record["optimizer"]["harness_steps"] == 3
     assert record["plugin"]["settings"] == {"ipex": True}
@@ -112,7 +106,7 @@ def test_ipex_post_processing_trains_on_the_cpu(xpu, tmp_path, precision):
     assert record["precision"]["effective"] == precision
     fact = {f["name"]: f for f in record["precision"]["audit"]["backend"]}["ipex.dtype"]
     assert (fact["value"], fact["implies"]) == {"FP32": ("float32", None), "BF16": ("bfloat16", "BF16")}[precision]
-    assert record["loss"]["last"] < record["loss"]["initial"]
+    assert record["loss"]["last"] < record["loss"]["first"]  # it trained (the window repeats one challenge batch)
 
 
 @requires_ipex
@@ -120,3 +114,35 @@ def test_ipex_refuses_mixed_precision(xpu, tmp_path):
     result, records = run(tmp_path, "--device", "cpu", "--precision", "BF16", "--precision-mode", "amp", "-O", "ipex=1")
     assert result.exit_code == 1, result.output
     assert "supports pure FP16/BF16 only" in result.output and records == []
+
+
+OVERRIDE_BESIDE_IPEX = """
+import torch
+from llmb import guard
+baseline = guard.capture()  # before IPEX is imported, as llmb captures it before any plugin import
+import intel_extension_for_pytorch as ipex
+model = torch.nn.Linear(8, 8)
+ipex.optimize(model, optimizer=torch.optim.AdamW(model.parameters()))
+changed, accepted = guard.changes(baseline)
+assert changed == [], changed
+assert sum(len(v) for v in accepted.values()) > 0, accepted
+library = torch.library.Library("aten", "IMPL")
+library.impl("mm", lambda a, b: torch.ops.aten.mm.default(a.bfloat16(), b.bfloat16()).float(), "CPU")
+saved = torch.embedding_bag
+torch.embedding_bag = lambda *args, **kwargs: saved(*args, **kwargs)
+changed, _ = guard.changes(baseline)
+assert any("aten::mm " in c for c in changed), changed
+assert "torch.embedding_bag was replaced" in changed, changed
+print("ok")
+"""
+
+
+@requires_ipex
+def test_a_python_kernel_override_beside_ipex_is_still_caught():
+    """IPEX's own replacements are accepted; a torch.library override from Python made beside them is not, and
+    neither is a torch function replaced by code that is not IPEX's."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", OVERRIDE_BESIDE_IPEX], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
