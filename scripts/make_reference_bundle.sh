@@ -21,6 +21,13 @@ if [ -z "$results" ]; then
         done
         llmb check-plugin --plugin cpu --device cpu --precision "$precision" --out "$results/conformance-$precision.json"
     done
+else
+    # Repackaging: the note describes the runs that are there, not this script's defaults.
+    read -r PRESET STEPS < <(python -c '
+import json, pathlib, sys
+record = next(json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).rglob("*.json"))
+              if "tokens_per_second" in p.read_text())
+print(record["preset"], record["steps"])' "$results")
 fi
 NOTE=${NOTE:-"Reference bundle: the $PRESET preset on the host CPU, $STEPS measured steps per run. Not the official shape: at the official shape FP32 AdamW needs about 23 GB and a step takes tens of seconds on this 2-core CPU."}
 system_file=$(mktemp)
