@@ -131,6 +131,10 @@ class Backend:
         """How many devices of this type the host has."""
         return 1
 
+    def device_memory_bytes(self, device: torch.device) -> int | None:
+        """The device's total memory in bytes, or None (the host CPU: its memory is the system's, not a device's)."""
+        return None
+
     def peak_flops(self, device: torch.device, precision: str) -> Peak | None:
         """The device's dense peak FLOP/s for the precision with its public source, or None (never a guess)."""
         return None

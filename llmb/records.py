@@ -322,6 +322,7 @@ class DeviceRef(Typed):
     spec: str | None = None
     name: str
     count: int | None = None
+    memory_bytes: int | None = None  # the device's total memory, from the backend (None: the host CPU, or unknown)
 
 
 @dataclass(kw_only=True)

@@ -609,6 +609,7 @@ def build_record(
             spec=str(device),
             name=device_name,
             count=int(call(backend.device_count, device)),
+            memory_bytes=_memory_bytes(call(backend.device_memory_bytes, device)),
         ),
         software=records.Software(
             python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
@@ -685,6 +686,13 @@ def choose_peak(name: str, backend, device: torch.device, device_name: str, effe
     if declared is None:
         return peaks.choose(device_name, effective)
     return peaks.choose(device_name, effective, declared.flops, declared.source)
+
+
+def _memory_bytes(value) -> int | None:
+    """A backend's device memory as a positive int of bytes; anything else is unknown."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
 
 
 def _vendor_facts() -> dict:

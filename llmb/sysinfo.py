@@ -89,14 +89,20 @@ def _operating_system() -> str:
         return platform.platform()
 
 
-def _accelerator_memory(device_type: str) -> int | None:
-    backend = getattr(torch, device_type, None)
-    try:
-        if backend is not None and backend.is_available():
-            return int(backend.get_device_properties(0).total_memory)
-    except Exception:  # a backend without properties says nothing; the user completes the field
-        return None
-    return None
+def _recorded_memory(records: list[dict]) -> str:
+    """The runs' device memory as their backends recorded it (device.memory_bytes), not the packaging host's: the
+    bundle may be packaged on another machine. Several sizes are listed; none recorded is left to the user."""
+    sizes = sorted(
+        {
+            m
+            for r in records
+            if r["device"]["type"] != "cpu"
+            and isinstance(m := r["device"].get("memory_bytes"), int)
+            and not isinstance(m, bool)
+            and m > 0
+        }
+    )
+    return "; ".join(_gib(m) for m in sizes) or "unknown"
 
 
 def _versions(names: list[str]) -> dict[str, str]:
@@ -153,9 +159,7 @@ def collect(records: list[dict], plugins: list[dict]) -> dict:
         "accelerator_model_name": "; ".join(names) or "unknown",
         "accelerator_type": "; ".join(types) or "unknown",
         "accelerator_memory_capacity": (
-            _gib(_accelerator_memory(next(t for t in types if t != "cpu")))
-            if accelerated
-            else "N/A (the host CPU: host_memory_capacity)"
+            _recorded_memory(records) if accelerated else "N/A (the host CPU: host_memory_capacity)"
         ),
         "accelerator_interconnect": "",
         "devices": [{"type": t, "name": n, "count": c} for t, n, c in sorted(devices)],

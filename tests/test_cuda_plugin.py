@@ -372,3 +372,13 @@ def test_fp8_run_on_the_gpu_is_labelled_fp8(tmp_path):
     (path,) = tmp_path.glob("*.json")
     record = json.loads(path.read_text())
     assert record["precision"]["effective"] == "FP8" and record["mfu"] is None
+
+
+def test_the_device_memory_is_the_gpus_total_memory(monkeypatch):
+    # torch.cuda.get_device_properties answered by a mock: no GPU exists on this machine.
+    class Properties:
+        total_memory = 85_520_809_984  # what an H100 80GB HBM3 reports
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: asked.append(index) or Properties())
+    assert CUDA.device_memory_bytes(torch.device("cuda", 1)) == 85_520_809_984 and asked == [1]

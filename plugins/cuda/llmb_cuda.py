@@ -242,6 +242,9 @@ class CudaBackend(Backend):
     def device_count(self, device) -> int:
         return torch.cuda.device_count()
 
+    def device_memory_bytes(self, device) -> int | None:
+        return int(torch.cuda.get_device_properties(device_index(device)).total_memory)
+
     def peak_flops(self, device, precision) -> Peak | None:
         return match_peak(self.device_name(device), precision, self.peaks)
 

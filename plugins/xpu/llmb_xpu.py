@@ -127,6 +127,11 @@ class XpuBackend(CpuBackend):
             return super().device_count(device)
         return torch.xpu.device_count()
 
+    def device_memory_bytes(self, device) -> int | None:
+        if device.type == "cpu":
+            return super().device_memory_bytes(device)
+        return int(torch.xpu.get_device_properties(device).total_memory)
+
     def peak_flops(self, device, precision) -> Peak | None:
         if device.type == "cpu":
             return super().peak_flops(device, precision)
