@@ -1,12 +1,15 @@
-"""Building adversarial plugin packages: each attack is a real package with an entry point, pip-installed into its
-own folder (never beside another attack: every installed plugin is imported, so attacks would mix), and reached by
+"""Building adversarial plugins: each attack is a real distribution with an `llmb` entry point, laid out in its own
+site folder (never beside another attack: every installed plugin is imported, so attacks would mix), and reached by
 `python -m llmb` subprocesses through PYTHONPATH, as tests/test_plugin_packages.py does with an honest one.
+
+Two ways to lay one out: `build` pip-installs a package built from a pyproject (a wheel install, RECORD and all);
+`install` writes what pip leaves (tests/conftest.py's dist-info beside the module), with no build step.
 
 An attack is module-level code (what runs at import: the global monkeypatching) plus optional functions the
 generated plugin calls from its hooks: ``_setup(device, precision, settings)``, ``_process_model(model, optimizer,
-device, precision, settings)``, ``_step_end(device)``, ``_peak(device, precision)``, ``_device_name(device)``. The
-generator writes them as this llmb's plugin API wants them (module hooks, or a `llmb.Backend` subclass where llmb
-has one), so the attacks stay the same when the API changes.
+device, precision, settings)``, ``_step_end(device)``, ``_peak(device, precision)``, ``_device_name(device)``,
+``_new_event(device)``. The generator writes them as this llmb's plugin API wants them (module hooks, or a
+`llmb.Backend` subclass where llmb has one), so the attacks stay the same when the API changes.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-import llmb
+from conftest import write_dist_info
+
+import llmb as _llmb
 
 TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "3", "--warmup-steps", "2"]
 HOOKS = {  # attack function -> (old hook name, Backend method name, arguments)
@@ -28,6 +33,7 @@ HOOKS = {  # attack function -> (old hook name, Backend method name, arguments)
     "_step_end": ("step_end", "step_end", "device"),
     "_peak": ("peak_flops", "peak_flops", "device, precision"),
     "_device_name": ("device_name", "device_name", "device"),
+    "_new_event": ("device_event", "new_event", "device"),
 }
 PEAK_SHIM = """
 try:  # the Backend API's peak carries its source; older llmb takes any object with flops and source
@@ -49,7 +55,7 @@ class Attack:
         code = textwrap.dedent(self.code)
         defined = [fn for fn in HOOKS if f"def {fn}(" in code]
         head = f'"""red-team attack {self.name}: an adversarial plugin, built by tests/redteam."""\n{PEAK_SHIM}\n'
-        if hasattr(llmb, "Backend"):
+        if hasattr(_llmb, "Backend"):
             methods = "".join(
                 f"\n    def {HOOKS[fn][1]}(self, {HOOKS[fn][2]}):\n        return {fn}({HOOKS[fn][2]})\n"
                 for fn in defined
@@ -92,15 +98,28 @@ def device_types():
 def supported_precisions():
     return ["FP32", "FP16", "BF16"]
 {hooks}"""
-        return head + code + tail
+        source = head + code + tail
+        compile(source, self.module, "exec")  # an attack that cannot even import would pass vacuously
+        return source
+
+    @property
+    def module(self) -> str:
+        return f"llmb_attack_{self.name}"
+
+
+def install(site: Path, name: str, code: str) -> Path:
+    """Lay out distribution llmb-attack-<name> with entry point <name> = llmb_attack_<name> in `site`, return it."""
+    attack = Attack(name, code)
+    write_dist_info(site, f"llmb-attack-{name}", "6.6.6", name, attack.module)
+    (site / f"{attack.module}.py").write_text(attack.module_source())
+    return site
 
 
 def build(attack: Attack, folder: Path) -> Path:
     """Write the attack's package, pip-install it into its own site folder, return that folder."""
-    module = f"llmb_attack_{attack.name}"
     package = folder / f"pkg-{attack.name}"
     package.mkdir(parents=True)
-    (package / f"{module}.py").write_text(attack.module_source())
+    (package / f"{attack.module}.py").write_text(attack.module_source())
     (package / "pyproject.toml").write_text(
         f"""
 [build-system]
@@ -113,10 +132,10 @@ version = "6.6.6"
 dependencies = ["llmb"]
 
 [project.entry-points.llmb]
-{attack.name} = "{module}"
+{attack.name} = "{attack.module}"
 
 [tool.hatch.build.targets.wheel]
-include = ["{module}.py"]
+include = ["{attack.module}.py"]
 """
     )
     site = folder / f"site-{attack.name}"
@@ -126,20 +145,28 @@ include = ["{module}.py"]
     return site
 
 
-def llmb_cli(site: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+def llmb(site: Path | None, args: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python -m llmb ARGS` in a subprocess that sees the plugins in `site` (None: only the installed ones)."""
+    env = dict(os.environ)
+    env.pop("LLMB_IN_PROCESS", None)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return subprocess.run(
-        [sys.executable, "-m", "llmb", *args], capture_output=True, text=True, timeout=900, cwd=cwd, env=env
+        [sys.executable, "-m", "llmb", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
     )
 
 
-def run_attack(attack: Attack, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    """`llmb run` with the attack's plugin on the tiny preset; the record, if one was written."""
-    site = build(attack, tmp_path)
+def run(site: Path | None, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """`llmb run` on the tiny preset with the plugins in `site`; the record, if one was written."""
     out = tmp_path / "out"
-    proc = llmb_cli(site, ["run", "--plugin", attack.name, *TINY, *extra, "--out", str(out)], tmp_path)
+    proc = llmb(site, ["run", *TINY, *args, "--out", str(out)], tmp_path)
     records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))] if out.exists() else []
     return proc, (records[0] if records else None)
+
+
+def run_attack(attack: Attack, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """`llmb run` with the attack's pip-installed plugin on the tiny preset; the record, if one was written."""
+    return run(build(attack, tmp_path), tmp_path, "--plugin", attack.name, *extra)
 
 
 def check_attack(attack: Attack, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -147,5 +174,9 @@ def check_attack(attack: Attack, tmp_path: Path, *extra: str) -> tuple[subproces
     site = build(attack, tmp_path)
     out = tmp_path / "conformance.json"
     args = ["check-plugin", "--plugin", attack.name, "--device", "cpu", "--steps", "2", *extra, "--out", str(out)]
-    proc = llmb_cli(site, args, tmp_path)
+    proc = llmb(site, args, tmp_path)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def reasons(record: dict, prefix: str) -> list[str]:
+    return [r for r in record["invalid_reasons"] if r.startswith(prefix)]

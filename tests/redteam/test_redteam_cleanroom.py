@@ -4,7 +4,7 @@
 import os
 
 import pytest
-from cleanroom_kit import install, reasons, run
+from redteam_kit import install, reasons, run
 
 SLOW_CLOCK = """
 import time as _time

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from cleanroom_kit import TINY, llmb
+from redteam_kit import TINY, llmb
 
 from llmb import submission, verify
 from llmb.cleanroom import headline_figures
