@@ -38,9 +38,8 @@ def test_accelerator_memory_is_the_recorded_device_memory_not_the_packaging_host
     system = sysinfo.collect([dataclasses.replace(base, device=h100).to_dict()], [])
     assert system["accelerator_memory_capacity"] == "80.0 GiB"
     unknown = dataclasses.replace(h100, memory_bytes=None)
-    assert sysinfo.collect([dataclasses.replace(base, device=unknown).to_dict()], [])["accelerator_memory_capacity"] == (
-        "unknown"
-    )
+    system = sysinfo.collect([dataclasses.replace(base, device=unknown).to_dict()], [])
+    assert system["accelerator_memory_capacity"] == "unknown"
 
 
 def test_a_backend_reports_its_device_memory_into_the_record(register_backend, tmp_path):
