@@ -411,7 +411,7 @@ TOKENS = Column("tokens_per_second", "Tokens/s", _num(",.1f"), True)
 SPREAD = Column("spread", "Spread (min-max)", _range, True)
 TFLOPS = Column("tflops_per_device", "TFLOP/s", _num(".3g"), True)
 MFU = Column("mfu", "MFU", _percent, True, "n/a")
-MEMORY = Column("peak_memory_bytes", "Peak memory", _memory, True)
+MEMORY = Column("peak_memory_bytes", "Peak memory", _memory, True, missing="n/a")
 METHOD = Column("method", "Method")
 SETTINGS = Column("settings", "Settings")
 SHAPE = Column("shape", "Shape")
@@ -579,7 +579,7 @@ def comparison_tables(
             Column("step_seconds", "Time/step ↓", _seconds, True),
             Column("tokens_per_second", "Tokens/s ↑", TOKENS.fmt, True),
             SPREAD,
-            Column("peak_memory_bytes", "Memory ↓", _memory, True),
+            Column("peak_memory_bytes", "Memory ↓", _memory, True, missing="n/a"),
             Column("speedup", "Speed-up ↑", _ratio, True),
             *([VERSUS_REFERENCE] if refs is not None else []),
         ]

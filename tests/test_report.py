@@ -352,3 +352,13 @@ def test_both_efficiencies_are_plotted_against_batch_size(tmp_path):
     best = rows_of(report([tmp_path / "r"], fmt="json"), "best")[0]
     assert best["matmul_peak_efficiency"] == pytest.approx(0.4) and best["mfu"] == pytest.approx(0.2)
     assert efficiency_figure(load([write_records(tmp_path / "none", make_result())]).points) is None
+
+
+def test_an_unrecorded_peak_memory_reads_n_a_not_an_empty_cell(tmp_path):
+    results = write_records(tmp_path / "r", make_result(peak_memory_bytes=None, run_id="ffff0001"))
+    markdown = report([results], fmt="md")
+    header = next(line for line in markdown.splitlines() if line.startswith("| Method"))
+    row = next(line for line in markdown.splitlines() if line.startswith("| cpu |"))
+    names, values = ([c.strip() for c in line.strip("|").split("|")] for line in (header, row))
+    cells = dict(zip(names, values, strict=True))
+    assert cells["Peak memory"] == "n/a"
