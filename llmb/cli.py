@@ -106,9 +106,65 @@ def launch_options(func):
         click.option("--master-addr", default=None, help="Node rank 0's address (several nodes)."),
         click.option("--master-port", type=bounds.PORT, default=None, help="Node rank 0's port (default 29500)."),
     ]
+    return _apply(func, options)
+
+
+def _apply(func, options):
+    """Apply option decorators in the order they are listed (the order `--help` shows them)."""
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def precision_options(default: str):
+    """The precision asked for and its mode, for the commands that train (run: FP32, sweep: all)."""
+    return lambda func: _apply(
+        func,
+        [
+            click.option(
+                "--precision",
+                "precision_name",
+                default=default,
+                show_default=True,
+                help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
+            ),
+            click.option(
+                "--precision-mode",
+                "mode",
+                default="pure",
+                show_default=True,
+                type=click.Choice(names.MODES),
+                help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
+            ),
+        ],
+    )
+
+
+def model_options(func):
+    """The preset and its debug shape overrides."""
+    func = shape_options(func)
+    return click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))(func)
+
+
+def loop_options(steps_help: str):
+    """The measured loop's length and seed, then the model's shape: one set for run and sweep."""
+    return lambda func: _apply(
+        func,
+        [
+            click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help=steps_help),
+            click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP),
+            click.option("--seed", default=0, show_default=True, type=bounds.SEED),
+            model_options,
+        ],
+    )
+
+
+# Options that several commands take in the same words.
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+json_out_option = click.option(
+    "--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here."
+)
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout=names.DEFAULT_TIMEOUT_SECONDS):
@@ -142,25 +198,9 @@ class RichProgress:
 
 @cli.command()
 @plugin_options
-@click.option(
-    "--precision",
-    "precision_name",
-    default="FP32",
-    show_default=True,
-    help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
-)
-@click.option(
-    "--precision-mode",
-    "mode",
-    default="pure",
-    show_default=True,
-    type=click.Choice(names.MODES),
-    help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
-)
+@precision_options("FP32")
 @click.option("--strict-precision", is_flag=True, help="Fail when the audited precision is below the requested one.")
 @click.option("--batch-size", default=1, show_default=True, type=bounds.BATCH)
-@click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help="Measured steps per repeat.")
-@click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP)
 @click.option(
     "--repeats",
     default=1,
@@ -168,9 +208,7 @@ class RichProgress:
     type=bounds.REPEATS,
     help="Measurements on the same model; the median is reported.",
 )
-@click.option("--seed", default=0, show_default=True, type=bounds.SEED)
-@click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))
-@shape_options
+@loop_options("Measured steps per repeat.")
 @click.option(
     "--out",
     default="results",
@@ -502,7 +540,7 @@ def _print_record(record: Result, path: Path) -> None:
 
 
 @cli.command(name="plugins")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @handle_errors
 def plugins_command(as_json: bool) -> None:
     """List installed backends: plugin, devices, precisions, methods overridden, settings, peak sources."""
@@ -711,7 +749,7 @@ def new_plugin(name: str, directory: Path | None) -> None:
     "--warmup", default=5, show_default=True, type=click.IntRange(0, 10**6), help="Untimed all-reduces per size."
 )
 @click.option("--dtype", default="float32", show_default=True, help="Element type of the buffers.")
-@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
+@json_out_option
 @handle_errors
 def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:
     """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
@@ -757,24 +795,24 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
     "--from",
     "result_path",
     required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=EXISTING_FILE,
     help="An llmb run result: its achieved TFLOP/s per device gives alpha.",
 )
 @click.option(
     "--comm",
     "comm_path",
     required=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=EXISTING_FILE,
     help="An llmb commbench JSON: its all-reduce bandwidth gives beta.",
 )
 @click.option(
     "--check",
     "check_path",
     default=None,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=EXISTING_FILE,
     help="A measured multi-process llmb run: project its shape and layout, print measured next to projected.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @handle_errors
 def project_command(
     layers,
@@ -829,14 +867,7 @@ def project_command(
 
 @cli.command()
 @plugin_options
-@click.option(
-    "--precision",
-    "precision_name",
-    default="all",
-    show_default=True,
-    help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
-)
-@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(names.MODES))
+@precision_options("all")
 @click.option(
     "--batch-sizes",
     default="auto",
@@ -851,11 +882,7 @@ def project_command(
     type=bounds.SWEEP_REPEATS,
     help="Re-runs of the best batch; median = headline.",
 )
-@click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help="Measured steps per trial.")
-@click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP)
-@click.option("--seed", default=0, show_default=True, type=bounds.SEED)
-@click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))
-@shape_options
+@loop_options("Measured steps per trial.")
 @click.option(
     "--trial-timeout", default=600.0, show_default=True, type=bounds.SECONDS, help="Seconds before a trial is killed."
 )
@@ -1037,8 +1064,7 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     type=click.Choice(names.PRECISIONS),
     help="Precision to measure (repeatable; default: every one the plugin supports).",
 )
-@click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))
-@shape_options
+@model_options
 @click.option(
     "--batch-size", default=1, show_default=True, type=bounds.BATCH, help="The batch whose GEMM shapes are measured."
 )
@@ -1051,8 +1077,8 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
 @click.option(
     "--repeats", default=5, show_default=True, type=bounds.REPEATS, help="Timed batches per GEMM; the median counts."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
+@json_option
+@json_out_option
 @handle_errors
 def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
