@@ -1,4 +1,5 @@
-"""A dispatch-level recorder: the dtypes that matmul, linear and attention operators really receive in a step.
+"""A dispatch-level recorder: the dtypes that matmul, linear and attention operators really receive in a step (and,
+for the dtype census of llmb.census, the dtypes every operator returns).
 
 The precision audit's other evidence is about state (tensor dtypes at rest, backend switches, one probe matmul);
 this is about what ran. A `TorchDispatchMode` sits below autograd and autocast, so it sees each aten operator with
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from llmb.precision import DTYPE_FORMAT, lowest
 
@@ -99,11 +101,14 @@ def _float_dtypes(args, kwargs) -> str:
 
 
 class DtypeRecorder(TorchDispatchMode):
-    """Records matmul-family operators and their input dtypes; every operator runs unchanged."""
+    """Records matmul-family operators and their input dtypes; every operator runs unchanged. With `outputs`, it
+    also counts the dtype of every tensor each operator returns (the dtype census, llmb.census): off by default,
+    since the window audit's recorder runs inside a measured step."""
 
-    def __init__(self) -> None:
+    def __init__(self, outputs: bool = False) -> None:
         super().__init__()
         self.record = DispatchRecord()
+        self.outputs: Counter[str] | None = Counter() if outputs else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -114,4 +119,9 @@ class DtypeRecorder(TorchDispatchMode):
             self.record.unknown[f"{namespace}::{packet}"] += 1
         elif _is_matmul_family(packet):
             self.record.calls.setdefault(f"aten.{packet}", Counter())[_float_dtypes(args, kwargs)] += 1
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.outputs is not None:
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.outputs[str(leaf.dtype).removeprefix("torch.")] += 1
+        return out
