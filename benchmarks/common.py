@@ -165,6 +165,28 @@ def fmt_ratio(value: float | None) -> str:
     return f"{value:.3f}" if value is not None else "n/a"
 
 
+def arms_table(title: str, summary: dict[str, dict], extra: dict[str, Callable[[str, dict], str]] | None = None):
+    """The per-arm medians a side-by-side benchmark prints: throughput, the median step's, step time and peak memory,
+    then the script's own columns (each cell a function of the arm's label and summary)."""
+    extra = extra or {}
+    table = Table(title=title)
+    for column in ("arm", "tokens/s", "tokens/s (median step)", "step", "peak memory", *extra):
+        table.add_column(column, justify="left" if column == "arm" else "right")
+    for label, s in summary.items():
+        if not s["runs"]:
+            table.add_row(label, "failed: " + s["errors"][0], *[""] * (3 + len(extra)))
+            continue
+        table.add_row(
+            label,
+            f"{s['tokens_per_second']:,.1f}",
+            f"{s['median_step_tokens_per_second']:,.1f}" if s["median_step_tokens_per_second"] else "n/a",
+            f"{s['step_seconds']:.3f} s",
+            fmt_bytes(s["peak_memory_bytes"]),
+            *(cell(label, s) for cell in extra.values()),
+        )
+    return table
+
+
 def write_raw(name: str, payload: dict) -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = write_json_atomic(RAW / f"{name}-{stamp}.json", payload)

@@ -15,10 +15,10 @@ import click
 import torch
 from common import (
     alternate,
+    arms_table,
     base_spec,
     command_line,
     console,
-    fmt_bytes,
     interleave_option,
     load,
     machine,
@@ -32,7 +32,6 @@ from common import (
     summarise,
     write_raw,
 )
-from rich.table import Table
 
 GOAL = 0.01
 
@@ -71,24 +70,11 @@ def main(interleave_steps: int, **options) -> None:
         ),
     }
 
-    table = Table(
-        title=f"llmb run vs bare loop: {options['preset']}, {options['precision']}, batch {options['batch_size']}, "
+    title = (
+        f"llmb run vs bare loop: {options['preset']}, {options['precision']}, batch {options['batch_size']}, "
         f"{options['device']}, medians of {options['rounds']} rounds"
     )
-    for column in ("arm", "tokens/s", "tokens/s (median step)", "step", "peak memory"):
-        table.add_column(column, justify="left" if column == "arm" else "right")
-    for label, s in summary.items():
-        if not s["runs"]:
-            table.add_row(label, "failed: " + s["errors"][0], "", "", "")
-            continue
-        table.add_row(
-            label,
-            f"{s['tokens_per_second']:,.1f}",
-            f"{s['median_step_tokens_per_second']:,.1f}" if s["median_step_tokens_per_second"] else "n/a",
-            f"{s['step_seconds']:.3f} s",
-            fmt_bytes(s["peak_memory_bytes"]),
-        )
-    console.print(table)
+    console.print(arms_table(title, summary))
     if interleaved is not None:
         print_interleaved(interleaved)
         if "error" not in interleaved:

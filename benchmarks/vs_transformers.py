@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 from common import (
     alternate,
+    arms_table,
     base_spec,
     command_line,
     console,
@@ -29,7 +30,6 @@ from common import (
     summarise,
     write_raw,
 )
-from rich.table import Table
 
 
 @click.command()
@@ -72,34 +72,17 @@ def main(interleave_steps: int, **options) -> None:
         if label != "llmb"
     }
 
-    table = Table(
-        title=f"llmb vs HF transformers: {options['preset']}, {options['precision']}, batch "
+    title = (
+        f"llmb vs HF transformers: {options['preset']}, {options['precision']}, batch "
         f"{options['batch_size']}, {options['device']}, medians of {options['rounds']} rounds"
     )
-    for column in (
-        "arm",
-        "tokens/s",
-        "tokens/s (median step)",
-        "step",
-        "peak memory",
-        "training memory",
-        "llmb / arm (tokens/s)",
-    ):
-        table.add_column(column, justify="left" if column == "arm" else "right")
-    for label, s in summary.items():
-        if not s["runs"]:
-            table.add_row(label, "failed: " + s["errors"][0], *[""] * 5)
-            continue
-        table.add_row(
-            label,
-            f"{s['tokens_per_second']:,.1f}",
-            f"{s['median_step_tokens_per_second']:,.1f}" if s["median_step_tokens_per_second"] else "n/a",
-            f"{s['step_seconds']:.3f} s",
-            fmt_bytes(s["peak_memory_bytes"]),
-            fmt_bytes(s["training_memory_bytes"]),
-            "1.000" if label == "llmb" else fmt_ratio(ratios[f"llmb/{label}"]["tokens_per_second_median_ratio"]),
-        )
-    console.print(table)
+    extra = {
+        "training memory": lambda label, s: fmt_bytes(s["training_memory_bytes"]),
+        "llmb / arm (tokens/s)": lambda label, s: (
+            "1.000" if label == "llmb" else fmt_ratio(ratios[f"llmb/{label}"]["tokens_per_second_median_ratio"])
+        ),
+    }
+    console.print(arms_table(title, summary, extra))
     for name, r in ratios.items():
         console.print(
             f"{name}: tokens/s {fmt_ratio(r['tokens_per_second_median_ratio'])} (ratio of medians), "

@@ -153,6 +153,17 @@ def test_medians_and_same_round_ratios(bench):
     assert common.paired_ratio(measurements, "a", "b") == 1.5  # median of 2.0, 1.5, 0.5
 
 
+def test_the_arms_table_shows_each_arms_medians_its_own_columns_and_a_failed_arm_in_one_row(bench):
+    _, common, _ = bench
+    measurements = [_m("a", 0, 10), _m("a", 1, 30), {"label": "b", "round": 0, "error": "exit 1: boom"}]
+    extra = {"training memory": lambda label, s: common.fmt_bytes(s["training_memory_bytes"])}
+    table = common.arms_table("t", common.summarise(measurements), extra)
+    columns = {c.header: list(c.cells) for c in table.columns}
+    assert list(columns) == ["arm", "tokens/s", "tokens/s (median step)", "step", "peak memory", "training memory"]
+    assert columns["arm"] == ["a", "b"] and columns["tokens/s"] == ["20.0", "failed: exit 1: boom"]
+    assert columns["training memory"] == [common.fmt_bytes(10), ""]
+
+
 def test_compile_modes_lists_what_the_plugin_does_not_offer(bench):
     _, _, compile_modes = bench
     cpu = get_backend("cpu").backend
