@@ -19,6 +19,8 @@ from llmb.errors import UsageError
 
 INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune")
 THUNDER = "thunder"
+# The `compile` setting's help, one text for every plugin that offers these compilers.
+HELP = "torch.compile the model with this mode, or thunder: Lightning Thunder's thunder.jit (needs torch 2.9)"
 
 
 def thunder_unavailable() -> str | None:

@@ -30,13 +30,7 @@ class CpuBackend(Backend):
 
     def settings(self) -> list[Setting]:
         return [
-            Setting(
-                "compile",
-                str,
-                "none",
-                "torch.compile the model with this mode, or thunder: Lightning Thunder's thunder.jit (needs torch 2.9)",
-                COMPILE_MODES,
-            ),
+            Setting("compile", str, "none", compilers.HELP, COMPILE_MODES),
             Setting("activation_checkpointing", str, "none", checkpointing.HELP, checkpointing.MODES),
             Setting("fp8", str, "none", "train the Linear layers in float8 with this torchao recipe", fp8.RECIPES),
             Setting("fp8_emulate", bool, True, "torchao's float8 emulation (false: torch._scaled_mm's CPU kernel)"),

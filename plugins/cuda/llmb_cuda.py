@@ -19,13 +19,7 @@ COMPILE_MODES = ("none", *compilers.INDUCTOR_MODES, compilers.THUNDER)
 FP8_CAPABILITY = (8, 9)
 
 SETTINGS = [
-    Setting(
-        "compile",
-        str,
-        "none",
-        "torch.compile the model with this mode, or thunder: Lightning Thunder's thunder.jit (needs torch 2.9)",
-        COMPILE_MODES,
-    ),
+    Setting("compile", str, "none", compilers.HELP, COMPILE_MODES),
     Setting("fused_adamw", bool, False, "use AdamW's fused CUDA kernel (fused=True) instead of torch's default"),
     # Layer-wise "selective" was renamed selective-layers, beside the per-operator selective-ops: the old name is
     # outside the choices, so it is a one-line usage error listing the new ones.
