@@ -204,6 +204,14 @@ def test_settings_are_validated_and_parsed():
             resolve_settings(backend, given)
 
 
+def refused_run(tmp_path, exit_code: int, *args: str) -> str:
+    """`llmb run ARGS` on the tiny shape that must fail with `exit_code` and write no record; its output."""
+    result = CliRunner().invoke(cli, ["run", *TINY, *args, "--out", str(tmp_path)])
+    assert result.exit_code == exit_code, result.output
+    assert not list(tmp_path.glob("*.json"))
+    return result.output
+
+
 @pytest.mark.parametrize(
     "option, message",
     [
@@ -214,10 +222,8 @@ def test_settings_are_validated_and_parsed():
 )
 def test_bad_settings_on_the_command_line_are_usage_errors(register_backend, tmp_path, option, message):
     register_backend(HostBackend())
-    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "host", "-O", option, "--out", str(tmp_path)])
-    assert result.exit_code == 2, result.output
-    assert message in result.output and "Traceback" not in result.output
-    assert not list(tmp_path.glob("*.json"))
+    output = refused_run(tmp_path, 2, "--plugin", "host", "-O", option)
+    assert message in output and "Traceback" not in output
 
 
 def test_auto_selected_backend_runs_and_its_settings_peak_and_options_are_recorded(
@@ -254,19 +260,14 @@ def test_a_backend_without_a_peak_gets_no_mfu(register_backend, tmp_path):
 
 def test_a_peak_without_its_source_is_refused(register_backend, tmp_path):
     register_backend(FloatPeakBackend())
-    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "floatpeak", "--out", str(tmp_path)])
-    assert result.exit_code == 1, result.output
-    assert "peak_flops must return llmb.Peak(flops, source) or None" in result.output
-    assert not list(tmp_path.glob("*.json"))
+    output = refused_run(tmp_path, 1, "--plugin", "floatpeak")
+    assert "peak_flops must return llmb.Peak(flops, source) or None" in output
 
 
 def test_a_backend_raising_in_a_method_is_one_line_naming_backend_and_method(register_backend, tmp_path):
     register_backend(BrokenBackend())
-    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "broken", "--out", str(tmp_path)])
-    assert result.exit_code == 1, result.output
-    lines = result.output.strip().splitlines()
+    lines = refused_run(tmp_path, 1, "--plugin", "broken").strip().splitlines()
     assert lines == ["error: backend 'broken' failed in process_model: RuntimeError: kernel library missing"]
-    assert not list(tmp_path.glob("*.json"))
 
 
 def test_call_wraps_the_error():
@@ -278,10 +279,8 @@ def test_call_wraps_the_error():
 
 def test_optimizer_options_beyond_the_implementation_are_refused(register_backend, tmp_path):
     register_backend(GreedyOptimizerBackend())
-    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "greedy", "--out", str(tmp_path)])
-    assert result.exit_code == 1, result.output
-    assert "plugin 'greedy': optimizer options lr refused: only foreach, fused, capturable may be set" in result.output
-    assert not list(tmp_path.glob("*.json"))
+    output = refused_run(tmp_path, 1, "--plugin", "greedy")
+    assert "plugin 'greedy': optimizer options lr refused: only foreach, fused, capturable may be set" in output
 
 
 def test_post_processing_that_changes_the_optimizer_makes_the_run_invalid(register_backend, tmp_path):
