@@ -61,8 +61,9 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
         "per_rank_busy_seconds",
         "per_rank_step_seconds",
     }
-    # Written only when they say something: a plugin that declares a peak, switches that disagree with the probe.
-    not_always_written |= {"peak.declared_flops", "precision.audit.switches_vs_probe"}
+    # Written only when they say something: a plugin that declares a peak, switches that disagree with the probe, a
+    # device memory the backend knows (the host CPU's is None).
+    not_always_written |= {"peak.declared_flops", "precision.audit.switches_vs_probe", "device.memory_bytes"}
     assert written_paths(record) == declared - not_always_written
     assert Result.from_dict(record).to_dict() == record
     assert record["schema"] == SCHEMA
