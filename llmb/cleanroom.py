@@ -8,7 +8,8 @@ window's losses and the device-computed digest of the trained parameters; the ju
 answer. The headline comes from those two readings, so nothing in the plugin's process (a patched clock, loop or
 timer, fake device events) can shorten the window, and no work can start before the judge's clock does. The worker's
 own figures stay in the record as information, checked against the judge's. The judge then replays the headline
-window's first steps on the CPU (llmb.evidence) before it writes the record.
+window's first steps on the CPU (llmb.evidence) before it writes the record. `llmb check-plugin` uses the same
+worker (`serve`): the candidate is traced there and the reference is computed and compared here (llmb.conformance).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Listener
 
@@ -127,10 +129,17 @@ class Judge:
     def close(self) -> None:
         self.listener.close()
 
+    def exception(self) -> LlmbError | None:
+        """The worker's error as the one-line exception it stands for, or None."""
+        if self.error is None:
+            return None
+        kind, text = self.error
+        return _ERRORS.get(kind, LlmbError)(text)
+
     def raise_error(self) -> None:
-        if self.error is not None:
-            kind, text = self.error
-            raise _ERRORS.get(kind, LlmbError)(text)
+        error = self.exception()
+        if error is not None:
+            raise error
 
 
 class Link:
@@ -171,21 +180,20 @@ class LinkProgress:
         self.link.send("note", text)
 
 
-def worker_main(runs: list, address, key: bytes, every_rank: bool = True) -> list | None:
-    """The worker: the only process that imports the plugin. Runs each RunOptions with the judge's link and sends
-    the records (and any error, as one line) back."""
-    from llmb import distributed, runner
+def worker_main(task, jobs: list, address, key: bytes, every_rank: bool = True) -> list | None:
+    """The worker: the only process that imports a plugin. Sends what ``task(jobs, link, world)`` yields to the
+    judge (and any error, as one line). ``task`` is a module-level function of llmb: run_task for `llmb run`,
+    conformance.candidate_task for `llmb check-plugin`."""
+    from llmb import distributed
 
     _die_with_parent()
     world = distributed.current_world()
     talks = every_rank or world is None or world.rank == 0
     link = Link(address, key) if talks else None
     try:
-        for options in expand_all(runs, link):
-            progress = LinkProgress(link) if link is not None and (world is None or world.rank == 0) else None
-            record = runner.run(options, progress, judge=link if link is not None else None)
+        for result in task(jobs, link, world):
             if link is not None:
-                link.send("result", record)
+                link.send("result", result)
     except BaseException as exc:
         if link is not None:
             link.send("error", *error_line(exc))
@@ -198,6 +206,15 @@ def worker_main(runs: list, address, key: bytes, every_rank: bool = True) -> lis
         if not every_rank:
             distributed.shutdown()
     return None
+
+
+def run_task(runs: list, link: Link | None, world) -> Iterator:
+    """`llmb run`'s work in the worker: each RunOptions trained, its windows judged through the link."""
+    from llmb import runner
+
+    for options in expand_all(runs, link):
+        progress = LinkProgress(link) if link is not None and (world is None or world.rank == 0) else None
+        yield runner.run(options, progress, judge=link)
 
 
 def _die_with_parent() -> None:
@@ -241,30 +258,43 @@ def expand_all(runs: list, link: Link | None) -> list:
     return expanded
 
 
-def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS):
-    """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
-    ranks of a torchrun job)."""
+def serve(task, jobs: list, launch=None, progress=None, notes=None) -> tuple[list, LlmbError | None]:
+    """Run ``task`` over ``jobs`` in a worker judged from this process, which imports no plugin. Returns what the
+    worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
+    it failed after them: the caller keeps what was finished before raising it."""
     from llmb import distributed
 
     judge = Judge(progress, notes).start()
-    world = distributed.current_world()
     try:
         if launch is not None:
-            distributed.launch(launch, worker_main, runs, judge.address, judge.key, False)
+            distributed.launch(launch, worker_main, task, jobs, judge.address, judge.key, False)
         else:
             context = multiprocessing.get_context("spawn")
-            worker = context.Process(target=worker_main, args=(runs, judge.address, judge.key), name="llmb-worker")
+            worker = context.Process(
+                target=worker_main, args=(task, jobs, judge.address, judge.key), name="llmb-worker"
+            )
             worker.start()
             worker.join()
             if not judge.connected.is_set() and worker.exitcode:
                 raise LlmbError(f"the worker process exited with code {worker.exitcode} before it started")
         judge.finished.wait(timeout=30)
-        judge.raise_error()
     finally:
         judge.close()
+    return judge.results, judge.exception()
+
+
+def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS):
+    """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
+    ranks of a torchrun job)."""
+    from llmb import distributed
+
+    results, error = serve(run_task, runs, launch, progress, notes)
+    if error is not None:
+        raise error
+    world = distributed.current_world()
     if world is not None and world.rank != 0:
         return []
-    return [finish(record, windows, replay_steps) for record, windows in judge.results if record is not None]
+    return [finish(record, windows, replay_steps) for record, windows in results if record is not None]
 
 
 def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict:

@@ -1024,29 +1024,28 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     from llmb.results import check_writable
 
     check_writable(out.parent)  # before the check runs, not after
-    requested = precision_name.upper()
-    if requested == "ALL":  # as run and sweep take it: every precision the plugin supports
-        from llmb.plugins import call, select_backend
-
-        supported = call(select_backend(plugin).backend.precisions)
-        chosen = [p for p in names.PRECISIONS if p in supported]
-    else:
-        chosen = [requested]
+    requested = precision_name.upper()  # ALL, as run and sweep take it: every precision the plugin supports
+    # The plugin is imported in a worker process only; this process computes the reference and compares.
+    checked = conformance.check_plugins(
+        plugin,
+        device,
+        requested,
+        mode,
+        settings=parse_options(options),
+        preset=preset,
+        steps=steps,
+        batch_size=batch_size,
+        seed=seed,
+    )
     passed = True
-    for name in chosen:
-        with err_console.status(f"{name}: running the candidate and the reference"):
-            record = conformance.check_plugin(
-                plugin,
-                device,
-                name,
-                mode,
-                settings=parse_options(options),
-                preset=preset,
-                steps=steps,
-                batch_size=batch_size,
-                seed=seed,
-            )
-        target = out if len(chosen) == 1 else out.with_name(f"{out.stem}-{name.lower()}{out.suffix}")
+    while True:  # each record written as soon as it is judged: a later failure loses none
+        with err_console.status(f"{requested}: running the candidate and the reference"):
+            record = next(checked, None)
+        if record is None:
+            break
+        name = record.precision.requested
+        several = len([p for p in names.PRECISIONS if p in (record.plugin.precisions or [])]) > 1
+        target = out.with_name(f"{out.stem}-{name.lower()}{out.suffix}") if requested == "ALL" and several else out
         path = conformance.write(record, target)
         conformance.print_table(record, console)
         term.say(f"conformance record written to {path}")

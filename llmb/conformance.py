@@ -2,8 +2,10 @@
 
 The candidate is prepared exactly as `llmb run` prepares it (`runner.prepare`: precision recipe, the plugin's
 backend setup, the model built from the seed, AdamW, the plugin's post-processing) and trained for K steps by the
-harness's own loop (`Trainer.step`). The reference is the same model from the same seed on the same batch, prepared
-through the built-in cpu plugin with no settings, in FP32, with no post-processing. The two are compared:
+harness's own loop (`Trainer.step`), in a worker process that alone imports the plugin (llmb.cleanroom.serve); its
+trace comes back as tensors and plain data. The reference is the same model from the same seed on the same batch,
+prepared through the built-in cpu plugin with no settings, in FP32, with no post-processing, in the judging process,
+which imports no plugin: a patch the plugin makes to torch at import cannot reach it. The two are compared there:
 
 - parameter-names: the parameter count, names and shapes are unchanged (after normalising wrapper names, below);
 - fingerprint: the installed model definition is the released one;
@@ -58,14 +60,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
-from llmb import guard, precision
+from llmb import cleanroom, guard, precision
 from llmb.config import PRESETS
 from llmb.dispatch_audit import DtypeRecorder
 from llmb.errors import LlmbError, UsageError
@@ -77,7 +80,7 @@ from llmb.names import CONFORMANCE_STEPS as DEFAULT_STEPS
 from llmb.plugins import call, get_backend, resolve_settings
 from llmb.records import Check, Conformance, DeviceRef, PluginRef, Precision
 from llmb.results import write_json_atomic
-from llmb.runner import RunOptions, Session, audit_session, is_out_of_memory, prepare, resolve
+from llmb.runner import RunOptions, Session, audit_session, check_request, is_out_of_memory, prepare, resolve
 from llmb.settings import recorded
 from llmb.tolerances import TOLERANCES, Tolerance, tolerance_for  # noqa: F401  (the measurements: above)
 from llmb.train import optimizer_problems
@@ -346,6 +349,194 @@ def reference_trace(options: RunOptions) -> Trace:
     return _reference_traces[key]
 
 
+def request(
+    plugin: str | None,
+    device: str | None,
+    precision: str,
+    mode: str = "pure",
+    settings: dict[str, str] | None = None,
+    preset: str = "tiny",
+    steps: int = DEFAULT_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 0,
+) -> RunOptions:
+    """The check's request, checked before any process starts (precision may be ALL)."""
+    if preset not in CONFORMANCE_PRESETS:
+        raise UsageError(f"conformance runs on a small shape: preset {preset!r} is not one of tiny, small")
+    options = RunOptions(
+        config=PRESETS[preset],
+        preset=preset,
+        plugin=plugin,
+        device=device,
+        precision=precision.upper(),
+        mode=mode,
+        batch_size=batch_size,
+        steps=steps,
+        warmup_steps=1,
+        seed=seed,
+        settings=dict(settings or {}),
+    )
+    check_request(options, allow_all=True)
+    return options
+
+
+def candidate(options: RunOptions) -> dict:
+    """The candidate's side, in the process that imported the plugin: prepared exactly as `llmb run` prepares it,
+    traced, and described (precision, mode, device, plugin) for the judge."""
+    chosen, torch_device, resolved = resolve(options)
+    try:
+        with _restored_global_state():  # in process (LLMB_IN_PROCESS=1), the reference comes after it
+            session = prepare(options, chosen, torch_device, resolved)
+            mode = session.recipe.mode
+            name = call(session.backend.device_name, torch_device)
+            found = trace(session, options.steps)
+            del session
+            gc.collect()  # the trainer and its optimizer hold each other (the step hook): free the model now
+    except LlmbError:
+        raise
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise LlmbError(f"out of memory at batch size {options.batch_size} on {torch_device}") from exc
+        raise
+    plugin = PluginRef(
+        name=chosen.name,
+        version=chosen.version,
+        distribution=chosen.distribution,
+        settings=recorded(resolved),  # a secret setting's value is never recorded, nor sent
+        defaults=recorded(resolve_settings(chosen.backend, {})),
+        precisions=list(call(chosen.backend.precisions)),
+    )
+    device = DeviceRef(type=torch_device.type, spec=str(torch_device), name=name)
+    return {
+        "precision": options.precision,
+        "mode": mode,
+        "device": device,
+        "plugin": plugin,
+        "trace": found,
+    }
+
+
+def candidate_task(jobs: list[RunOptions], link, world) -> Iterator[bytes]:
+    """check-plugin's work in the worker (llmb.cleanroom.worker_main): each requested precision (ALL: every one the
+    plugin supports) prepared and traced there, sent to the judge as tensors and plain data (`pack`)."""
+    for options in cleanroom.expand_all(jobs, link):
+        yield pack(candidate(options))
+
+
+def pack(found: dict) -> bytes:
+    """A candidate as torch.save bytes: tensors and plain data only, so the judge loads it with weights_only (the
+    plugin's process cannot make it run code)."""
+    buffer = io.BytesIO()
+    trace_data = {f.name: getattr(found["trace"], f.name) for f in fields(Trace)}
+    plain = {"device": found["device"].to_dict(), "plugin": found["plugin"].to_dict(), "trace": trace_data}
+    torch.save({**found, **plain}, buffer)
+    return buffer.getvalue()
+
+
+_TRACE_TYPES = {  # field -> what the judge accepts from the plugin's process
+    "count": int,
+    "names": list,
+    "shapes": dict,
+    "loss": float,
+    "logits": (torch.Tensor, type(None)),
+    "losses": list,
+    "gradients": dict,
+    "initial": dict,
+    "trained": dict,
+    "master_fp32": bool,
+    "audit": dict,
+    "optimizer_problems": list,
+    "optimizer_steps": int,
+    "harness_steps": int,
+    "identity_problems": list,
+}
+
+
+def unpack(data: object, requested: str) -> dict:
+    """The worker's candidate, checked as untrusted data; a one-line error if it is not a candidate's trace."""
+    try:
+        if not isinstance(data, bytes):
+            raise TypeError(f"{type(data).__name__}, not bytes")
+        found = torch.load(io.BytesIO(data), weights_only=True)
+        raw = found["trace"]
+        for name, kind in _TRACE_TYPES.items():
+            if not isinstance(raw[name], kind):
+                raise TypeError(f"trace.{name} is {type(raw[name]).__name__}")
+        tensors = [*raw["initial"].values(), *raw["trained"].values()]
+        tensors += [g for g in raw["gradients"].values() if g is not None]
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise TypeError("a parameter or gradient is not a tensor")
+        if not all(isinstance(x, float) for x in raw["losses"]) or not isinstance(raw["audit"].get("effective"), str):
+            raise TypeError("losses or audit malformed")
+        if requested not in ("ALL", found["precision"]) or found["precision"] not in precision.PRECISIONS:
+            raise ValueError(f"a trace for {found['precision']!r} where {requested} was requested")
+        found["trace"] = Trace(**{name: raw[name] for name in _TRACE_TYPES})
+        found["plugin"] = PluginRef.from_dict(found["plugin"])
+        found["device"] = DeviceRef.from_dict(found["device"])
+        found["mode"] = str(found["mode"])
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise LlmbError(f"the plugin's process sent no valid trace ({type(exc).__name__}: {first})") from None
+    return found
+
+
+def judge(found: dict, options: RunOptions) -> Conformance:
+    """The judge's side: the reference, computed in this process, and every check of the candidate against it."""
+    options = replace(options, precision=found["precision"])
+    try:
+        reference = reference_trace(options)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise LlmbError(f"out of memory at batch size {options.batch_size} on the cpu (the reference)") from exc
+        raise
+    candidate_trace, mode = found["trace"], found["mode"]
+    checks = compare(candidate_trace, reference, options.precision, mode)
+    return Conformance(
+        passed=all(c.passed for c in checks),
+        plugin=found["plugin"],
+        device=found["device"],
+        precision=Precision(requested=options.precision, effective=candidate_trace.audit["effective"], mode=mode),
+        preset=options.preset,
+        config=options.config,
+        seed=options.seed,
+        steps=options.steps,
+        batch_size=options.batch_size,
+        model_fingerprint=model_fingerprint(),
+        checks=checks,
+    )
+
+
+def check_plugins(
+    plugin: str | None,
+    device: str | None,
+    precision: str,
+    mode: str = "pure",
+    settings: dict[str, str] | None = None,
+    preset: str = "tiny",
+    steps: int = DEFAULT_STEPS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 0,
+) -> Iterator[Conformance]:
+    """Run the candidate in a worker process (the only one that imports the plugin) and the reference here, compare
+    them here, and yield one conformance record per precision (ALL: every precision the plugin supports), each as
+    soon as it is judged.
+
+    Judged from a process that imported no plugin, a patch the plugin makes at import (torch's Linear computing in
+    BF16, AdamW replaced) reaches the candidate only, never the reference or the comparison. LLMB_IN_PROCESS=1
+    (in-memory test backends) runs the candidate in this process instead."""
+    options = request(plugin, device, precision, mode, settings, preset, steps, batch_size, seed)
+    if cleanroom.in_process():
+        for options_for in cleanroom.expand_all([options], None):
+            yield judge(candidate(options_for), options)
+        return
+    sent, error = cleanroom.serve(candidate_task, [options])
+    while sent:  # one candidate's tensors at a time beside the reference's
+        data, _ = sent.pop(0)
+        yield judge(unpack(data, options.precision), options)
+    if error is not None:
+        raise error  # after the records of the precisions that finished
+
+
 def check_plugin(
     plugin: str | None,
     device: str | None,
@@ -357,61 +548,11 @@ def check_plugin(
     batch_size: int = DEFAULT_BATCH_SIZE,
     seed: int = 0,
 ) -> Conformance:
-    """Run the candidate and the reference, compare them, and return the conformance record."""
-    if preset not in CONFORMANCE_PRESETS:
-        raise UsageError(f"conformance runs on a small shape: preset {preset!r} is not one of tiny, small")
-    options = RunOptions(
-        config=PRESETS[preset],
-        preset=preset,
-        plugin=plugin,
-        device=device,
-        precision=precision,
-        mode=mode,
-        batch_size=batch_size,
-        steps=steps,
-        warmup_steps=1,
-        seed=seed,
-        settings=dict(settings or {}),
-    )
-    chosen, torch_device, resolved = resolve(options)
-    try:
-        # The candidate first: a lazy device (XLA) must be set up before any CPU backward pass runs.
-        with _restored_global_state():
-            session = prepare(options, chosen, torch_device, resolved)
-            mode = session.recipe.mode
-            name = call(session.backend.device_name, torch_device)
-            device_info = DeviceRef(type=torch_device.type, spec=str(torch_device), name=name)
-            candidate = trace(session, steps)
-            del session
-            gc.collect()  # the trainer and its optimizer hold each other (the step hook): free the model now
-        reference = reference_trace(options)
-    except LlmbError:
-        raise
-    except Exception as exc:
-        if is_out_of_memory(exc):
-            raise LlmbError(f"out of memory at batch size {batch_size} on {torch_device}") from exc
-        raise
-    checks = compare(candidate, reference, options.precision, mode)
-    return Conformance(
-        passed=all(c.passed for c in checks),
-        plugin=PluginRef(
-            name=chosen.name,
-            version=chosen.version,
-            distribution=chosen.distribution,
-            settings=recorded(resolved),  # a secret setting's value is never recorded
-            defaults=recorded(resolve_settings(chosen.backend, {})),
-            precisions=list(call(chosen.backend.precisions)),
-        ),
-        device=device_info,
-        precision=Precision(requested=options.precision, effective=candidate.audit["effective"], mode=mode),
-        preset=preset,
-        config=options.config,
-        seed=seed,
-        steps=steps,
-        batch_size=batch_size,
-        model_fingerprint=model_fingerprint(),
-        checks=checks,
-    )
+    """`check_plugins` for one precision: its conformance record."""
+    if precision.upper() == "ALL":
+        raise UsageError("check_plugin checks one precision; check_plugins checks all")
+    (record,) = list(check_plugins(plugin, device, precision, mode, settings, preset, steps, batch_size, seed))
+    return record
 
 
 def failed_checks(record: Conformance) -> list[str]:
