@@ -86,7 +86,10 @@ def imported_in(marks: Path) -> set[int]:
     return {int(p.name) for p in marks.iterdir()}
 
 
-@pytest.mark.parametrize("blind", [False, True], ids=["linear_bf16", "linear_bf16_blind_guard"])
+@pytest.mark.parametrize(
+    "blind",
+    [pytest.param(False, id="linear_bf16", marks=pytest.mark.slow), pytest.param(True, id="linear_bf16_blind_guard")],
+)
 def test_a_global_bf16_linear_fails_forward_logits_against_the_clean_reference(installed, tmp_path, blind):
     name = "cp_linear_bf16" + ("_blind" if blind else "")
     marks = installed(name, LINEAR_BF16 + (BLIND_GUARD if blind else ""))
