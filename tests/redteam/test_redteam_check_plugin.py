@@ -3,7 +3,7 @@ in the process the user started, which imports no plugin. A plugin that patches 
 patches only the candidate: check-plugin fails it on the numbers (forward-logits), not only on the guard's word.
 
 `llmb check-plugin` runs here through click's CliRunner, in this test process, so the judging process is this one and
-what it imported can be looked at directly. The attacks are installed distributions (tests/redteam/cleanroom_kit.py)
+what it imported can be looked at directly. The attacks are installed distributions (tests/redteam/redteam_kit.py)
 put on this process's path: the worker, started with spawn, inherits it.
 """
 
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cleanroom_kit import install
 from click.testing import CliRunner
+from redteam_kit import install
 
 from llmb.cli import cli
 from llmb.tolerances import tolerance_for
