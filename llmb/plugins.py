@@ -3,8 +3,9 @@ register through the one hook, ``register_backends(register)``.
 
 A run imports only the plugin its backend comes from: a backend is named after its plugin's entry point ("cuda", or
 "cuda-something" for a plugin with several), so `llmb run --plugin NAME` loads that entry point alone and no other
-installed plugin's import-time code runs in the benchmark's process. Only `llmb plugins` and auto-selection (no
---plugin) load them all. `installed()` lists every plugin from package metadata without importing any.
+installed plugin's import-time code runs in the benchmark's process. Only `llmb plugins` loads them all;
+auto-selection (no --plugin) loads them all in a throwaway process that names the choice. `installed()` lists every
+plugin from package metadata without importing any.
 """
 
 from __future__ import annotations
@@ -177,15 +178,46 @@ def all_registrations() -> dict[str, Registration]:
 
 def select_backend(name: str | None) -> Registration:
     """The named backend; without a name, the first installed non-built-in backend whose hardware is present,
-    else cpu. Auto-selection has to load every plugin to ask; `--plugin NAME` loads one."""
+    else cpu. Asking for hardware means importing every plugin, so that is done in a throwaway process and only the
+    chosen plugin is imported here (backends registered in memory, which no other process can see, are asked here)."""
     if name:
         return get_backend(name)
-    for registration in all_registrations().values():
-        if registration.plugin.name in BUILTIN:
-            continue
-        if call(registration.backend.available):
-            return registration
-    return get_backend("cpu")
+    if _in_memory_plugins():
+        return get_backend(first_available(all_registrations()))
+    if all(info.name in BUILTIN for info in installed()):
+        return get_backend("cpu")
+    return get_backend(_probe_in_a_fresh_process())
+
+
+def first_available(found: dict[str, Registration]) -> str:
+    """Auto-selection's rule over loaded backends: the first non-built-in one with its hardware present, else cpu."""
+    for backend_name, registration in found.items():
+        if registration.plugin.name not in BUILTIN and call(registration.backend.available):
+            return backend_name
+    return "cpu"
+
+
+def _in_memory_plugins() -> list[str]:
+    """Plugins registered by code in this process (tests, a library user), not by an installed entry point."""
+    return [name for name, _ in pm.list_name_plugin() if name and name not in BUILTIN and name not in _infos]
+
+
+PROBE = "from llmb import plugins; print(plugins.first_available(plugins.all_registrations()))"
+
+
+def _probe_in_a_fresh_process() -> str:
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LlmbError(f"auto-selecting a plugin failed ({type(exc).__name__}); name one with --plugin") from None
+    chosen = (proc.stdout.strip().splitlines() or [""])[-1]
+    if proc.returncode != 0 or not chosen:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LlmbError(f"auto-selecting a plugin failed ({last}); name one with --plugin")
+    return chosen
 
 
 T = TypeVar("T")

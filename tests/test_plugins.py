@@ -415,3 +415,48 @@ def test_an_installed_plugin_without_a_backend_is_named_as_such(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
     assert "plugin 'legacy' has no backend named 'legacy'" in line and "register_backends" in line
+
+
+ARGV_PLUGIN = '''
+"""A plugin that notes, at each import, the command line of the process importing it."""
+import json, os, sys
+
+from llmb import Backend, hookimpl
+
+with open(os.environ["ARGV_MARK"], "a") as mark:
+    mark.write(json.dumps(sys.argv) + "\\n")
+
+
+class Argv(Backend):
+    name = "argv"
+
+
+@hookimpl
+def register_backends(register):
+    register(Argv())
+'''
+
+
+def test_auto_selection_imports_the_plugins_in_a_throwaway_process_only(tmp_path):
+    """Without --plugin every plugin must be asked whether its hardware is present, which imports it: that happens
+    in a probe process (`python -c`), and the run's own processes import only the chosen plugin (cpu here)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import write_dist_info
+
+    site = tmp_path / "site"
+    write_dist_info(site, "llmb-argv", "1.0", "argv", "llmb_argv")
+    (site / "llmb_argv.py").write_text(ARGV_PLUGIN)
+    mark = tmp_path / "mark"
+    env = dict(os.environ, PYTHONPATH=str(site), ARGV_MARK=str(mark))
+    env.pop("LLMB_IN_PROCESS", None)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "llmb", "run", "--device", "cpu", *TINY, "--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert record["plugin"]["name"] == "cpu"  # argv has no hardware
+    imports = [json.loads(line) for line in mark.read_text().splitlines()]
+    assert imports and all(argv == ["-c"] for argv in imports), imports
