@@ -3,12 +3,16 @@ where never tried. Records here are built by hand: this tests the reading and th
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
 from llmb import features
 from llmb.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def result(parallel="none", mode="pure", requested="FP32", effective=None, invalid=(), **settings):
@@ -95,3 +99,27 @@ def test_features_command_renders_from_a_folder(tmp_path):
     assert "| Selective AC, per operator | yes |  |  |" in out.output
     table = CliRunner().invoke(cli, ["features", str(tmp_path)])
     assert table.exit_code == 0 and "Feature support" in table.output
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_feature_records", ROOT / "scripts/check_feature_records.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_committed_yes_is_backed_by_records_that_verify():
+    """The committed records behind benchmarks/RESULTS.md's matrix: each "yes" re-checked as `llmb verify` would."""
+    out = CliRunner().invoke(_checker().main, [str(ROOT / "benchmarks/features")])
+    assert out.exit_code == 0, out.output
+    assert " 0 not;" in out.output and "backed " in out.output
+
+
+def test_the_checker_refuses_a_yes_backed_only_by_a_record_s_own_word(tmp_path):
+    """A hand-made record that says it is valid and conformed makes a "yes" in `llmb features`, not in the checker."""
+    sac = {"activation_checkpointing": "selective-ops"}
+    for index, item in enumerate([result(**sac), conformance(**sac)]):
+        (tmp_path / f"{index}.json").write_text(json.dumps(item))
+    assert features.cell(features.load_records([tmp_path]), frozenset({"sac"}), "none") == "yes"
+    out = CliRunner().invoke(_checker().main, [str(tmp_path)])
+    assert out.exit_code == 1 and "UNBACKED sac none: schema" in out.output
