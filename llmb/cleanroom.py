@@ -15,9 +15,12 @@ worker (`serve`): the candidate is traced there and the reference is computed an
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import math
 import multiprocessing
 import os
+import pickle
 import secrets
 import signal
 import sys
@@ -29,7 +32,7 @@ from multiprocessing.connection import Client, Listener
 
 from llmb import evidence, flops
 from llmb.errors import LlmbError, UsageError
-from llmb.records import median_index
+from llmb.records import RecordError, Result, median_index
 
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
 # judge's. Slack for the two clock reads' own granularity.
@@ -97,34 +100,44 @@ class Judge:
         with connection:
             while True:
                 try:
-                    message = connection.recv()
+                    done = self._handle(connection, receive(connection))
                 except (EOFError, OSError):
                     break
-                kind = message[0]
-                if kind == "open":
-                    opened = time.perf_counter()  # the clock starts before the challenge exists anywhere
-                    challenge = secrets.randbits(evidence.CHALLENGE_BITS)
-                    self.windows.append(JudgedWindow(challenge, opened))
-                    connection.send(("challenge", challenge))
-                elif kind == "close":
-                    closed = time.perf_counter()
-                    if self.windows and self.windows[-1].closed is None:
-                        self.windows[-1].closed = closed
-                        self.windows[-1].answer = message[1] if isinstance(message[1], dict) else {}
-                elif kind == "phase" and self.progress is not None:
-                    self.progress.phase(str(message[1]), int(message[2]))
-                elif kind == "advance" and self.progress is not None:
-                    self.progress.advance()
-                elif kind == "note":
-                    self.notes(str(message[1]))
-                elif kind == "result":
-                    self.results.append((message[1], self.windows))
-                    self.windows = []
-                elif kind == "error":
-                    self.error = (str(message[1]), str(message[2]))
-                elif kind == "done":
+                except Exception as exc:  # not plain data, or not a message of llmb's: the worker is not llmb's
+                    detail = str(exc) if isinstance(exc, RefusedMessage) else f"{type(exc).__name__}: {exc}"
+                    self.error = ("LlmbError", f"the worker process sent what llmb never sends ({detail})")
+                    break
+                if done:
                     break
         self.finished.set()
+
+    def _handle(self, connection, message: tuple) -> bool:
+        """One message from the worker; True when it is done."""
+        kind = message[0]
+        if kind == "open":
+            opened = time.perf_counter()  # the clock starts before the challenge exists anywhere
+            challenge = secrets.randbits(evidence.CHALLENGE_BITS)
+            self.windows.append(JudgedWindow(challenge, opened))
+            connection.send(("challenge", challenge))
+        elif kind == "close":
+            closed = time.perf_counter()
+            if self.windows and self.windows[-1].closed is None:
+                self.windows[-1].closed = closed
+                self.windows[-1].answer = message[1] if isinstance(message[1], dict) else {}
+        elif kind == "phase" and self.progress is not None:
+            self.progress.phase(str(message[1]), int(message[2]))
+        elif kind == "advance" and self.progress is not None:
+            self.progress.advance()
+        elif kind == "note":
+            self.notes(str(message[1]))
+        elif kind == "result":
+            self.results.append((message[1], self.windows))
+            self.windows = []
+        elif kind == "error":
+            self.error = (str(message[1]), str(message[2]))
+        elif kind == "done":
+            return True
+        return False
 
     def close(self) -> None:
         self.listener.close()
@@ -140,6 +153,31 @@ class Judge:
         error = self.exception()
         if error is not None:
             raise error
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """What the judge accepts from the worker: data that pickle builds without naming anything (None, booleans,
+    numbers, strings, bytes, lists, tuples, dicts, sets). The worker is the plugin's process, and unpickling runs
+    whatever callable a pickle names: a plugin that found the link could otherwise run code in the judge."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name} instead of plain data")
+
+
+class RefusedMessage(ValueError):
+    """What the worker sent is not a message of llmb's."""
+
+
+def receive(connection) -> tuple:
+    """One message from the worker, as plain data: a non-empty tuple (EOFError when the worker has gone)."""
+    data = connection.recv_bytes()
+    try:
+        message = PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:
+        raise RefusedMessage(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(message, tuple) or not message:
+        raise RefusedMessage(f"a {type(message).__name__} instead of a message")
+    return message
 
 
 class Link:
@@ -214,7 +252,10 @@ def run_task(runs: list, link: Link | None, world) -> Iterator:
 
     for options in expand_all(runs, link):
         progress = LinkProgress(link) if link is not None and (world is None or world.rank == 0) else None
-        yield runner.run(options, progress, judge=link)
+        record = runner.run(options, progress, judge=link)
+        # Plain data, as the record file will hold it (str subclasses such as torch's version become str): the judge
+        # loads nothing else.
+        yield json.loads(json.dumps(record.to_dict())) if record is not None else None
 
 
 def _die_with_parent() -> None:
@@ -294,7 +335,15 @@ def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: 
     world = distributed.current_world()
     if world is not None and world.rank != 0:
         return []
-    return [finish(record, windows, replay_steps) for record, windows in results if record is not None]
+    return [finish(_result(record), windows, replay_steps) for record, windows in results if record is not None]
+
+
+def _result(record: object) -> Result:
+    """The worker's record as a typed Result, checked field by field: it comes from the plugin's process."""
+    try:
+        return Result.from_dict(record)
+    except (RecordError, TypeError, ValueError) as exc:
+        raise LlmbError(f"the worker process sent a malformed result: {exc}") from None
 
 
 def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict:

@@ -2,6 +2,7 @@
 the CPU, in this process."""
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,6 +114,28 @@ def test_judge_and_link_time_the_window_and_hand_out_fresh_challenges():
     assert all(w.closed >= w.opened for w in windows)
     # The worker's clock readings (0.0) are not the host's: outside the judged window.
     assert cleanroom.nesting_problems(0, windows[0])[0].startswith("clock:")
+
+
+@pytest.mark.parametrize(
+    "message, refused",
+    [
+        (("note", Path("x")), "pathlib"),  # a class, named in the pickle: loading it could run the worker's code
+        ("note", "a str instead of a message"),
+        ((), "a tuple instead of a message"),
+        (("error",), "IndexError"),
+    ],
+)
+def test_the_judge_loads_plain_data_only_and_says_what_it_refused(message, refused):
+    judge = cleanroom.Judge().start()
+    link = cleanroom.Link(judge.address, judge.key)
+    link.send("note", "plain data passes")
+    link.connection.send(message)  # not through Link.send: as a plugin holding the connection would
+    assert judge.finished.wait(30)
+    link.connection.close()
+    judge.close()
+    error = judge.exception()
+    assert error is not None and str(error).startswith("the worker process sent what llmb never sends (")
+    assert refused in str(error)
 
 
 def test_worker_errors_come_back_as_one_line_of_the_same_kind():

@@ -178,3 +178,36 @@ def test_an_honest_run_is_judged_clean_and_replays(tmp_path):
     assert record["timing"]["repeat_window_seconds"] == [w["clean_window_seconds"] for w in windows]
     assert all(0 < w["worker_window_seconds"] <= w["clean_window_seconds"] for w in windows)
     assert record["evidence"]["replay"]["passed"] is True and os.getpid() != record["judge"]["pid"]
+
+
+# The plugin finds the worker's link to the judge and sends a pickle that names a callable: unpickled in the judge,
+# it would run there (here it only leaves a file named after the process that ran it; it could patch the judge's
+# clock). The judge loads plain data only.
+PICKLE_INTO_THE_JUDGE = """
+import gc as _gc
+
+import llmb.cleanroom as _cleanroom
+
+
+class _Payload:
+    def __reduce__(self):
+        code = "import os, pathlib; pathlib.Path(MARKS, str(os.getpid())).write_text('ran')"
+        return (exec, (code,))
+
+
+for _found in _gc.get_objects():
+    if isinstance(_found, _cleanroom.Link):
+        _found.connection.send(("note", _Payload()))
+"""
+
+
+def test_a_pickle_sent_through_the_link_never_runs_in_the_judge(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    code = PICKLE_INTO_THE_JUDGE.replace("MARKS", repr(str(marks)))
+    proc, record = run(install(tmp_path / "site", "pickler", code), tmp_path, "--plugin", "pickler")
+    assert not list(marks.iterdir()), "the worker's pickle ran code in the judging process"
+    assert record is None and proc.returncode != 0
+    assert "error: the worker process sent what llmb never sends (UnpicklingError: builtins.exec" in proc.stderr, (
+        proc.stderr[-2000:]
+    )
