@@ -327,15 +327,24 @@ def serve(task, jobs: list, launch=None, progress=None, notes=None) -> tuple[lis
 def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS):
     """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
     ranks of a torchrun job)."""
+    records, error = run_clean_keeping(runs, launch, progress, notes, replay_steps)
+    if error is not None:
+        raise error
+    return records
+
+
+def run_clean_keeping(
+    runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS
+) -> tuple[list[dict], LlmbError | None]:
+    """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
+    failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving."""
     from llmb import distributed
 
     results, error = serve(run_task, runs, launch, progress, notes)
-    if error is not None:
-        raise error
     world = distributed.current_world()
     if world is not None and world.rank != 0:
-        return []
-    return [finish(_result(record), windows, replay_steps) for record, windows in results if record is not None]
+        return [], error
+    return [finish(_result(record), windows, replay_steps) for record, windows in results if record is not None], error
 
 
 def _result(record: object) -> Result:

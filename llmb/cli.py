@@ -344,15 +344,17 @@ def _run_clean(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
         shown = RichProgress(progress, "") if world is None or world.rank == 0 else None
-        records = cleanroom.run_clean(
+        records, error = cleanroom.run_clean_keeping(
             runs,
             launch,
             progress=shown,
             notes=lambda text: term.say((text, "yellow")),
             replay_steps=replay_steps,
         )
-    for record in records:
+    for record in records:  # what finished before a failure is saved first: nothing measured is lost
         _print_record(record, _save(record, out, unsaved))
+    if error is not None:
+        raise error
     return records
 
 

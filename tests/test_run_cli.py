@@ -148,3 +148,47 @@ def test_an_unexpected_failure_is_one_line_and_exit_1(register_backend, tmp_path
     assert "error: RuntimeError: Expected query, key, and value to have the same dtype" in result.output
     assert "more detail" not in result.output and "Traceback" not in result.output
     assert not list(tmp_path.glob("*.json"))
+
+
+FAILS_IN_BF16 = """
+from llmb import CpuBackend, hookimpl
+
+
+class FailsInBf16(CpuBackend):
+    name = "failsbf16"
+
+    def precisions(self):
+        return ["FP32", "BF16"]
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        if precision == "BF16":
+            raise RuntimeError("no BF16 kernels on this device")
+        return super().process_model(model, optimizer, device, precision, settings)
+
+
+@hookimpl
+def register_backends(register):
+    register(FailsInBf16())
+"""
+
+
+def test_precision_all_keeps_the_results_finished_before_a_failure(tmp_path):
+    """`--precision all` runs FP32, then BF16, in one worker: BF16 failing must not lose FP32's measured result."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import write_dist_info
+
+    site = tmp_path / "site"
+    write_dist_info(site, "llmb-failsbf16", "0.1", "failsbf16", "llmb_failsbf16")
+    (site / "llmb_failsbf16.py").write_text(FAILS_IN_BF16)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("LLMB_IN_PROCESS", None)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "llmb", "run", "--plugin", "failsbf16", "--precision", "all", *TINY]
+    proc = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "no BF16 kernels on this device" in proc.stderr.strip().splitlines()[-1]
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert record["precision"]["requested"] == "FP32" and record["tokens_per_second"] > 0
