@@ -91,6 +91,8 @@ def test_tiny_runs_fp32_and_bf16_on_the_cpu_pjrt_device(tmp_path):
         facts = record["facts"]
         assert facts["torch_xla"] == torch_xla.__version__ and facts["pjrt_device"] == "CPU"
         assert facts["xla_compilations"] >= 1
+        # The roofline through the plugin's device services: an efficiency figure on a device without a datasheet.
+        assert record["measured_matmul_peak"] > 0 and 0 < record["matmul_peak_efficiency"] < 1
         audit = record["precision"]["audit"]
         assert record["precision"]["effective"] == name
         assert audit["matmul_probe"]["verdict"] == "FP32"  # XLA:CPU computes FP32 matmuls in FP32
@@ -185,3 +187,17 @@ def test_amp_mode_is_refused_before_the_loop():
     pure = model.to(torch.bfloat16)
     assert XLA.process_model(pure, None, torch.device("cpu"), "BF16", {}) is pure
     assert XLA.process_model(model.float(), None, torch.device("cpu"), "FP32", {}) is model
+
+
+@requires_torch_xla
+def test_llmb_peak_measures_the_xla_cpu_device(tmp_path):
+    """`llmb peak` on the CPU PJRT device: dense matmul FLOP/s per precision at the model's GEMMs and a square one."""
+    out = tmp_path / "peak.json"
+    proc = llmb("peak", "--plugin", "xla", "--device", "xla", "--preset", "tiny", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rooflines = {r["precision"]: r for r in json.loads(out.read_text())["rooflines"]}
+    assert sorted(rooflines) == ["BF16", "FP32"]
+    for roofline in rooflines.values():
+        assert roofline["device_name"].startswith("XLA CPU") and roofline["method"] == "host-synchronised"
+        assert roofline["peak_flops"] >= roofline["model_gemm_flops"] > 0
+        assert {g["name"] for g in roofline["gemms"]} >= {"lm_head", "square"}
