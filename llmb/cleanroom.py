@@ -22,8 +22,10 @@ import multiprocessing
 import os
 import pickle
 import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +39,7 @@ from llmb.records import RecordError, Result, median_index
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
 # judge's. Slack for the two clock reads' own granularity.
 NESTING_SLACK_SECONDS = 1e-4
+KEY_ENV = "LLMB_JUDGE_KEY"  # how the judge's key reaches a job's ranks (llmb.rank_worker)
 _ERRORS = {"UsageError": UsageError, "LlmbError": LlmbError}
 
 
@@ -303,12 +306,11 @@ def serve(task, jobs: list, launch=None, progress=None, notes=None) -> tuple[lis
     """Run ``task`` over ``jobs`` in a worker judged from this process, which imports no plugin. Returns what the
     worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
     it failed after them: the caller keeps what was finished before raising it."""
-    from llmb import distributed
 
     judge = Judge(progress, notes).start()
     try:
         if launch is not None:
-            distributed.launch(launch, worker_main, task, jobs, judge.address, judge.key, False)
+            _launch_ranks(launch, task, jobs, judge)
         else:
             context = multiprocessing.get_context("spawn")
             worker = context.Process(
@@ -322,6 +324,27 @@ def serve(task, jobs: list, launch=None, progress=None, notes=None) -> tuple[lis
     finally:
         judge.close()
     return judge.results, judge.exception()
+
+
+def _launch_ranks(launch, task, jobs: list, judge: Judge) -> None:
+    """The job's ranks as commands (llmb.rank_worker), not functions: torch's launcher would unpickle a function's
+    return value here, and a plugin in a rank can write to that queue. The jobs go in a file only this user can
+    read, the key in the environment."""
+    from llmb import distributed
+
+    folder = tempfile.mkdtemp(prefix="llmb-jobs-")
+    try:
+        jobs_file = os.path.join(folder, "jobs.pickle")
+        with open(jobs_file, "wb") as file:
+            pickle.dump((task, jobs), file)
+        host, port = judge.address
+        os.environ[KEY_ENV] = judge.key.hex()
+        try:
+            distributed.launch_module(launch, "llmb.rank_worker", jobs_file, str(host), str(port))
+        finally:
+            os.environ.pop(KEY_ENV, None)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS):

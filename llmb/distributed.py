@@ -153,11 +153,31 @@ def torchrun_arguments(spec: LaunchSpec) -> list[str]:
 def launch(spec: LaunchSpec, entrypoint: Callable, *args: Any) -> dict[int, Any]:
     """Run entrypoint(*args) on every local rank through torch's elastic launcher (what torchrun runs), configured
     from torchrun's own argument parser. Returns each local rank's return value; a failed rank raises LlmbError
-    naming it (the launcher stops the other ranks, so nothing waits on the failed one)."""
+    naming it (the launcher stops the other ranks, so nothing waits on the failed one). The return values come back
+    pickled, and unpickling runs whatever a pickle names: only for a launching process that imports the plugin
+    anyway (the clean room's judge uses launch_module)."""
+    # The training script is a placeholder: the entrypoint is the function, started with the spawn method.
+    return _launch(spec, ["-m", "llmb"], lambda config, _cmd, _args: _elastic_launch(config, entrypoint)(*args))
+
+
+def launch_module(spec: LaunchSpec, module: str, *args: str) -> None:
+    """Run `python -m module args` on every local rank, as torchrun does: fresh interpreters whose only way back
+    to this process is their exit code and torch's JSON error file (the module's main wraps itself in torch's
+    `record`), so nothing a rank's process writes is ever unpickled here. A failed rank raises LlmbError naming
+    it, as launch does."""
+    _launch(spec, ["-m", module, *args], lambda config, cmd, cmd_args: _elastic_launch(config, cmd)(*cmd_args))
+
+
+def _elastic_launch(config, entrypoint):
+    from torch.distributed.launcher.api import elastic_launch
+
+    return elastic_launch(config, entrypoint)
+
+
+def _launch(spec: LaunchSpec, script: list[str], start: Callable) -> Any:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
     spec.check()
@@ -175,9 +195,7 @@ def launch(spec: LaunchSpec, entrypoint: Callable, *args: Any) -> dict[int, Any]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        # The training script is a placeholder: the entrypoint is the function, started with the spawn method.
-        config, _, _ = config_from_args(parse_args([*torchrun_arguments(spec), "-m", "llmb"]))
-        return elastic_launch(config, entrypoint)(*args)
+        return start(*config_from_args(parse_args([*torchrun_arguments(spec), *script])))
     except ChildFailedError as exc:
         raise failure_error(exc.failures) from None
     except SignalException as exc:

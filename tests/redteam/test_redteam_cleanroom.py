@@ -211,3 +211,41 @@ def test_a_pickle_sent_through_the_link_never_runs_in_the_judge(tmp_path):
     assert "error: the worker process sent what llmb never sends (UnpicklingError: builtins.exec" in proc.stderr, (
         proc.stderr[-2000:]
     )
+
+
+# In a job (--nproc-per-node), torch's launcher runs in the judging process. Started with a function, each rank's
+# return value came back through a multiprocessing queue that the launcher unpickled: a plugin in a rank finds the
+# queue and puts its pickle first. The ranks are commands now (llmb.rank_worker): no queue, nothing unpickled.
+PICKLE_INTO_THE_LAUNCHER = """
+import gc as _gc
+import multiprocessing.queues as _queues
+import os as _os
+import pathlib as _pathlib
+
+
+class _Payload:
+    def __reduce__(self):
+        code = "import os, pathlib; pathlib.Path(MARKS, str(os.getpid())).write_text('ran')"
+        return (exec, (code,))
+
+
+for _found in _gc.get_objects():
+    if isinstance(_found, _queues.SimpleQueue):
+        _found.put(_Payload())
+        _pathlib.Path(TRIED, str(_os.getpid())).write_text("put")
+"""
+
+
+@pytest.mark.slow
+def test_a_pickle_put_on_the_launchers_return_queue_never_runs_in_the_judge(tmp_path):
+    marks, tried = tmp_path / "marks", tmp_path / "tried"
+    marks.mkdir()
+    tried.mkdir()
+    code = PICKLE_INTO_THE_LAUNCHER.replace("MARKS", repr(str(marks))).replace("TRIED", repr(str(tried)))
+    site = install(tmp_path / "site", "queuepickler", code)
+    proc, record = run(site, tmp_path, "--plugin", "queuepickler", "--nproc-per-node", "2", "--dist-timeout", "60")
+    assert not list(marks.iterdir()), "a rank's pickle ran code in the judging process"
+    # Nothing of the launcher's for the plugin to find: the run is judged as any other.
+    assert not list(tried.iterdir()), "a rank process holds a queue that the launcher reads"
+    assert record is not None and proc.returncode == 0, proc.stderr[-2000:]
+    assert record["judge"]["clean_room"] is True and record["world_size"] == 2
