@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,15 @@ def write_dist_info(site: Path, distribution: str, version: str, entry_point: st
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
     (info / "entry_points.txt").write_text(f"[llmb]\n{entry_point} = {module}\n")
+
+
+def install_plugin(parent: Path, name: str, source: str, version: str = "0.1") -> Path:
+    """An installed plugin for one test, as pip lays it out: module `llmb_<name>` from `source` and a dist-info
+    `llmb-<name>` with the entry point `name`, in a folder of `parent` to put on PYTHONPATH (returned)."""
+    site = parent / f"site-{name}"
+    write_dist_info(site, f"llmb-{name}", version, name, f"llmb_{name}")
+    (site / f"llmb_{name}.py").write_text(textwrap.dedent(source))
+    return site
 
 
 def oomtest_env(site: Path) -> dict:

@@ -375,11 +375,9 @@ def test_a_run_imports_only_the_selected_plugin(tmp_path):
     import subprocess
     import sys
 
-    from conftest import write_dist_info
+    from conftest import install_plugin
 
-    site = tmp_path / "site"
-    write_dist_info(site, "llmb-noisy", "2.0", "noisy", "llmb_noisy")
-    (site / "llmb_noisy.py").write_text(NOISY_PLUGIN)
+    site = install_plugin(tmp_path, "noisy", NOISY_PLUGIN, version="2.0")
     mark = tmp_path / "mark"
     env = dict(os.environ, PYTHONPATH=str(site), NOISY_MARK=str(mark))
 
@@ -404,11 +402,11 @@ def test_an_installed_plugin_without_a_backend_is_named_as_such(tmp_path):
     import subprocess
     import sys
 
-    from conftest import write_dist_info
+    from conftest import install_plugin
 
-    site = tmp_path / "site"
-    write_dist_info(site, "llmb-legacy", "0.1", "legacy", "llmb_legacy")
-    (site / "llmb_legacy.py").write_text("from llmb import hookimpl\n\n@hookimpl\ndef step_end(device):\n    pass\n")
+    site = install_plugin(
+        tmp_path, "legacy", "from llmb import hookimpl\n\n@hookimpl\ndef step_end(device):\n    pass\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(site))
     command = [sys.executable, "-m", "llmb", "run", "--plugin", "legacy", *TINY, "--out", str(tmp_path / "out")]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
@@ -444,11 +442,9 @@ def test_auto_selection_imports_the_plugins_in_a_throwaway_process_only(tmp_path
     import subprocess
     import sys
 
-    from conftest import write_dist_info
+    from conftest import install_plugin
 
-    site = tmp_path / "site"
-    write_dist_info(site, "llmb-argv", "1.0", "argv", "llmb_argv")
-    (site / "llmb_argv.py").write_text(ARGV_PLUGIN)
+    site = install_plugin(tmp_path, "argv", ARGV_PLUGIN)
     mark = tmp_path / "mark"
     env = dict(os.environ, PYTHONPATH=str(site), ARGV_MARK=str(mark))
     env.pop("LLMB_IN_PROCESS", None)

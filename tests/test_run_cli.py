@@ -178,11 +178,9 @@ def test_precision_all_keeps_the_results_finished_before_a_failure(tmp_path):
     import subprocess
     import sys
 
-    from conftest import write_dist_info
+    from conftest import install_plugin
 
-    site = tmp_path / "site"
-    write_dist_info(site, "llmb-failsbf16", "0.1", "failsbf16", "llmb_failsbf16")
-    (site / "llmb_failsbf16.py").write_text(FAILS_IN_BF16)
+    site = install_plugin(tmp_path, "failsbf16", FAILS_IN_BF16)
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("LLMB_IN_PROCESS", None)
     out = tmp_path / "out"

@@ -6,12 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from dataclasses import replace
 
 import pytest
 import torch
+from conftest import install_plugin
 
 from llmb import cluster, distributed, mesh, ranks, runner
 from llmb.config import PRESETS
@@ -50,15 +50,9 @@ def node_args(node, port, timeout=60):
             "--master-port", str(port), "--dist-timeout", str(timeout)]  # fmt: skip
 
 
-def install_plugin(tmp_path, name, source):
-    """A plugin for one test: an entry point in a dist-info on PYTHONPATH, as pip would lay it out."""
-    site = tmp_path / f"site-{name}"
-    info = site / f"llmb_{name}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: llmb-{name}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[llmb]\n{name} = llmb_{name}\n")
-    (site / f"llmb_{name}.py").write_text(textwrap.dedent(source))
-    return {"PYTHONPATH": str(site)}
+def plugin_env(tmp_path, name, source):
+    """An installed plugin for one test (conftest's install_plugin), as the environment a job's processes need."""
+    return {"PYTHONPATH": str(install_plugin(tmp_path, name, source))}
 
 
 # The job's environment
@@ -228,7 +222,7 @@ def register_backends(register):
 
 @pytest.mark.slow
 def test_a_dead_peer_is_named_not_the_survivor(tmp_path):
-    env = install_plugin(tmp_path, "dying", DYING_PLUGIN)
+    env = plugin_env(tmp_path, "dying", DYING_PLUGIN)
     port = free_port()
     args = ["run", *TINY, "--plugin", "dying", "--steps", "5", "--out", str(tmp_path)]
     nodes = [llmb([*args, *node_args(node, port)], env=env) for node in (0, 1)]
@@ -262,7 +256,7 @@ def register_backends(register):
 
 @pytest.mark.slow
 def test_a_rank_paused_inside_the_window_is_flagged_in_record_and_console(tmp_path):
-    env = install_plugin(tmp_path, "pausing", PAUSING_PLUGIN)
+    env = plugin_env(tmp_path, "pausing", PAUSING_PLUGIN)
     args = ["run", *TINY, "--steps", "6", "--plugin", "pausing", "--nproc-per-node", "2", "--out", str(tmp_path)]
     code, out, err = finish(llmb(args, env=env))
     assert code == 0, err[-3000:]
