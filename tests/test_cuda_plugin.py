@@ -366,7 +366,7 @@ def test_fp8_run_on_the_gpu_is_labelled_fp8(tmp_path):
     if NO_TORCHAO:
         pytest.skip(NO_TORCHAO)
     args = ["run", "--plugin", "cuda", "--preset", "tiny", "--steps", "5", "--warmup-steps", "2", "--precision", "BF16"]
-    args += ["--mode", "amp", "-O", "fp8=tensorwise", "--out", str(tmp_path)]
+    args += ["--precision-mode", "amp", "-O", "fp8=tensorwise", "--out", str(tmp_path)]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     (path,) = tmp_path.glob("*.json")
