@@ -74,8 +74,11 @@ class Judge:
 
     clean = True
 
-    def __init__(self, progress=None, notes=None) -> None:
+    def __init__(self, progress=None, notes=None, on_result=None) -> None:
         self.key = secrets.token_bytes(32)
+        # Called here with each result and its windows as it arrives, while the worker waits (the replay must not
+        # share the CPU with the next measurement): `llmb run --precision all` keeps each precision at once.
+        self.on_result = on_result
         self.listener = Listener(("127.0.0.1", 0), authkey=self.key)
         self.progress = progress
         self.notes = notes or (lambda text: None)
@@ -134,8 +137,14 @@ class Judge:
         elif kind == "note":
             self.notes(str(message[1]))
         elif kind == "result":
-            self.results.append((message[1], self.windows))
-            self.windows = []
+            windows, self.windows = self.windows, []
+            self.results.append((message[1], windows))
+            if self.on_result is not None:
+                try:
+                    self.on_result(message[1], windows)
+                except Exception as exc:
+                    self.error = error_line(exc)
+            connection.send(("kept", None))
         elif kind == "error":
             self.error = (str(message[1]), str(message[2]))
         elif kind == "done":
@@ -204,6 +213,13 @@ class Link:
     def send(self, *message) -> None:
         self.connection.send(message)
 
+    def result(self, result: object) -> None:
+        """Hand a finished result over and wait while the judge keeps it (replays and saves it)."""
+        self.connection.send(("result", result))
+        kind, _ = self.connection.recv()
+        if kind != "kept":
+            raise LlmbError("the judge answered out of turn")
+
 
 class LinkProgress:
     """runner.Progress over the link, so the clean process draws the worker's progress."""
@@ -234,7 +250,7 @@ def worker_main(task, jobs: list, address, key: bytes, every_rank: bool = True) 
     try:
         for result in task(jobs, link, world):
             if link is not None:
-                link.send("result", result)
+                link.result(result)
     except BaseException as exc:
         if link is not None:
             link.send("error", *error_line(exc))
@@ -302,12 +318,13 @@ def expand_all(runs: list, link: Link | None) -> list:
     return expanded
 
 
-def serve(task, jobs: list, launch=None, progress=None, notes=None) -> tuple[list, LlmbError | None]:
+def serve(task, jobs: list, launch=None, progress=None, notes=None, on_result=None) -> tuple[list, LlmbError | None]:
     """Run ``task`` over ``jobs`` in a worker judged from this process, which imports no plugin. Returns what the
     worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
-    it failed after them: the caller keeps what was finished before raising it."""
+    it failed after them: the caller keeps what was finished before raising it. ``on_result(result, windows)`` is
+    called as each result arrives, the worker waiting (see Judge)."""
 
-    judge = Judge(progress, notes).start()
+    judge = Judge(progress, notes, on_result).start()
     try:
         if launch is not None:
             _launch_ranks(launch, task, jobs, judge)
@@ -357,17 +374,37 @@ def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: 
 
 
 def run_clean_keeping(
-    runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS
+    runs: list,
+    launch=None,
+    progress=None,
+    notes=None,
+    replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
+    on_record=None,
 ) -> tuple[list[dict], LlmbError | None]:
     """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
-    failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving."""
+    failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
+    ``on_record(record)`` gets each judged record as soon as it exists: in a single worker, while the worker waits
+    before its next run, so a run stopped later (a signal, a job's time limit) has kept the precisions before it."""
     from llmb import distributed
 
-    results, error = serve(run_task, runs, launch, progress, notes)
     world = distributed.current_world()
-    if world is not None and world.rank != 0:
-        return [], error
-    return [finish(_result(record), windows, replay_steps) for record, windows in results if record is not None], error
+    judged: list[dict] = []
+
+    def keep(result: object, windows: list[JudgedWindow]) -> None:
+        if result is None or (world is not None and world.rank != 0):
+            return
+        record = finish(_result(result), windows, replay_steps)
+        judged.append(record)
+        if on_record is not None:
+            on_record(record)
+
+    # A launched job's ranks go on together: rank 0 cannot wait for a replay while its peers wait in a collective.
+    streamed = launch is None
+    results, error = serve(run_task, runs, launch, progress, notes, keep if streamed else None)
+    if not streamed:
+        for result, windows in results:
+            keep(result, windows)
+    return judged, error
 
 
 def _result(record: object) -> Result:

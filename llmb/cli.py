@@ -344,15 +344,19 @@ def _run_clean(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as progress:
         shown = RichProgress(progress, "") if world is None or world.rank == 0 else None
+        # Each record is saved as soon as it is judged, before the next precision runs: nothing measured is lost
+        # to a later failure or a signal.
+        saved: list = []
         records, error = cleanroom.run_clean_keeping(
             runs,
             launch,
             progress=shown,
             notes=lambda text: term.say((text, "yellow")),
             replay_steps=replay_steps,
+            on_record=lambda record: saved.append((record, _save(record, out, unsaved))),
         )
-    for record in records:  # what finished before a failure is saved first: nothing measured is lost
-        _print_record(record, _save(record, out, unsaved))
+    for record, path in saved:
+        _print_record(record, path)
     if error is not None:
         raise error
     return records

@@ -27,7 +27,7 @@ import torch
 
 from llmb.model import LlamaModel, ModelConfig
 from llmb.names import DEFAULT_REPLAY_STEPS  # noqa: F401  (defined where the CLI reads it without torch)
-from llmb.tolerances import replay_tolerance_for
+from llmb.tolerances import BRACKETED, replay_tolerance_for
 
 SCHEMA = "llmb.evidence/1"
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
@@ -240,8 +240,12 @@ def compare(
                 "replay-losses", False, f"the window records {len(recorded)} losses, replayed {len(replayed.losses)}"
             )
         ]
+    untrained = replayed.losses[0] if replayed.losses else math.nan  # every window step trains on one batch
     for index, reference in enumerate(replayed.losses):
         value = recorded[index]
+        if index and (effective, mode) in BRACKETED:
+            checks.append(_bracketed(index, value, reference, untrained, tol.loss, effective, mode, hint))
+            continue
         tolerance = tol.loss if index == 0 else tol.loss_curve
         error = abs(value - reference) / abs(reference) if _finite(value) else math.inf
         checks.append(
@@ -272,6 +276,30 @@ def compare(
             detail += hint
         checks.append(ReplayCheck("replay-digest", passed, detail, error, digest_tolerance))
     return checks
+
+
+def _bracketed(
+    index: int, value, trained: float, untrained: float, tolerance: float, effective: str, mode: str, hint: str
+) -> ReplayCheck:
+    """A pure 16-bit step after the first. Its weights keep only part of AdamW's updates, yet rounding to nearest
+    can also round an update up to a whole unit in the last place (up to twice the update): so its loss lies between
+    the untrained loss (no update) and twice the FP32 replay's fall (2 x trained - untrained, where the loss is convex
+    along the updates), each widened by the first loss's tolerance."""
+    low = 2 * trained - untrained - tolerance * abs(trained)
+    high = untrained * (1 + tolerance)
+    if not _finite(value):
+        error = math.inf
+    else:
+        error = max(low - value, value - high, 0.0) / abs(trained) if trained else math.inf
+    passed = error == 0.0
+    detail = (
+        f"step {index + 1}: recorded loss {value!r}, between {low:.6f} (twice the FP32 replay's fall to "
+        f"{trained:.6f}) and the untrained {untrained:.6f} ({effective} {mode} weights round AdamW's updates; "
+        f"widened by {tolerance:g})"
+    )
+    if not passed:
+        detail = detail.replace(", between", ", outside", 1) + f": {error:.3g} beyond" + hint
+    return ReplayCheck(f"replay-loss-{index + 1}", passed, detail, error, tolerance)
 
 
 def _finite(value) -> bool:

@@ -319,9 +319,23 @@ def batch_medians(points: list[Point]) -> dict[int, Point]:
     return {b: median_run(runs) for b, runs in batch_runs(points).items()}
 
 
-def headline(points: list[Point]) -> tuple[Point | None, list[Point]]:
-    """(the headline run, the runs its median is over) for one group."""
+# A headline comes from the best standing its group has: a valid run, else a debug one (a non-official shape), and
+# only where nothing else finished an invalid one, so a faster invalid run never heads a row over a valid one.
+STANDING = {"valid": 0, "debug": 1}
+
+
+def left_out(points: list[Point]) -> int:
+    """How many finished runs of a group the headline leaves out for their standing (invalid beside valid)."""
     ok = [p for p in points if p.ok]
+    best = min((STANDING.get(p.validity, 2) for p in ok), default=2)
+    return sum(STANDING.get(p.validity, 2) > best for p in ok)
+
+
+def headline(points: list[Point]) -> tuple[Point | None, list[Point]]:
+    """(the headline run, the runs its median is over) for one group, from its runs of the best standing."""
+    ok = [p for p in points if p.ok]
+    best_standing = min((STANDING.get(p.validity, 2) for p in ok), default=2)
+    ok = [p for p in ok if STANDING.get(p.validity, 2) == best_standing]
     repeated = {p.batch_size for p in ok if p.phase == "repeat"}
     counted = {b: runs for b, runs in batch_runs(ok).items() if b in repeated or not repeated}
     if not counted:
@@ -495,7 +509,8 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
                 + ("; reference" if best.reference else "")
                 + ("; MFU " + best.peak if peaks.ORIGIN_DECLARED in best.peak else "")
                 + ("; noisy" if warning else "")
-                + (f"; larger batches: {', '.join(failed)}" if failed else ""),
+                + (f"; larger batches: {', '.join(failed)}" if failed else "")
+                + (f"; {dropped} invalid runs left out" if (dropped := left_out(group)) else ""),
             )
             if refs is not None:
                 row["vs_reference"] = versus_reference(best, refs)
@@ -527,7 +542,8 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
     else:
         note = (
             "Tokens/s is the median run at the best batch size (over a sweep's re-runs where it made them), a run "
-            "that happened; the spread is the lowest and highest tokens/s of those runs. TFLOP/s, MFU and peak memory "
+            "that happened, of the valid runs where a row has any (else debug-shape, else invalid ones); the spread "
+            "is the lowest and highest tokens/s of those runs. TFLOP/s, MFU and peak memory "
             "are the median run's, TFLOP/s and MFU per device, MFU against llmb's peak table (llmb/peaks.py) or, "
             "where the result says so, a peak declared by the plugin, and n/a where the device's peak is not known; "
             + efficiency

@@ -10,7 +10,8 @@ or patch torch late. Around and during the window this module checks:
   (llmb.dispatch_audit), so the formats the matmul and attention operators received at the model's own shapes
   join the precision evidence;
 - at the close, every parameter holds a non-zero gradient from the last step, and every parameter changed over the
-  window (or, for a 16-bit parameter too coarse to hold an lr-sized update, its AdamW state did);
+  window (or, for a 16-bit parameter too coarse to hold an lr-sized update, its AdamW state did): the vectors
+  compared element by element with a copy, the others by digest;
 - the identity guard (llmb.guard) after the window.
 
 Each failure becomes an invalid reason naming "window" and what happened. The checks cost a handful of attribute
@@ -29,6 +30,10 @@ from llmb import evidence, guard, precision
 from llmb.dispatch_audit import DtypeRecorder
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# The vectors (norm weights) are also kept whole, on the host, at the window's opening and compared element by
+# element at its close: a norm weight starts as a vector of ones, and updates of opposite signs can cancel exactly in
+# any sum of it (seen on XLA: a 2-step window whose norm.weight digest came back unchanged). Matrices start random,
+# where no such cancellation happens; the official shape's vectors are 25 x 3,200 values, nothing on the device.
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -51,12 +56,33 @@ def parameter_digests(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     }
 
 
-def unchanged_parameters(before: dict[str, tuple], after: dict[str, tuple], dtypes: dict[str, torch.dtype]) -> list:
-    """Parameters that did not change over the window (a 16-bit one passes if its AdamW state moved)."""
+def small_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Host copies of the vector parameters (norm weights), by name, to compare whole."""
+    return {name: _local(p.detach()).to("cpu", copy=True) for name, p in model.named_parameters() if p.ndim < 2}
+
+
+def equal_to(model: torch.nn.Module, copies: dict[str, torch.Tensor]) -> dict[str, bool]:
+    """Per copied parameter: whether it still equals its copy, element by element."""
+    return {
+        name: torch.equal(_local(p.detach()).cpu(), copies[name])
+        for name, p in model.named_parameters()
+        if name in copies
+    }
+
+
+def unchanged_parameters(
+    before: dict[str, tuple],
+    after: dict[str, tuple],
+    dtypes: dict[str, torch.dtype],
+    whole: dict[str, bool] | None = None,
+) -> list:
+    """Parameters that did not change over the window (a 16-bit one passes if its AdamW state moved). `whole` says,
+    for the parameters compared element by element, whether they are unchanged; the digests decide for the rest."""
+    whole = whole or {}
     stuck = []
     for name, (param, moment) in after.items():
         old_param, old_moment = before.get(name, (None, None))
-        if param != old_param:
+        if not whole.get(name, param == old_param):
             continue
         if dtypes.get(name) in HALF_DTYPES and moment is not None and moment != old_moment:
             continue
@@ -100,6 +126,7 @@ class WindowAudit:
         self.record_step = secrets.randbelow(steps)
         self.recorder: DtypeRecorder | None = None
         self._before: dict[str, tuple] | None = None
+        self._small: dict[str, torch.Tensor] = {}
         self._step = 0
 
     def _check_state(self, where: str) -> None:
@@ -113,6 +140,7 @@ class WindowAudit:
         self._step = 0
         if self._before is None:
             self._before = parameter_digests(self.model, self.optimizer)
+            self._small = small_parameters(self.model)
 
     def after_step(self) -> None:
         """After each step of the window: a handful of attribute reads."""
@@ -137,7 +165,8 @@ class WindowAudit:
         if self._before is not None:
             after = parameter_digests(self.model, self.optimizer)
             dtypes = {name: p.dtype for name, p in self.model.named_parameters()}
-            stuck = unchanged_parameters(self._before, after, dtypes)
+            stuck = unchanged_parameters(self._before, after, dtypes, equal_to(self.model, self._small))
+            self._small = {}
             if stuck:
                 self.problems.append(f"window: {len(stuck)} parameters did not change (first: {stuck[0]})")
         self.problems += guard.problems("after the window")

@@ -85,3 +85,16 @@ def test_torch_compile_in_an_honest_run_changes_nothing(baseline):
 def test_problems_name_the_stage():
     guard.ensure_baseline()
     assert guard.problems("after the window") == []
+
+
+def test_vendor_changes_reuse_the_last_comparison_with_the_process_baseline(monkeypatch):
+    """The window's close compares everything once; the record's vendor counts read what it accepted."""
+    guard.ensure_baseline()
+    assert guard.problems("after the window") == []
+    walks = []
+    real = guard.changes
+    monkeypatch.setattr(guard, "changes", lambda baseline: walks.append(baseline) or real(baseline))
+    monkeypatch.setattr(guard, "_last_accepted", {"vendor-x": ["torch.mm was replaced"]})
+    assert guard.vendor_changes() == {"vendor-x": 1} and walks == []
+    monkeypatch.setattr(guard, "_last_accepted", None)  # no comparison yet: one walk
+    assert guard.vendor_changes() == {} and len(walks) == 1

@@ -362,3 +362,17 @@ def test_an_unrecorded_peak_memory_reads_n_a_not_an_empty_cell(tmp_path):
     names, values = ([c.strip() for c in line.strip("|").split("|")] for line in (header, row))
     cells = dict(zip(names, values, strict=True))
     assert cells["Peak memory"] == "n/a"
+
+
+def test_a_faster_invalid_run_never_heads_a_row_over_a_valid_or_debug_one(tmp_path):
+    folder = write_records(
+        tmp_path / "r",
+        make_result(tokens_per_second=1000.0, batch_size=1, run_id="aaaa1001"),
+        make_result(tokens_per_second=3000.0, batch_size=2, run_id="aaaa1002", invalid_reasons=["replay: step 1"]),
+        make_result(tokens_per_second=900.0, precision="BF16", invalid_reasons=["replay: step 1"], run_id="aaaa1003"),
+    )
+    rows = {r["precision"]: r for r in next(t for t in json.loads(report([folder], fmt="json"))["tables"])["rows"]}
+    assert rows["FP32"]["best_batch_size"] == 1 and rows["FP32"]["tokens_per_second"] == 1000.0
+    assert rows["FP32"]["status"].startswith("debug") and "1 invalid runs left out" in rows["FP32"]["status"]
+    # Where nothing else finished, the invalid run is shown, and says so.
+    assert rows["BF16"]["status"].startswith("invalid") and "left out" not in rows["BF16"]["status"]

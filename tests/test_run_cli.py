@@ -172,6 +172,43 @@ def register_backends(register):
 """
 
 
+STALLS_IN_BF16 = FAILS_IN_BF16.replace("failsbf16", "stallsbf16").replace(
+    'raise RuntimeError("no BF16 kernels on this device")', "__import__('time').sleep(600)"
+)
+
+
+def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
+    """A run stopped by a signal during BF16 (a job's time limit) has already kept FP32: each record is judged and
+    saved while the worker waits, not at the end of the whole run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import install_plugin
+
+    site = install_plugin(tmp_path, "stallsbf16", STALLS_IN_BF16)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("LLMB_IN_PROCESS", None)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "llmb", "run", "--plugin", "stallsbf16", "--precision", "all", *TINY]
+    proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 600
+        while not list(out.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]  # still in BF16, which never ends
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert record["precision"]["requested"] == "FP32" and record["tokens_per_second"] > 0
+    assert record["evidence"]["replay"]["passed"] is True
+
+
 def test_precision_all_keeps_the_results_finished_before_a_failure(tmp_path):
     """`--precision all` runs FP32, then BF16, in one worker: BF16 failing must not lose FP32's measured result."""
     import os

@@ -1,0 +1,99 @@
+"""The run replay's tolerances, measured where results are made: each precision and mode against FP32 on one device.
+
+Each arm trains a copy of the same initial model for --steps steps on one batch (a measured window's semantics), and
+llmb.evidence.compare judges its losses and parameter digest against the FP32 arm's, exactly as the clean room judges
+a window against its FP32 CPU replay (on the GPU the FP32 arm matched the CPU replay exactly). One JSON line per arm
+goes to --out; `llmb/tolerances.py` (REPLAY_TOLERANCES) cites what this printed on an H100 on 2026-11-22
+(raw/h100-20261122/replay_calibration.jsonl).
+
+    python benchmarks/replay_calibration.py --device cuda --preset official --seeds 0,1 --batch-sizes 1,8,16
+    python benchmarks/replay_calibration.py --device cpu --preset tiny --batch-sizes 1,8
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import click
+import torch
+from arms import hand_step  # benchmarks/ is on the path when a script here runs
+
+from llmb import evidence, precision
+from llmb.config import PRESETS
+from llmb.model import LlamaModel
+from llmb.train import build_optimizer, synthetic_batch
+
+# (precision, mode, fused AdamW): the FP32 arm first, the reference of the others.
+ARMS = [
+    ("FP32", "pure", None),
+    ("TF32", "pure", None),
+    ("BF16", "pure", True),
+    ("BF16", "pure", False),
+    ("BF16", "amp", True),
+    ("FP16", "pure", True),
+    ("FP16", "pure", False),
+    ("FP16", "amp", True),
+]
+
+
+def train(base: LlamaModel, name: str, mode: str, fused: bool | None, batch: torch.Tensor, steps: int) -> tuple:
+    """The losses of `steps` steps on one batch, and the parameter digest before and after, as a run records them."""
+    device = batch.device
+    precision.apply_backend_recipe(name)
+    recipe = precision.recipe(name, mode)
+    model = copy.deepcopy(base).to(device=device, dtype=recipe.param_dtype)
+    model.train()
+    optimizer = build_optimizer(model, {"fused": True} if fused else None)
+    step = hand_step(model, optimizer, batch, recipe, device, lambda m, b: m(b, labels=b)[0])
+    parameters = list(model.parameters())
+    start = evidence.as_list(evidence.digest(parameters))
+    losses = [float(step()) for _ in range(steps)]
+    return losses, start, evidence.as_list(evidence.digest(parameters))
+
+
+@click.command()
+@click.option("--device", default="cpu")
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), default="tiny")
+@click.option("--seeds", default="0", help="Comma-separated model seeds.")
+@click.option("--batch-sizes", default="1,8")
+@click.option("--steps", default=3, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("replay_calibration.jsonl"))
+def main(device: str, preset: str, seeds: str, batch_sizes: str, steps: int, out: Path) -> None:
+    config, where = PRESETS[preset], torch.device(device)
+    began = time.perf_counter()
+    with out.open("a") as lines:
+        for seed in (int(s) for s in seeds.split(",")):
+            torch.manual_seed(seed)
+            base = LlamaModel(config)
+            for batch_size in (int(b) for b in batch_sizes.split(",")):
+                batch = synthetic_batch(config, batch_size, 1000 + seed, where)
+                reference = None
+                for name, mode, fused in ARMS:
+                    losses, start, end = train(base, name, mode, fused, batch, steps)
+                    if reference is None:
+                        reference = evidence.Replayed(losses, start, end, 0.0, None)
+                    row = {"seed": seed, "batch": batch_size, "precision": name, "mode": mode, "fused": fused}
+                    row["losses"] = losses
+                    fp32_master = mode == "amp" or name in ("FP32", "TF32")
+                    window = {"losses": losses, "digest_start": start, "digest_end": end}
+                    # The default replay (2 losses, no digest) and a whole-window one (every loss and the digest).
+                    for replayed_steps in (2, steps):
+                        whole = replayed_steps == steps
+                        replayed = evidence.Replayed(
+                            reference.losses[:replayed_steps], reference.digest_start,
+                            reference.digest_end if whole else None, 0.0, None,
+                        )  # fmt: skip
+                        checks = evidence.compare(window, replayed, name, mode, fp32_master, fused)
+                        row[f"checks_{replayed_steps}"] = {c.name: [c.measured, c.tolerance, c.passed] for c in checks}
+                    lines.write(json.dumps(row) + "\n")
+                    lines.flush()
+                    summary = {k: f"{v[0]:.3g}/{v[1]:g}" for k, v in row[f"checks_{steps}"].items()}
+                    click.echo(f"seed {seed} batch {batch_size} {name} {mode} fused={fused}: {summary} "
+                               f"({time.perf_counter() - began:.0f} s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
