@@ -380,11 +380,14 @@ def run_clean_keeping(
     notes=None,
     replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
     on_record=None,
+    on_pending=None,
 ) -> tuple[list[dict], LlmbError | None]:
     """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
     failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
     ``on_record(record)`` gets each judged record as soon as it exists: in a single worker, while the worker waits
-    before its next run, so a run stopped later (a signal, a job's time limit) has kept the precisions before it."""
+    before its next run, so a run stopped later (a signal, a job's time limit) has kept the precisions before it.
+    ``on_pending(record)`` gets it first without its replay (marked REPLAY_PENDING), to keep while the replay runs
+    (at the official shape a minute or more of the host's CPU and 23 GB of its memory)."""
     from llmb import distributed
 
     world = distributed.current_world()
@@ -393,7 +396,10 @@ def run_clean_keeping(
     def keep(result: object, windows: list[JudgedWindow]) -> None:
         if result is None or (world is not None and world.rank != 0):
             return
-        record = finish(_result(result), windows, replay_steps)
+        typed = _result(result)
+        if on_pending is not None and replay_steps > 0:
+            on_pending(finish(typed, windows, replay_steps, pending=True))
+        record = finish(typed, windows, replay_steps)
         judged.append(record)
         if on_record is not None:
             on_record(record)
@@ -415,9 +421,15 @@ def _result(record: object) -> Result:
         raise LlmbError(f"the worker process sent a malformed result: {exc}") from None
 
 
-def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict:
+# The reason a record saved before its replay carries until the replay's verdict replaces it.
+REPLAY_PENDING = (
+    "replay: not finished (the run stopped while the judge replayed its window): the run's function is unchecked"
+)
+
+
+def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, pending: bool = False) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
-    the worker's figures against its own, and the replay."""
+    the worker's figures against its own, and the replay (`pending`: not yet, for a record kept before it)."""
     result = record
     record = record.to_dict() if hasattr(record, "to_dict") else dict(record)  # a typed Result, or its dict
     invalid = list(record.get("invalid_reasons", []))
@@ -477,7 +489,10 @@ def finish(record: dict, windows: list[JudgedWindow], replay_steps: int) -> dict
         "pid": os.getpid(),
         "installed_plugins": installed_plugins(),
     }
-    if evidence_windows and replay_steps > 0 and len(closed) == repeats:
+    if pending and replay_steps > 0:
+        record["evidence"]["replay"] = None
+        invalid.append(REPLAY_PENDING)
+    elif evidence_windows and replay_steps > 0 and len(closed) == repeats:
         replayed = evidence.replay_record(record, replay_steps)
         record["evidence"]["replay"] = replayed
         invalid += [f"replay: {detail}" for detail in evidence.failed(replayed)]

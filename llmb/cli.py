@@ -354,6 +354,7 @@ def _run_clean(
             notes=lambda text: term.say((text, "yellow")),
             replay_steps=replay_steps,
             on_record=lambda record: saved.append((record, _save(record, out, unsaved))),
+            on_pending=lambda record: _save_quietly(record, out),
         )
     for record, path in saved:
         _print_record(record, path)
@@ -417,6 +418,17 @@ def _save(record: Result, out: Path, unsaved: list[Path]) -> Path:
         term.error(f"the result could not be written to {out} ({problem}); it is printed above and saved as {path}")
         unsaved.append(path)
     return path
+
+
+def _save_quietly(record: Result, out: Path) -> None:
+    """Keep a record before its replay; the replayed record replaces it (same file), and reports any failure."""
+    from llmb.errors import UsageError
+    from llmb.results import write_result
+
+    try:
+        write_result(record, out)
+    except (OSError, UsageError):
+        pass
 
 
 def _run_one(options):

@@ -198,3 +198,25 @@ def test_installed_plugins_are_listed_without_importing_them():
     names, imported = json.loads(done.stdout.strip().splitlines()[-1])
     assert names[0] == "cpu" and "cuda" in names  # the first-party plugins are installed in the test env
     assert imported == [], "listing imported a plugin"
+
+
+def test_each_record_is_kept_before_its_replay_and_the_replayed_one_replaces_it():
+    """A record exists before the judge's replay (a minute or more at the official shape), marked unchecked, so a run
+    stopped during the replay keeps its measurement; the replayed record then takes the same file name."""
+    from llmb.results import result_filename
+
+    options = runner.RunOptions(
+        config=TINY, preset="tiny", plugin="cpu", device="cpu", precision="FP32", steps=2, warmup_steps=1
+    )
+    events = []
+    records, error = cleanroom.run_clean_keeping(
+        [options],
+        on_record=lambda record: events.append(("replayed", record)),
+        on_pending=lambda record: events.append(("pending", record)),
+    )
+    assert error is None and [kind for kind, _ in events] == ["pending", "replayed"]
+    (_, pending), (_, replayed) = events
+    assert pending.invalid_reasons == [cleanroom.REPLAY_PENDING]
+    assert replayed.invalid_reasons == [] and replayed.evidence["replay"]["passed"] is True
+    assert result_filename(pending) == result_filename(replayed) and records == [replayed]
+    assert pending.tokens_per_second == replayed.tokens_per_second
