@@ -386,8 +386,8 @@ def run_clean_keeping(
     failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
     ``on_record(record)`` gets each judged record as soon as it exists: in a single worker, while the worker waits
     before its next run, so a run stopped later (a signal, a job's time limit) has kept the precisions before it.
-    ``on_pending(record)`` gets it first without its replay (marked REPLAY_PENDING), to keep while the replay runs
-    (at the official shape a minute or more of the host's CPU and 23 GB of its memory)."""
+    ``on_pending(record)`` gets it first, before its replay (finish), to keep while the replay runs (at the official
+    shape a minute or more of the host's CPU and 23 GB of its memory)."""
     from llmb import distributed
 
     world = distributed.current_world()
@@ -396,10 +396,7 @@ def run_clean_keeping(
     def keep(result: object, windows: list[JudgedWindow]) -> None:
         if result is None or (world is not None and world.rank != 0):
             return
-        typed = _result(result)
-        if on_pending is not None and replay_steps > 0:
-            on_pending(finish(typed, windows, replay_steps, pending=True))
-        record = finish(typed, windows, replay_steps)
+        record = finish(_result(result), windows, replay_steps, on_pending)
         judged.append(record)
         if on_record is not None:
             on_record(record)
@@ -427,9 +424,10 @@ REPLAY_PENDING = (
 )
 
 
-def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, pending: bool = False) -> dict:
+def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, on_pending=None) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
-    the worker's figures against its own, and the replay (`pending`: not yet, for a record kept before it)."""
+    the worker's figures against its own, and the replay. ``on_pending`` gets the record as it stands before the
+    replay (marked REPLAY_PENDING), to keep while the replay runs."""
     result = record
     record = record.to_dict() if hasattr(record, "to_dict") else dict(record)  # a typed Result, or its dict
     invalid = list(record.get("invalid_reasons", []))
@@ -489,18 +487,22 @@ def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, pending
         "pid": os.getpid(),
         "installed_plugins": installed_plugins(),
     }
-    if pending and replay_steps > 0:
-        record["evidence"]["replay"] = None
-        invalid.append(REPLAY_PENDING)
-    elif evidence_windows and replay_steps > 0 and len(closed) == repeats:
+    if evidence_windows and replay_steps > 0 and len(closed) == repeats:
+        if on_pending is not None:
+            pending = {**record, "evidence": {**record["evidence"], "replay": None}}
+            on_pending(_sealed(result, pending, [*invalid, REPLAY_PENDING]))
         replayed = evidence.replay_record(record, replay_steps)
         record["evidence"]["replay"] = replayed
         invalid += [f"replay: {detail}" for detail in evidence.failed(replayed)]
     elif replay_steps <= 0:
         record["evidence"]["replay"] = None
         invalid.append("replay: not run (--replay-steps 0): the run's function is unchecked")
-    record["invalid_reasons"] = invalid
-    record["valid"] = bool(record.get("official")) and not invalid
+    return _sealed(result, record, invalid)
+
+
+def _sealed(result, record: dict, invalid: list[str]):
+    """The judged record with its invalid reasons and verdict, typed as the worker's record came (Result or dict)."""
+    record = {**record, "invalid_reasons": invalid, "valid": bool(record.get("official")) and not invalid}
     return type(result).from_dict(record) if hasattr(result, "to_dict") else record
 
 

@@ -293,12 +293,12 @@ def _bracketed(
         error = max(low - value, value - high, 0.0) / abs(trained) if trained else math.inf
     passed = error == 0.0
     detail = (
-        f"step {index + 1}: recorded loss {value!r}, between {low:.6f} (twice the FP32 replay's fall to "
-        f"{trained:.6f}) and the untrained {untrained:.6f} ({effective} {mode} weights round AdamW's updates; "
-        f"widened by {tolerance:g})"
+        f"step {index + 1}: recorded loss {value!r}, {'between' if passed else 'outside'} {low:.6f} (twice the FP32 "
+        f"replay's fall to {trained:.6f}) and the untrained {untrained:.6f} ({effective} {mode} weights round "
+        f"AdamW's updates; widened by {tolerance:g})"
     )
     if not passed:
-        detail = detail.replace(", between", ", outside", 1) + f": {error:.3g} beyond" + hint
+        detail += f": {error:.3g} beyond" + hint
     # measured: how far outside the bracket (already widened), so the verdict is measured <= 0 as for every check.
     return ReplayCheck(f"replay-loss-{index + 1}", passed, detail, error, 0.0)
 

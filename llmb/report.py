@@ -324,18 +324,18 @@ def batch_medians(points: list[Point]) -> dict[int, Point]:
 STANDING = {"valid": 0, "debug": 1}
 
 
-def left_out(points: list[Point]) -> int:
-    """How many finished runs of a group the headline leaves out for their standing (invalid beside valid)."""
+def by_standing(points: list[Point]) -> tuple[list[Point], int]:
+    """A group's finished runs of its best standing, and how many finished runs that leaves out (invalid ones)."""
     ok = [p for p in points if p.ok]
-    best = min((STANDING.get(p.validity, 2) for p in ok), default=2)
-    return sum(STANDING.get(p.validity, 2) > best for p in ok)
+    standing = {id(p): STANDING.get(p.validity, len(STANDING)) for p in ok}
+    best = min(standing.values(), default=len(STANDING))
+    kept = [p for p in ok if standing[id(p)] == best]
+    return kept, len(ok) - len(kept)
 
 
 def headline(points: list[Point]) -> tuple[Point | None, list[Point]]:
     """(the headline run, the runs its median is over) for one group, from its runs of the best standing."""
-    ok = [p for p in points if p.ok]
-    best_standing = min((STANDING.get(p.validity, 2) for p in ok), default=2)
-    ok = [p for p in ok if STANDING.get(p.validity, 2) == best_standing]
+    ok, _ = by_standing(points)
     repeated = {p.batch_size for p in ok if p.phase == "repeat"}
     counted = {b: runs for b, runs in batch_runs(ok).items() if b in repeated or not repeated}
     if not counted:
@@ -510,7 +510,7 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
                 + ("; MFU " + best.peak if peaks.ORIGIN_DECLARED in best.peak else "")
                 + ("; noisy" if warning else "")
                 + (f"; larger batches: {', '.join(failed)}" if failed else "")
-                + (f"; {dropped} invalid runs left out" if (dropped := left_out(group)) else ""),
+                + (f"; {dropped} invalid runs left out" if (dropped := by_standing(group)[1]) else ""),
             )
             if refs is not None:
                 row["vs_reference"] = versus_reference(best, refs)

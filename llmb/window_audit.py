@@ -30,10 +30,6 @@ from llmb import evidence, guard, precision
 from llmb.dispatch_audit import DtypeRecorder
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-# The vectors (norm weights) are also kept whole, on the host, at the window's opening and compared element by
-# element at its close: a norm weight starts as a vector of ones, and updates of opposite signs can cancel exactly in
-# any sum of it (seen on XLA: a 2-step window whose norm.weight digest came back unchanged). Matrices start random,
-# where no such cancellation happens; the official shape's vectors are 25 x 3,200 values, nothing on the device.
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -56,8 +52,11 @@ def parameter_digests(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     }
 
 
-def small_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Host copies of the vector parameters (norm weights), by name, to compare whole."""
+def vector_copies(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Host copies of the vector parameters (norm weights), by name, to compare element by element at the window's
+    close: a norm weight starts as a vector of ones, and updates of opposite signs can cancel exactly in any sum of
+    it (seen on XLA: a 2-step window whose norm.weight digest came back unchanged). Matrices start random, where no
+    such cancellation happens; the official shape's vectors are 25 x 3,200 values, and nothing stays on the device."""
     return {name: _local(p.detach()).to("cpu", copy=True) for name, p in model.named_parameters() if p.ndim < 2}
 
 
@@ -126,7 +125,7 @@ class WindowAudit:
         self.record_step = secrets.randbelow(steps)
         self.recorder: DtypeRecorder | None = None
         self._before: dict[str, tuple] | None = None
-        self._small: dict[str, torch.Tensor] = {}
+        self._vectors: dict[str, torch.Tensor] = {}
         self._step = 0
 
     def _check_state(self, where: str) -> None:
@@ -140,7 +139,7 @@ class WindowAudit:
         self._step = 0
         if self._before is None:
             self._before = parameter_digests(self.model, self.optimizer)
-            self._small = small_parameters(self.model)
+            self._vectors = vector_copies(self.model)
 
     def after_step(self) -> None:
         """After each step of the window: a handful of attribute reads."""
@@ -165,8 +164,8 @@ class WindowAudit:
         if self._before is not None:
             after = parameter_digests(self.model, self.optimizer)
             dtypes = {name: p.dtype for name, p in self.model.named_parameters()}
-            stuck = unchanged_parameters(self._before, after, dtypes, equal_to(self.model, self._small))
-            self._small = {}
+            stuck = unchanged_parameters(self._before, after, dtypes, equal_to(self.model, self._vectors))
+            self._vectors = {}
             if stuck:
                 self.problems.append(f"window: {len(stuck)} parameters did not change (first: {stuck[0]})")
         self.problems += guard.problems("after the window")

@@ -180,25 +180,33 @@ def test_an_honest_run_is_judged_clean_and_replays(tmp_path):
     assert record["evidence"]["replay"]["passed"] is True and os.getpid() != record["judge"]["pid"]
 
 
-# The plugin finds the worker's link to the judge and sends a pickle that names a callable: unpickled in the judge,
-# it would run there (here it only leaves a file named after the process that ran it; it could patch the judge's
-# clock). The judge loads plain data only.
-PICKLE_INTO_THE_JUDGE = """
-import gc as _gc
-
-import llmb.cleanroom as _cleanroom
-
-
+# What the pickling plugins below send: unpickled, it runs `exec` in the unpickling process, which leaves a file
+# named after its pid in MARKS.
+PAYLOAD = """
 class _Payload:
     def __reduce__(self):
         code = "import os, pathlib; pathlib.Path(MARKS, str(os.getpid())).write_text('ran')"
         return (exec, (code,))
+"""
 
+
+# The plugin finds the worker's link to the judge and sends a pickle that names a callable: unpickled in the judge,
+# it would run there (here it only leaves a file named after the process that ran it; it could patch the judge's
+# clock). The judge loads plain data only.
+PICKLE_INTO_THE_JUDGE = (
+    """
+import gc as _gc
+
+import llmb.cleanroom as _cleanroom
+"""
+    + PAYLOAD
+    + """
 
 for _found in _gc.get_objects():
     if isinstance(_found, _cleanroom.Link):
         _found.connection.send(("note", _Payload()))
 """
+)
 
 
 def test_a_pickle_sent_through_the_link_never_runs_in_the_judge(tmp_path):
@@ -216,24 +224,22 @@ def test_a_pickle_sent_through_the_link_never_runs_in_the_judge(tmp_path):
 # In a job (--nproc-per-node), torch's launcher runs in the judging process. Started with a function, each rank's
 # return value came back through a multiprocessing queue that the launcher unpickled: a plugin in a rank finds the
 # queue and puts its pickle first. The ranks are commands now (llmb.rank_worker): no queue, nothing unpickled.
-PICKLE_INTO_THE_LAUNCHER = """
+PICKLE_INTO_THE_LAUNCHER = (
+    """
 import gc as _gc
 import multiprocessing.queues as _queues
 import os as _os
 import pathlib as _pathlib
-
-
-class _Payload:
-    def __reduce__(self):
-        code = "import os, pathlib; pathlib.Path(MARKS, str(os.getpid())).write_text('ran')"
-        return (exec, (code,))
-
+"""
+    + PAYLOAD
+    + """
 
 for _found in _gc.get_objects():
     if isinstance(_found, _queues.SimpleQueue):
         _found.put(_Payload())
         _pathlib.Path(TRIED, str(_os.getpid())).write_text("put")
 """
+)
 
 
 @pytest.mark.slow
