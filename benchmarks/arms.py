@@ -146,9 +146,22 @@ def run_llmb(spec: dict) -> dict:
     }
 
 
+def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The model's floating-point parameters and buffers in `dtype`. Not `model.to(dtype)`: that casts complex
+    tensors to the real dtype too, and torchtitan's complex RoPE table would keep only its real part (cos)."""
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            if param.is_floating_point():
+                param.data = param.data.to(dtype)
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                setattr(module, name, buffer.to(dtype))
+    return model
+
+
 def hand_setup(spec: dict, build, loss_of):
     """Build a model from the seed, the benchmark's AdamW, the harness's batch and matmul switches: what a user
-    who copies llmb's setup but not its harness would run. Returns (step, optimizer, device)."""
+    who copies llmb's setup but not its harness would run. Returns (step, optimizer, device, model)."""
     from llmb import precision
     from llmb.train import ADAMW_HYPERPARAMETERS, parameter_groups, synthetic_batch
 
@@ -158,14 +171,14 @@ def hand_setup(spec: dict, build, loss_of):
     precision.apply_backend_recipe(spec["precision"])  # the same matmul switches as the harness sets
     batch = synthetic_batch(config, spec["batch_size"], spec.get("seed", 0), device)
     torch.manual_seed(spec.get("seed", 0))
-    model = build(config).to(device=device, dtype=recipe.param_dtype).train()
+    model = cast_floating(build(config).to(device=device), recipe.param_dtype).train()
     options = dict(spec.get("optimizer_options") or {})
     optimizer = torch.optim.AdamW(parameter_groups(model), **ADAMW_HYPERPARAMETERS, **options)
-    return hand_step(model, optimizer, batch, recipe, device, loss_of), optimizer, device
+    return hand_step(model, optimizer, batch, recipe, device, loss_of), optimizer, device, model
 
 
 def by_hand(spec: dict, build, loss_of) -> dict:
-    step, optimizer, device = hand_setup(spec, build, loss_of)
+    step, optimizer, device, _ = hand_setup(spec, build, loss_of)
     reset_peak(device)
     result = plain_loop(step, device, spec["warmup_steps"], spec["steps"])
     result["peak_memory_bytes"] = peak_memory(device)
@@ -289,9 +302,10 @@ def step_peak_bytes(step) -> int:
     return peak
 
 
-def held_bytes(optimizer) -> int:
-    """Bytes held between steps: parameters, their gradients and the optimizer's state."""
-    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+def held_bytes(optimizer, model: torch.nn.Module) -> int:
+    """Bytes held between steps: parameters, their gradients, the optimizer's state and the model's buffers (the
+    rotary tables or frequencies each model keeps)."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]] + list(model.buffers())
     tensors += [p.grad for p in tensors if p.grad is not None]
     tensors += [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -305,12 +319,12 @@ def run_step_memory(spec: dict) -> dict:
     peaks, held = {}, {}
     for label, arm in spec["by_hand"].items():
         hand = {**spec, "optimizer_options": arm.get("optimizer_options") or {}}
-        step, optimizer, _ = hand_setup(hand, *MODELS[arm["model"]])
+        step, optimizer, _, model = hand_setup(hand, *MODELS[arm["model"]])
         for _ in range(max(spec["warmup_steps"], 1)):
             step()
         step_peak_bytes(step)
-        peaks[label], held[label] = step_peak_bytes(step), held_bytes(optimizer)
-        del step, optimizer
+        peaks[label], held[label] = step_peak_bytes(step), held_bytes(optimizer, model)
+        del step, optimizer, model
         gc.collect()
     return {
         "step_peak_bytes": peaks,

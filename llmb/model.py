@@ -52,16 +52,23 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
+    """HF's rotary tables: cos and sin of position x inverse frequency, in FP32, made each forward from the shape.
+
+    HF's tables are cat((angles, angles)): a head's two halves rotate by the same angles, so only one half is made
+    and `apply_rotary` broadcasts it over both: HF's values at half the memory. Nothing is kept between steps (less
+    memory at the step's peak than a cached table), and a cast of the model has nothing to round: HF's inv_freq
+    buffer, once cast to BF16, turns the angles by up to 0.3 rad at the official shape. The tables are rounded once,
+    to the activations' dtype, as HF's are.
+    """
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        # Not a parameter and not saved: recomputed from the shape, so casting the model cannot round it.
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
 
     def forward(self, x: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(seq_len, device=x.device, dtype=torch.float32)
-        freqs = torch.outer(positions, self.inv_freq.float())
-        angles = torch.cat((freqs, freqs), dim=-1)
+        exponents = torch.arange(0, self.head_dim, 2, device=x.device, dtype=torch.int64).float() / self.head_dim
+        inv_freq = 1.0 / (self.theta**exponents)
+        angles = torch.outer(torch.arange(seq_len, device=x.device, dtype=torch.float32), inv_freq)
         return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
 
@@ -71,7 +78,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+    """HF's x * cos + rotate_half(x) * sin, with cos and sin of one half broadcast over both halves of the head."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    halves = x.unflatten(-1, (2, -1))
+    return (halves * cos + rotate_half(x).unflatten(-1, (2, -1)) * sin).flatten(-2)
 
 
 class Attention(nn.Module):

@@ -287,13 +287,20 @@ def audit(
     param_dtypes = tensor_dtypes(params)
     grad_dtypes = tensor_dtypes(p.grad for p in params if p.grad is not None)
     state_dtypes = tensor_dtypes(optimizer_state_tensors(optimizer))
+    # Buffers carry function too (the rotary tables): one rounded to a lower format lowers the run's label.
+    buffer_dtypes = tensor_dtypes(model.buffers())
     flags = backend_flag_facts(device)
     facts = flags + list(plugin_facts)
     autocast_format = DTYPE_FORMAT.get(recipe.autocast_dtype) if recipe.autocast_dtype else None
     probe = matmul_probe(device, recipe.autocast_dtype, sync, probe_shape)
 
     evidence: dict[str, str | None] = {}
-    for label, counts in (("parameters", param_dtypes), ("gradients", grad_dtypes), ("optimizer_state", state_dtypes)):
+    for label, counts in (
+        ("parameters", param_dtypes),
+        ("gradients", grad_dtypes),
+        ("optimizer_state", state_dtypes),
+        ("buffers", buffer_dtypes),
+    ):
         evidence[label] = lowest([_format_of_dtype_name(n) for n in counts])
     evidence["autocast"] = autocast_format
     switch_formats = {f.name: f.implies for f in flags if f.implies}
@@ -313,6 +320,7 @@ def audit(
         "parameter_dtypes": param_dtypes,
         "gradient_dtypes": grad_dtypes,
         "optimizer_state_dtypes": state_dtypes,
+        "buffer_dtypes": buffer_dtypes,
         "autocast_dtype": str(recipe.autocast_dtype).replace("torch.", "") if recipe.autocast_dtype else None,
         "grad_scaler": recipe.grad_scaler,
         "backend": [{"name": f.name, "value": _jsonable(f.value), "implies": f.implies} for f in facts],

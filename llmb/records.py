@@ -401,6 +401,7 @@ class Audit(Typed):
     matmul_probe: MatmulProbe
     evidence: dict[str, str]
     operator_dtypes: dict[str, int] | None = None  # the dtype census of one forward pass (llmb.census)
+    buffer_dtypes: dict[str, int] | None = None  # the model's floating buffers (rotary tables); None before release 3
     rank_effective: list[str] | None = None  # a multi-process job: every rank's own verdict
     switches_vs_probe: dict[str, Any] | None = None  # matmul switches that allow less than the probe found
     dispatch: DispatchAudit | None = None  # one measured step's matmul operators and their input dtypes

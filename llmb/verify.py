@@ -350,8 +350,8 @@ def precision_problems(b: Bundle, path: str, r: Result) -> list[str]:
     prec, audit = r.precision, r.precision.audit
     folder = PurePosixPath(path).parts[1] if len(PurePosixPath(path).parts) == 3 else None
     evidence = dict(audit.evidence)
-    for key in ("parameter_dtypes", "gradient_dtypes", "optimizer_state_dtypes"):
-        for dtype in getattr(audit, key):
+    for key in ("parameter_dtypes", "gradient_dtypes", "optimizer_state_dtypes", "buffer_dtypes"):
+        for dtype in getattr(audit, key) or {}:
             if dtype not in DTYPE_NAMES:
                 return [f"unknown dtype {dtype!r} in the audit's {key}"]
             evidence[f"{key}:{dtype}"] = DTYPE_NAMES[dtype]

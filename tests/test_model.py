@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmb.config import PRESETS
 from llmb.flops import parameter_count
-from llmb.model import OFFICIAL_CONFIG, LlamaModel, causal_lm_loss, count_parameters
+from llmb.model import OFFICIAL_CONFIG, LlamaModel, apply_rotary, causal_lm_loss, count_parameters, rotate_half
 
 
 def test_official_shape_has_exactly_1_433_680_000_parameters():
@@ -118,3 +118,36 @@ def test_the_loss_reads_the_logits_without_copying_them(loss_of):
     copies = [op for op in names if op in ("clone", "copy_", "slice_backward", "_to_copy")]
     # The sliced loss (the check's own control) copies the logits forward and their gradient backward.
     assert copies == [] if loss_of is causal_lm_loss else copies == ["clone", "slice_backward"]
+
+
+def _hf_tables(head_dim: int, positions: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's rotary tables as LlamaRotaryEmbedding.forward builds them each step: cat((angles, angles)), FP32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
+    both = torch.cat((angles, angles), dim=-1)
+    return both.cos(), both.sin()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotary_embedding_equals_hfs_full_tables(dtype):
+    config = PRESETS["tiny"]
+    model = LlamaModel(config).to(dtype)
+    x = torch.randn(2, config.sequence_length, config.num_attention_heads, config.head_dim).transpose(1, 2).to(dtype)
+    cos, sin = _hf_tables(config.head_dim, config.sequence_length)
+    expected = x * cos.to(dtype) + rotate_half(x) * sin.to(dtype)
+    # The half-tables, broadcast over both halves of the head, give HF's result bit for bit.
+    assert torch.equal(apply_rotary(x, *model.rotary(x, config.sequence_length)), expected)
+
+
+def test_casting_the_model_rounds_the_rotary_tables_not_their_frequencies():
+    config = PRESETS["tiny"]
+    model = LlamaModel(config).to(torch.bfloat16)
+    assert list(model.buffers()) == []  # nothing kept between steps, so nothing a cast can round
+    x = torch.zeros(1, config.sequence_length, config.hidden_size, dtype=torch.bfloat16)
+    cos, _ = model.rotary(x, config.sequence_length)
+    expected, _ = _hf_tables(config.head_dim, config.sequence_length)
+    assert torch.equal(cos, expected[:, : config.head_dim // 2].to(torch.bfloat16))
+    # HF after .to(bfloat16) (and llmb's release 2) rounds the inverse frequencies first: angles off by far more.
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, config.head_dim, 2).float() / config.head_dim))
+    rounded = torch.outer(torch.arange(config.sequence_length).float(), inv_freq.bfloat16().float()).cos()
+    assert not torch.equal(cos, rounded.to(torch.bfloat16))

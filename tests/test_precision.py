@@ -42,6 +42,7 @@ def test_cpu_runs_record_a_correct_audit(tmp_path, name, mode, param_dtype, auto
     assert set(audit["parameter_dtypes"]) == {param_dtype}
     assert set(audit["gradient_dtypes"]) == {param_dtype}
     assert set(audit["optimizer_state_dtypes"]) == {param_dtype}
+    assert audit["buffer_dtypes"] == {}  # the model keeps none (its rotary tables are made each forward)
     assert audit["autocast_dtype"] == autocast
     assert audit["grad_scaler"] is (name == "FP16" and mode == "amp")
     assert audit["matmul_probe"]["verdict"] == probe
@@ -159,6 +160,39 @@ def test_strict_precision_makes_a_lower_effective_precision_an_error(register_ba
     assert record["precision"]["audit"]["evidence"]["dispatch"] == "BF16"
     assert result.exit_code == 1
     assert any("--strict-precision" in r for r in record["invalid_reasons"])
+
+
+class CachedRotary(torch.nn.Module):
+    """A vendor's rotary cache: the tables made once and kept as BF16 buffers, returned in the activations' dtype."""
+
+    def __init__(self, rotary: torch.nn.Module, positions: int) -> None:
+        super().__init__()
+        cos, sin = rotary(torch.zeros(1), positions)
+        self.register_buffer("cos", cos.to(torch.bfloat16))
+        self.register_buffer("sin", sin.to(torch.bfloat16))
+
+    def forward(self, x, seq_len):
+        return self.cos[:seq_len].to(x.dtype), self.sin[:seq_len].to(x.dtype)
+
+
+class CachedRotaryBackend(Backend):
+    """Keeps every parameter in FP32 but caches the rotary tables in BF16 buffers."""
+
+    name = "cached_rotary"
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        model.rotary = CachedRotary(model.rotary, model.config.sequence_length)
+        return model
+
+
+def test_buffers_in_a_lower_format_lower_the_label(register_backend, tmp_path):
+    register_backend(CachedRotaryBackend())
+    result, [record] = run(tmp_path, "--plugin", "cached_rotary", "--precision", "FP32")
+    audit = record["precision"]["audit"]
+    assert set(audit["parameter_dtypes"]) == {"float32"}
+    assert audit["buffer_dtypes"] == {"bfloat16": 2}
+    assert audit["evidence"]["buffers"] == "BF16"
+    assert record["precision"]["effective"] == "BF16"
 
 
 def test_plugin_precision_facts_lower_the_label(register_backend, tmp_path):
