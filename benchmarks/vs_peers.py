@@ -11,8 +11,8 @@ step-pair ratios, with their interquartile range as the noise. Then each arm in 
 alternating rounds: tokens/s over the whole window, and peak memory (max RSS, every arm having imported transformers
 and torchtitan first so that it is like for like; training memory = peak minus the RSS after those imports). Between
 them, in one process, each model's tensor peak over one step (the profiler's allocation events, plus the parameters,
-gradients and AdamW state held between steps), which allocator noise cannot move. Every figure comes with the
-1-minute load average around it.
+gradients, AdamW state and model buffers held between steps), which allocator noise cannot move. Every figure comes
+with the 1-minute load average around it.
 
     python benchmarks/vs_peers.py --preset small --batch-sizes 1,4,8 --threads 1 --rounds 2
     python benchmarks/vs_peers.py --preset tiny --hidden-size 256 --intermediate-size 512 --num-hidden-layers 2 \
