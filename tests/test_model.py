@@ -120,10 +120,14 @@ def test_the_loss_reads_the_logits_without_copying_them(loss_of):
     assert copies == [] if loss_of is causal_lm_loss else copies == ["clone", "slice_backward"]
 
 
-def _hf_tables(head_dim: int, positions: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def _hf_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """HF's inverse frequencies (LlamaRotaryEmbedding's inv_freq buffer), FP32."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def _hf_tables(head_dim: int, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """HF's rotary tables as LlamaRotaryEmbedding.forward builds them each step: cat((angles, angles)), FP32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    angles = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), _hf_inv_freq(head_dim))
     both = torch.cat((angles, angles), dim=-1)
     return both.cos(), both.sin()
 
@@ -148,6 +152,6 @@ def test_casting_the_model_rounds_the_rotary_tables_not_their_frequencies():
     expected, _ = _hf_tables(config.head_dim, config.sequence_length)
     assert torch.equal(cos, expected[:, : config.head_dim // 2].to(torch.bfloat16))
     # HF after .to(bfloat16) (and llmb's release 2) rounds the inverse frequencies first: angles off by far more.
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, config.head_dim, 2).float() / config.head_dim))
-    rounded = torch.outer(torch.arange(config.sequence_length).float(), inv_freq.bfloat16().float()).cos()
+    rounded_freq = _hf_inv_freq(config.head_dim).bfloat16().float()
+    rounded = torch.outer(torch.arange(config.sequence_length).float(), rounded_freq).cos()
     assert not torch.equal(cos, rounded.to(torch.bfloat16))
