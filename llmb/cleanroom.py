@@ -41,6 +41,8 @@ from llmb.records import RecordError, Result, median_index
 NESTING_SLACK_SECONDS = 1e-4
 KEY_ENV = "LLMB_JUDGE_KEY"  # how the judge's key reaches a job's ranks (llmb.rank_worker)
 _ERRORS = {"UsageError": UsageError, "LlmbError": LlmbError}
+# What a window's seal may add to its answer: the digests at its two edges, and what they cover (a job's).
+SEALED_KEYS = ("digest_start", "digest_end", "digest_scope")
 
 
 def in_process() -> bool:
@@ -130,6 +132,12 @@ class Judge:
             if self.windows and self.windows[-1].closed is None:
                 self.windows[-1].closed = closed
                 self.windows[-1].answer = message[1] if isinstance(message[1], dict) else {}
+        elif kind == "seal":
+            # The digests of the window just closed; they come after its clock stopped, and only once.
+            window = self.windows[-1] if self.windows else None
+            sealed = isinstance(message[1], dict) and window is not None and window.closed is not None
+            if sealed and "digest_end" not in window.answer:
+                window.answer.update({k: message[1][k] for k in SEALED_KEYS if k in message[1]})
         elif kind == "phase" and self.progress is not None:
             self.progress.phase(str(message[1]), int(message[2]))
         elif kind == "advance" and self.progress is not None:
@@ -209,6 +217,10 @@ class Link:
 
     def close(self, answer: dict) -> None:
         self.connection.send(("close", answer))
+
+    def seal(self, evidence: dict) -> None:
+        """The window's digests, computed after the judge's clock stopped (llmb.train.Trainer.measure)."""
+        self.connection.send(("seal", evidence))
 
     def send(self, *message) -> None:
         self.connection.send(message)
@@ -392,11 +404,13 @@ def run_clean_keeping(
 
     world = distributed.current_world()
     judged: list[dict] = []
+    asked = AskedRuns(runs, launch, world)
 
     def keep(result: object, windows: list[JudgedWindow]) -> None:
         if result is None or (world is not None and world.rank != 0):
             return
-        record = finish(_result(result), windows, replay_steps, on_pending)
+        typed = _result(result)
+        record = finish(typed, windows, replay_steps, on_pending, asked.figures_for(typed.to_dict()))
         judged.append(record)
         if on_record is not None:
             on_record(record)
@@ -408,6 +422,103 @@ def run_clean_keeping(
         for result, windows in results:
             keep(result, windows)
     return judged, error
+
+
+class AskedRuns:
+    """What the judge asked the worker for, run by run: the figures a headline is made of are the judge's own (the
+    options it sent, the job it launched), never fields of the worker's record. `--precision all` is one request
+    that the worker answers with one record per precision the plugin supports, in llmb's order."""
+
+    def __init__(self, runs: list, launch=None, world=None) -> None:
+        self.runs = list(runs)
+        if launch is not None:
+            self.world_size, self.nodes, self.job = launch.nproc_per_node * launch.nnodes, launch.nnodes, True
+        elif world is not None:
+            self.world_size, self.nodes, self.job = world.world_size, world.nodes, True
+        else:
+            self.world_size, self.nodes, self.job = 1, 1, False
+        self.index = 0
+        self.last_precision: str | None = None
+
+    def figures_for(self, record: dict) -> dict:
+        """The judge's figures for the next record the worker sent."""
+        from llmb import precision
+
+        options = self.runs[min(self.index, len(self.runs) - 1)]
+        got = str((record.get("precision") or {}).get("requested"))
+        if options.precision == "ALL":
+            order = list(precision.PRECISIONS)
+            earlier = self.last_precision is not None and (
+                got not in order or order.index(got) <= order.index(self.last_precision)
+            )
+            if earlier and self.index + 1 < len(self.runs):  # this ALL request is answered; the next one starts
+                self.index += 1
+                self.last_precision = None
+                return self.figures_for(record)
+            self.last_precision = got
+            requested = got if got in order else "one of " + ", ".join(order)
+        else:
+            requested = options.precision
+            self.index += 1
+        return judge_figures(options, requested, self.world_size, self.nodes, self.job)
+
+
+def judge_figures(options, requested: str, world_size: int, nodes: int, job: bool) -> dict:
+    """The figures of one asked run, from the options and the job's size alone."""
+    from llmb.config import official_reasons
+
+    dp = world_size // max(1, options.tp * options.pp)
+    microbatches = options.microbatches or math.gcd(options.pp, options.batch_size)
+    return {
+        "steps": options.steps,
+        "repeats": options.repeats,
+        "warmup_steps": options.warmup_steps,
+        "batch_size": options.batch_size,
+        "seed": options.seed,
+        "preset": options.preset,
+        "config": options.config.to_dict(),
+        "official": not official_reasons(options.config),
+        "world_size": world_size,
+        "nodes": nodes,
+        # Each data-parallel rank trains batch_size x grad_accum sequences a step; tensor and pipeline peers add none.
+        "global_batch_size": options.batch_size * options.grad_accum * dp,
+        "tp": options.tp,
+        "pp": options.pp,
+        "dp": dp,
+        "grad_accum": options.grad_accum,
+        "microbatches": microbatches,
+        "parallel": (options.parallel if options.parallel not in (None, "none") else "ddp") if job else "none",
+        "precision": requested,
+        "mode": options.mode,
+    }
+
+
+def figure_problems(record: dict, asked: dict) -> list[str]:
+    """Every field of the worker's record that disagrees with what the judge asked for, named."""
+    layout = record.get("layout") or {}
+    said = {
+        **{key: record.get(key) for key in ("steps", "repeats", "warmup_steps", "batch_size", "seed", "preset")},
+        "config": record.get("config"),
+        "official": record.get("official"),
+        "world_size": record.get("world_size"),
+        "global_batch_size": record.get("global_batch_size"),
+        **{key: record.get(key) for key in ("tp", "pp", "dp", "grad_accum", "microbatches")},
+        "parallel": record.get("parallel"),
+        "precision": (record.get("precision") or {}).get("requested"),
+        "mode": (record.get("precision") or {}).get("mode"),
+    }
+    for key in ("world_size", "tp", "pp", "dp", "grad_accum", "microbatches"):
+        if key in layout:
+            said[f"layout.{key}"] = layout[key]
+            asked = {**asked, f"layout.{key}": asked[key]}
+    problems = []
+    for key, value in said.items():
+        expected = asked[key]
+        if str(expected).startswith("one of "):
+            continue  # --precision all: the precision is the worker's choice among the benchmark's
+        if value != expected:
+            problems.append(f"judge: the worker's record says {key} {value!r}; the judge asked for {expected!r}")
+    return problems
 
 
 def _result(record: object) -> Result:
@@ -424,13 +535,26 @@ REPLAY_PENDING = (
 )
 
 
-def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, on_pending=None) -> dict:
+def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, on_pending=None, asked=None) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
-    the worker's figures against its own, and the replay. ``on_pending`` gets the record as it stands before the
-    replay (marked REPLAY_PENDING), to keep while the replay runs."""
+    the worker's figures against its own, and the replay. ``asked`` (judge_figures) is what the judge asked for:
+    the steps, batch, job and shape the headline is computed from, and a record that says otherwise is invalid,
+    naming the field. Without it (a record finished again from its own fields) the record's figures are used.
+    ``on_pending`` gets the record as it stands before the replay (marked REPLAY_PENDING), to keep while the replay
+    runs."""
     result = record
     record = record.to_dict() if hasattr(record, "to_dict") else dict(record)  # a typed Result, or its dict
     invalid = list(record.get("invalid_reasons", []))
+    if asked is not None:
+        invalid += figure_problems(record, asked)
+        # From here on the record carries the judge's figures: what the headline and the replay are made of.
+        record.update(
+            {key: asked[key] for key in ("steps", "repeats", "batch_size", "seed", "world_size", "global_batch_size")}
+        )
+        record["config"] = asked["config"]
+        record["sequence_length"] = asked["config"]["sequence_length"]
+        if not asked["official"]:
+            record["official"] = False
     repeats = int(record["repeats"])
     closed = [w for w in windows if w.closed is not None]
     if len(closed) != repeats or len(windows) != repeats:
@@ -563,6 +687,9 @@ def headline_figures(record: dict, window_seconds: float) -> dict:
     steps = int(record["steps"])
     tokens_per_second = global_batch * config.sequence_length * steps / window_seconds
     tflops = flops.achieved_tflops(tokens_per_second / world_size, record["model_flops_per_token"])
+    # The matmul rate the run measured after its window (llmb.roofline): the efficiency from the judge's figure.
+    matmul_peak = _number(record.get("measured_matmul_peak"))
+    matmul_peak = matmul_peak if math.isfinite(matmul_peak) else 0.0
     return {
         "tokens_per_second": tokens_per_second,
         "tokens_per_second_per_device": tokens_per_second / world_size,
@@ -570,4 +697,5 @@ def headline_figures(record: dict, window_seconds: float) -> dict:
         "tflops": tflops,
         "mfu": flops.mfu(tflops, record.get("peak_flops")),
         "fom": flops.fom(config, global_batch, window_seconds / steps),
+        "matmul_peak_efficiency": tflops * 1e12 / matmul_peak if matmul_peak > 0 else None,
     }

@@ -912,6 +912,14 @@ def project_command(
     help="Directory for the log, the summary and the result JSON files.",
 )
 @click.option("--resume", is_flag=True, help="Continue the sweep in --out from its log; finished points are kept.")
+@click.option(
+    "--search",
+    "search_items",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Also search this plugin setting (repeatable): one sweep per combination, in a sub-folder of --out each, "
+    "and the combination with the best headline named per precision.",
+)
 @handle_errors
 def sweep(
     plugin,
@@ -929,10 +937,12 @@ def sweep(
     trial_timeout,
     out,
     resume,
+    search_items,
     **shape,
 ) -> None:
-    """Find the best batch size per precision: each trial its own `llmb run` process, resumable."""
-    from llmb import runner
+    """Find the best batch size per precision (and, with --search, the best plugin settings): each trial its own
+    `llmb run` process, resumable."""
+    from llmb import grid, runner
     from llmb import sweep as sweeps
     from llmb.config import build_config
 
@@ -957,6 +967,13 @@ def sweep(
         trial_timeout=trial_timeout,
         resume=resume,
     )
+    searched = grid.parse_search(search_items, run_options.settings)
+    if searched:
+        with sweeps.LiveDisplay(err_console) as display:
+            found = grid.search(sweep_options, searched, display)
+        grid.print_search(found, console)
+        term.say(f"search written to {out} ({grid.SEARCH_SUMMARY_NAME}; llmb report {out})")
+        return
     with sweeps.LiveDisplay(err_console) as display:
         summary = sweeps.sweep(sweep_options, display)
     sweeps.print_summary(summary, console)

@@ -445,17 +445,25 @@ class JobJudge:
 
     def close(self, answer: dict) -> None:
         parts = [None] * self.world.world_size
-        dist.all_gather_object(parts, (answer["losses"], answer["digest_start"], answer["digest_end"]))
+        dist.all_gather_object(parts, answer["losses"])
         if self.world.rank != 0:
             return
-        losses = [sum(part[0][k] for part in parts) / len(parts) for k in range(len(answer["losses"]))]
+        losses = [sum(part[k] for part in parts) / len(parts) for k in range(len(answer["losses"]))]
+        self.inner.close({**answer, "losses": losses})
+
+    def seal(self, evidence: dict) -> None:
+        """The digests after the clock stopped: summed over the shards of a sharded model."""
+        parts = [None] * self.world.world_size
+        dist.all_gather_object(parts, (evidence["digest_start"], evidence["digest_end"]))
+        if self.world.rank != 0:
+            return
         if self.sharded:
-            start = _summed([p[1] for p in parts], self.replicas)
-            end = _summed([p[2] for p in parts], self.replicas)
+            start = _summed([p[0] for p in parts], self.replicas)
+            end = _summed([p[1] for p in parts], self.replicas)
         else:
-            start, end = answer["digest_start"], answer["digest_end"]
+            start, end = evidence["digest_start"], evidence["digest_end"]
         scope = "rank 0's part" if self.partial else "model"
-        self.inner.close({**answer, "losses": losses, "digest_start": start, "digest_end": end, "digest_scope": scope})
+        self.inner.seal({"digest_start": start, "digest_end": end, "digest_scope": scope})
 
 
 def _summed(parts: list, replicas: int) -> list[list[float]]:

@@ -12,7 +12,10 @@ plugin, no device) and compares the first N losses of a window with the conforma
 precision (llmb/conformance.py: the first loss is a forward at the initial weights, the later ones follow the
 updates); when N covers the whole window it also compares the digest's update. N = 2 is one forward, backward and
 AdamW step plus one forward: at the official shape about 23 GB of host memory (FP32 weights, gradients, two AdamW
-moments) and 8 x 1.43e9 x tokens FLOPs.
+moments) and 8 x 1.43e9 x tokens FLOPs. The batch goes through the model in micro-batches of REPLAY_MICRO_TOKENS
+tokens with the gradients accumulated (each micro-batch's mean loss weighted by its share of the rows: every row
+has the same number of targets, so the sum is the whole batch's mean), so the replay's activations, and its memory,
+do not grow with the batch or the world size; only its time does.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ CHALLENGE_BITS = 62
 # Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead
 # plus the digest and the pipe: honest tiny-preset windows (0.06 s) measured 0.41-0.47 of the window in step times.
 MIN_STEP_SHARE_OF_WINDOW = 0.2
+# Tokens per micro-batch of the replay (one whole sequence where a sequence is longer: one row at the official
+# shape). What the replay holds beyond the model and AdamW is one micro-batch's activations, whatever the batch: at
+# the official shape about 0.1 GB of FP32 logits and their gradients; the GEMMs stay 256 rows tall there, which the
+# CPU runs at its matmul rate. Small enough that a debug shape's smallest batches fill one micro-batch too.
+REPLAY_MICRO_TOKENS = 128
 
 
 def window_seed(challenge: int, rank: int) -> int:
@@ -194,17 +202,34 @@ def replay(
     updates = losses if whole else losses - 1  # the last loss needs only a forward when the window goes on
     for _ in range(updates):
         optimizer.zero_grad(set_to_none=True)
-        loss, _ = model(batch, labels=batch)
-        loss.backward()
+        recorded.append(accumulated_loss(model, batch, backward=True))
         optimizer.step()
-        recorded.append(float(loss.detach()))
     if not whole:
         optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
-            loss, _ = model(batch, labels=batch)
-        recorded.append(float(loss))
+            recorded.append(accumulated_loss(model, batch, backward=False))
     end = as_list(digest(model.parameters())) if whole else None
     return Replayed(recorded, as_list(initial), end, time.perf_counter() - start, _peak_rss())
+
+
+def micro_rows(config: ModelConfig) -> int:
+    """Rows per replay micro-batch: REPLAY_MICRO_TOKENS tokens, at least one sequence."""
+    return max(1, REPLAY_MICRO_TOKENS // config.sequence_length)
+
+
+def accumulated_loss(model: LlamaModel, batch: torch.Tensor, backward: bool) -> float:
+    """The whole batch's mean loss, computed micro-batch by micro-batch; with `backward`, the whole batch's
+    gradients accumulated in the parameters' .grad (equal to one backward of the whole batch up to FP32 rounding:
+    losses within 1e-6 relative, tests/test_fidelity.py)."""
+    total = 0.0  # a Python float: the weighted sum in float64
+    for micro in batch.split(micro_rows(model.config)):
+        loss, _ = model(micro, labels=micro)
+        weighted = loss * (micro.shape[0] / batch.shape[0])
+        if backward:
+            weighted.backward()
+        total += float(weighted.detach())
+        del loss, weighted  # the micro-batch's graph and logits go before the next one is built
+    return total
 
 
 def _relative(candidate: list[float], reference: list[float]) -> float:

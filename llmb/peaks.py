@@ -132,20 +132,37 @@ class PeakChoice:
         return {"flops": self.flops, "source": self.source, "origin": self.origin, "declared_flops": self.declared}
 
 
+def matches(device_name: str, table: tuple[PeakEntry, ...] = TABLE) -> list[PeakEntry]:
+    """Every table entry whose pattern the device name matches."""
+    return [entry for entry in table if entry.matches(device_name)]
+
+
 def choose(
     device_name: str, precision: str, declared: float | None = None, declared_source: str | None = None
 ) -> PeakChoice:
-    """The peak for a device and the precision that ran: llmb's table first, a plugin's declaration otherwise."""
+    """The peak for a device and the precision that ran: llmb's table first, a plugin's declaration otherwise.
+
+    A name that matches more than one row is never resolved, least of all by the plugin's declaration: the run has
+    no peak and is invalid, naming the rows (a plugin could otherwise pick its name so that its own low figure is
+    used). A declared peak below any row the name matches is invalid too."""
     declared = float(declared) if declared else None
-    entry = match(device_name)
-    if entry is not None:
-        known = entry.peaks.get(precision)
-        problems = []
+    found = matches(device_name)
+    problems = []
+    for row in found:
+        known = row.peaks.get(precision)
         if declared is not None and known is not None and declared < known:
             problems.append(
                 f"peak: the plugin declared {declared:.4g} FLOP/s for {device_name} {precision}, below llmb's "
-                f"table entry {known:.4g} ({entry.label})"
+                f"table entry {known:.4g} ({row.label})"
             )
+    if len(found) > 1:
+        rows = ", ".join(row.label for row in found)
+        problems.append(f"peak: the device name {device_name!r} matches {len(found)} rows of llmb's peak table "
+                        f"({rows}): ambiguous, so no peak is used")  # fmt: skip
+        return PeakChoice(None, None, None, tuple(problems), declared)
+    if found:
+        entry = found[0]
+        known = entry.peaks.get(precision)
         if known is None:
             # The table knows the device and has no rate for this precision on purpose (MI250X has no TF32).
             return PeakChoice(None, None, None, tuple(problems), declared)

@@ -25,6 +25,10 @@ from llmb.records import ROOFLINE_SCHEMA
 SCHEMA = ROOFLINE_SCHEMA  # each roofline entry names its kind
 # The dtype each benchmark precision multiplies in (TF32 is FP32 tensors with the TF32 switches on).
 MATMUL_DTYPE = {"FP32": torch.float32, "TF32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
+# FP8 runs' GEMMs (torchao's float8 training): e4m3 operands through torch._scaled_mm, the rate an FP8 run's
+# efficiency is measured against (a run's record only; `llmb peak` measures the four benchmark precisions).
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+RUN_MATMUL_DTYPE = {**MATMUL_DTYPE, "FP8": torch.float8_e4m3fn}
 # The large square GEMM grows from MIN_SQUARE, doubling, until one matmul lasts SQUARE_SECONDS or it reaches
 # MAX_SQUARE: ~1024 on a CPU core pair, 8192 on a datacenter GPU (1.1 TFLOP, ~1 ms), without asking what the device is.
 MIN_SQUARE, MAX_SQUARE, SQUARE_SECONDS = 256, 8192, 0.05
@@ -126,9 +130,10 @@ def square_gemm(backend: Backend, device: torch.device, dtype: torch.dtype, side
     side = MIN_SQUARE
     while side < MAX_SQUARE:
         a = torch.ones(side, side).to(device, dtype)
-        _timed(backend, device, a, a, 1)  # compile / select the kernel first
+        b = a.t() if dtype in FP8_DTYPES else a  # column-major for torch._scaled_mm
+        _timed(backend, device, a, b, 1)  # compile / select the kernel first
         # The fastest of three: a size is chosen by what the device can do, not by a moment of contention.
-        if min(_timed(backend, device, a, a, 1) for _ in range(3)) >= SQUARE_SECONDS:
+        if min(_timed(backend, device, a, b, 1) for _ in range(3)) >= SQUARE_SECONDS:
             break
         side *= 2
     return Gemm("square", side, side, side)
@@ -138,10 +143,11 @@ def _timed(backend: Backend, device: torch.device, a: torch.Tensor, b: torch.Ten
     """Seconds for `iters` matmuls, the device synchronised before the clock starts and before it stops."""
     # A lazy device (XLA) runs each matmul at its step_end; elsewhere the call would be timed too, for nothing.
     step_end = backend.step_end if "step_end" in overridden(backend) else None
+    product = _product(a, b)
     backend.synchronize(device)
     start = time.perf_counter()
     for _ in range(iters):
-        out = a @ b
+        out = product()
         if step_end:
             step_end(device)
     del out
@@ -149,11 +155,27 @@ def _timed(backend: Backend, device: torch.device, a: torch.Tensor, b: torch.Ten
     return time.perf_counter() - start
 
 
-def measure_gemm(backend: Backend, device: torch.device, gemm: Gemm, dtype: torch.dtype, repeats: int) -> GemmRate:
-    """Warm up, size the batch of matmuls to last MIN_BATCH_SECONDS, then time `repeats` batches; median rate."""
+def _product(a: torch.Tensor, b: torch.Tensor):
+    """The GEMM as the run computes it: `a @ b`, or for float8 operands torch._scaled_mm (what torchao's float8
+    Linear calls: per-tensor scales, a BF16 result)."""
+    if a.dtype not in FP8_DTYPES:
+        return lambda: a @ b
+    scale = torch.ones((), device=a.device)
+    return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
+
+
+def _operands(gemm: Gemm, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(gemm.m, gemm.k, generator=generator).to(device, dtype)
-    b = torch.randn(gemm.k, gemm.n, generator=generator).to(device, dtype)
+    if dtype in FP8_DTYPES:
+        # torch._scaled_mm takes its second operand column-major: the transpose of a row-major (n, k) matrix.
+        return a, torch.randn(gemm.n, gemm.k, generator=generator).to(device, dtype).t()
+    return a, torch.randn(gemm.k, gemm.n, generator=generator).to(device, dtype)
+
+
+def measure_gemm(backend: Backend, device: torch.device, gemm: Gemm, dtype: torch.dtype, repeats: int) -> GemmRate:
+    """Warm up, size the batch of matmuls to last MIN_BATCH_SECONDS, then time `repeats` batches; median rate."""
+    a, b = _operands(gemm, dtype, device)
     _timed(backend, device, a, b, 2)  # first calls: kernel selection, lazy compilation, page faults
     iters = 1
     # timeit's autorange: grow the batch until it lasts MIN_BATCH_SECONDS (one slow sample only ends it sooner).
@@ -166,11 +188,11 @@ def measure_gemm(backend: Backend, device: torch.device, gemm: Gemm, dtype: torc
 
 def measure(backend: Backend, device: torch.device, precision: str, gemms: list[Gemm], repeats: int = 5) -> Roofline:
     """The roofline for one precision in the backend state the caller set (a run's own, or `prepare_backend`)."""
-    if precision not in MATMUL_DTYPE:
+    if precision not in RUN_MATMUL_DTYPE:
         raise ValueError(f"no matmul dtype for precision {precision!r}")
     result = Roofline(precision, str(device), str(call(backend.device_name, device)), repeats)
     for gemm in gemms:
-        result.rates.append(measure_gemm(backend, device, gemm, MATMUL_DTYPE[precision], repeats))
+        result.rates.append(measure_gemm(backend, device, gemm, RUN_MATMUL_DTYPE[precision], repeats))
     return result
 
 
@@ -232,10 +254,15 @@ def compile_seconds(warmup_step_seconds: list[float], steady_step_seconds: float
 def for_run(
     backend: Backend, device: torch.device, precision: str, config: ModelConfig, batch_size: int, repeats: int = 3
 ) -> Roofline | None:
-    """The roofline of a finished run, in its own backend state, at its own GEMM shapes; None for a format with no
-    matmul dtype of its own (FP8: its GEMMs are not dense matmuls of one of the four precisions)."""
-    if precision not in MATMUL_DTYPE:
+    """The roofline of a finished run, in its own backend state, at its own GEMM shapes. An FP8 run's is float8
+    GEMMs through torch._scaled_mm; None where the device has none (the reason is not a run's failure)."""
+    if precision not in RUN_MATMUL_DTYPE:
         return None
-    dtype = MATMUL_DTYPE[precision]
-    gemms = model_gemms(config, batch_size) + [square_gemm(backend, device, dtype)]
-    return measure(backend, device, precision, gemms, repeats)
+    dtype = RUN_MATMUL_DTYPE[precision]
+    try:
+        gemms = model_gemms(config, batch_size) + [square_gemm(backend, device, dtype)]
+        return measure(backend, device, precision, gemms, repeats)
+    except (RuntimeError, NotImplementedError):
+        if precision != "FP8":
+            raise
+        return None  # a device without float8 GEMM kernels (an older GPU): no FP8 peak to measure against

@@ -380,7 +380,7 @@ def _run(
         before = ranks.busy_seconds()
         initial_state.restore(session.optimizer)
         window.open()  # after the restore: the window's parameters change from the initial weights
-        measurements.append(trainer.measure(options.steps, on_step=after_step, around_step=window.around_step))
+        measurements.append(trainer.measure(options.steps, on_step=after_step))
         after = ranks.busy_seconds()
         busy.append(after - before if before is not None and after is not None else None)
     host = records.Host(
@@ -390,6 +390,7 @@ def _run(
         cpu_count=os.cpu_count(),
     )
     window.close()
+    window.audit_step(trainer.step)  # untimed, after the last window: a dispatch mode de-optimises compiled graphs
     invalid += window.problems
     if window.dispatch() is not None:
         audit = precision.with_dispatch(audit, window.dispatch())

@@ -391,8 +391,14 @@ def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
     device the table lacks (with a source); and no MFU is above 100%."""
     problems = peaks.mfu_problems(r.mfu)
     recorded, label = r.peak_flops, r.precision.effective
-    entry = peaks.match(r.device.name)
-    if entry is not None:
+    found = peaks.matches(r.device.name)
+    entry = found[0] if len(found) == 1 else None
+    if len(found) > 1:
+        rows = ", ".join(row.label for row in found)
+        problems.append(f"device name matches {len(found)} rows of llmb's peak table ({rows}): no peak may be used")
+        if recorded is not None:
+            problems.append(f"peak {recorded!r} used for an ambiguous device name")
+    elif entry is not None:
         known = entry.peaks.get(label)
         if recorded != known:
             problems.append(f"peak {recorded!r} for {entry.label} {label}, llmb's table says {known!r}")

@@ -92,12 +92,14 @@ def test_every_peak_names_its_public_source():
 
 
 DEFAULTS = {
-    "compile": "none",
-    "fused_adamw": False,
+    "compile": "default",
+    "fused_adamw": True,
     "activation_checkpointing": "none",
     "fp8": "none",
     "fp8_emulate": False,
 }
+# The defaults on the eager path: what the post-processing tests below start from (compiling is tested apart).
+EAGER = {**DEFAULTS, "compile": "none"}
 
 
 def test_settings_are_declared_and_validated():
@@ -152,7 +154,7 @@ def test_capabilities_here():
 
 
 def test_facts_record_what_the_plugin_changes():
-    settings = {**DEFAULTS, "compile": "default", "fused_adamw": True, "activation_checkpointing": "full"}
+    settings = {**EAGER, "compile": "default", "fused_adamw": True, "activation_checkpointing": "full"}
     facts = {f.name: f for f in CUDA.precision_facts(torch.device("cuda"), "BF16", settings)}
     assert facts["llmb_cuda.compile"].value == "default" and facts["llmb_cuda.fused_adamw"].value is True
     assert all(f.implies is None for f in facts.values())
@@ -191,7 +193,7 @@ def test_activation_checkpointing_keeps_loss_and_gradients(mode):
     eager_loss, eager_grads = loss_and_grads(model, ids)
 
     processed = CUDA.process_model(
-        model, None, torch.device("cpu"), "FP32", {**DEFAULTS, "activation_checkpointing": mode}
+        model, None, torch.device("cpu"), "FP32", {**EAGER, "activation_checkpointing": mode}
     )
     wrapped = [i for i, layer in enumerate(processed.layers) if isinstance(layer, checkpointing.CheckpointedLayer)]
     assert (
@@ -215,16 +217,18 @@ def test_compile_modes_reach_torch_compile(monkeypatch):
     monkeypatch.setattr(compilers.torch, "compile", lambda model, mode=None: calls.append(mode) or model)
     model, _ = tiny_model_and_batch(layers=1)
     for mode in compilers.INDUCTOR_MODES:
-        assert CUDA.process_model(model, None, torch.device("cpu"), "FP32", {**DEFAULTS, "compile": mode}) is model
-    assert CUDA.process_model(model, None, torch.device("cpu"), "FP32", DEFAULTS) is model
+        assert CUDA.process_model(model, None, torch.device("cpu"), "FP32", {**EAGER, "compile": mode}) is model
+    assert CUDA.process_model(model, None, torch.device("cpu"), "FP32", {**EAGER, "compile": "none"}) is model
     assert calls == [None, "reduce-overhead", "max-autotune"]  # "none" does not compile; "default" is mode=None
+    CUDA.process_model(model, None, torch.device("cpu"), "FP32", resolve_settings(CUDA, {}))
+    assert calls[-1] is None  # the plugin's default path is compiled (Inductor's default mode)
 
 
 @pytest.mark.skipif(NO_THUNDER is None, reason="Thunder imports here (the thunder tox env)")
 def test_thunder_where_it_cannot_run_stops_setup_in_one_line():
     # Before the model exists: the reason (the torch version) in one line, as the cpu plugin says it.
     with pytest.raises(UsageError, match="compile=thunder: ") as info:
-        CUDA.setup(torch.device("cpu"), "FP32", {**DEFAULTS, "compile": "thunder"})
+        CUDA.setup(torch.device("cpu"), "FP32", {**EAGER, "compile": "thunder"})
     assert str(info.value) == f"compile=thunder: {NO_THUNDER}" and "\n" not in str(info.value)
 
 
@@ -233,7 +237,7 @@ def test_thunder_jits_the_model_with_the_same_parameters_and_gradients():
     model, ids = tiny_model_and_batch(layers=2)
     parameters = list(model.parameters())
     eager_loss, eager_grads = loss_and_grads(model, ids)
-    settings = {**DEFAULTS, "compile": "thunder", "activation_checkpointing": "none"}
+    settings = {**EAGER, "compile": "thunder", "activation_checkpointing": "none"}
     CUDA.setup(torch.device("cpu"), "FP32", settings)
     jitted = CUDA.process_model(model, None, torch.device("cpu"), "FP32", settings)
     assert type(jitted).__module__.startswith("thunder")
@@ -252,7 +256,7 @@ def test_fp8_emulated_swaps_the_linears_but_the_head_and_trains_close_to_eager()
     model, ids = tiny_model_and_batch(layers=2)
     parameters = list(model.parameters())
     eager_loss, _ = loss_and_grads(model, ids)
-    settings = {**DEFAULTS, "fp8": "tensorwise", "fp8_emulate": True, "activation_checkpointing": "selective-ops"}
+    settings = {**EAGER, "fp8": "tensorwise", "fp8_emulate": True, "activation_checkpointing": "selective-ops"}
     CUDA.setup(torch.device("cpu"), "FP32", settings)
     processed = CUDA.process_model(model, None, torch.device("cpu"), "FP32", settings)
     float8 = {name for name, m in processed.named_modules() if isinstance(m, Float8Linear)}
@@ -276,7 +280,7 @@ def simulated_gpu(monkeypatch, name: str, capability: tuple[int, int]) -> None:
 @needs_torchao
 def test_fp8_on_a_gpu_without_float8_gemms_is_one_line_before_the_model(monkeypatch):
     simulated_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", (8, 0))
-    settings = {**DEFAULTS, "fp8": "rowwise"}
+    settings = {**EAGER, "fp8": "rowwise"}
     with pytest.raises(UsageError) as info:
         CUDA.setup(torch.device("cuda", 0), "BF16", settings)
     message = str(info.value)
@@ -290,7 +294,7 @@ def test_fp8_on_a_gpu_without_float8_gemms_is_one_line_before_the_model(monkeypa
 def test_fp8_without_torchao_is_one_line(monkeypatch):
     monkeypatch.setattr(fp8, "torchao_unavailable", lambda: "torchao is not installed (pip install 'llmb[fp8]')")
     with pytest.raises(UsageError, match=r"^fp8=tensorwise: torchao is not installed"):
-        CUDA.setup(torch.device("cpu"), "BF16", {**DEFAULTS, "fp8": "tensorwise"})
+        CUDA.setup(torch.device("cpu"), "BF16", {**EAGER, "fp8": "tensorwise"})
 
 
 def test_checkpointed_model_traces_under_torch_compile():
@@ -299,7 +303,7 @@ def test_checkpointed_model_traces_under_torch_compile():
     model, ids = tiny_model_and_batch(layers=2)
     eager_loss, eager_grads = loss_and_grads(model, ids)
     processed = CUDA.process_model(
-        model, None, torch.device("cpu"), "FP32", {**DEFAULTS, "activation_checkpointing": "full"}
+        model, None, torch.device("cpu"), "FP32", {**EAGER, "activation_checkpointing": "full"}
     )
     compiled = torch.compile(processed, backend="aot_eager")
     loss, grads = loss_and_grads(compiled, ids)
@@ -316,7 +320,7 @@ def test_compile_default_mode_gives_the_same_loss():
     model, ids = tiny_model_and_batch(layers=2)
     with torch.no_grad():
         eager, _ = model(ids, labels=ids)
-        compiled, _ = CUDA.process_model(model, None, torch.device("cpu"), "FP32", {**DEFAULTS, "compile": "default"})(
+        compiled, _ = CUDA.process_model(model, None, torch.device("cpu"), "FP32", {**EAGER, "compile": "default"})(
             ids, labels=ids
         )
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)

@@ -58,8 +58,8 @@ def test_peaks_are_dense_and_per_torch_device():
 def test_settings_extend_the_cuda_plugin():
     assert get_backend("rocm").plugin.distribution == "llmb-rocm"
     assert resolve_settings(ROCM, {}) == {
-        "compile": "none",
-        "fused_adamw": False,
+        "compile": "default",
+        "fused_adamw": True,
         "activation_checkpointing": "none",
         "fp8": "none",
         "fp8_emulate": False,

@@ -130,11 +130,21 @@ def test_compile_seconds_is_the_warmups_excess_over_steady_steps():
     assert roofline.compile_seconds([0.9, 1.0], 1.0) == 0.0  # faster warmup than the window: no negative cost
 
 
-def test_for_run_measures_the_runs_precision_and_none_for_fp8():
+def test_for_run_measures_the_runs_precision_fp8_included():
     cpu, device = CpuBackend(), torch.device("cpu")
-    assert roofline.for_run(cpu, device, "FP8", TINY, 1) is None
     result = roofline.for_run(cpu, device, "FP32", TINY, 1, repeats=1)
     assert result.precision == "FP32" and result.rates[-1].gemm.name == "square" and result.peak_flops > 0
+    # An FP8 run's GEMMs are float8 ones through torch._scaled_mm, as torchao's float8 Linear computes them.
+    fp8 = roofline.for_run(cpu, device, "FP8", TINY, 1, repeats=1)
+    assert fp8.precision == "FP8" and fp8.peak_flops > 0
+
+
+def test_an_fp8_roofline_on_a_device_without_float8_gemms_is_none(monkeypatch):
+    def no_kernel(*args, **kwargs):
+        raise NotImplementedError("_scaled_mm: no kernel for this device")  # an older GPU, as torch says it
+
+    monkeypatch.setattr(roofline.torch, "_scaled_mm", no_kernel)
+    assert roofline.for_run(CpuBackend(), torch.device("cpu"), "FP8", TINY, 1, repeats=1) is None
 
 
 def test_every_run_records_its_compile_cost_and_the_measured_matmul_peak():

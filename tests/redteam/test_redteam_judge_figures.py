@@ -1,0 +1,76 @@
+"""Red team, class 1 of the second round: the judge takes the worker's word for what ran. A plugin that rewrites
+what the worker's end of the link sends (here through multiprocessing's Connection.send, which no identity guard
+watches) claims more steps, a larger batch or a job it never ran. The judge's figures are its own: what it asked
+for. Stage: run; reason: "judge: the worker's record says <field> ...; the judge asked for ..."."""
+
+import pytest
+from redteam_kit import install, reasons, run
+
+FORGE_THE_LINK = """
+import multiprocessing.connection as _connection
+
+_send = _connection.Connection.send
+
+
+# FORGERY
+
+
+def _forged_send(self, message):
+    if isinstance(message, tuple) and len(message) == 2 and message[0] == "result" and isinstance(message[1], dict):
+        message = ("result", _forge_record(dict(message[1])))
+    elif isinstance(message, tuple) and len(message) == 2 and message[0] == "close" and isinstance(message[1], dict):
+        message = ("close", _forge_answer(dict(message[1])))
+    return _send(self, message)
+
+
+_connection.Connection.send = _forged_send
+"""
+
+# Ten times the steps: the record says 30, every window's answer carries 30 losses (the last one repeated).
+TEN_TIMES_THE_STEPS = """
+def _forge_record(record):
+    record["steps"] = record["steps"] * 10
+    return record
+
+
+def _forge_answer(answer):
+    losses = list(answer["losses"])
+    answer["losses"] = losses + [losses[-1]] * (9 * len(losses))
+    return answer
+"""
+TWICE_THE_BATCH = """
+def _forge_record(record):
+    record["batch_size"] *= 2
+    record["global_batch_size"] *= 2
+    return record
+"""
+A_JOB_IT_NEVER_RAN = """
+def _forge_record(record):
+    record["world_size"] = 2
+    record["global_batch_size"] *= 2
+    record["parallel"] = "ddp"
+    record["layout"] = {**record["layout"], "world_size": 2, "dp": 2, "dp_replicate": 2, "strategy": "ddp"}
+    record["dp"] = 2
+    return record
+"""
+
+
+@pytest.mark.parametrize(
+    "name, forge, field",
+    [
+        ("steps", TEN_TIMES_THE_STEPS, "steps"),
+        ("batch", TWICE_THE_BATCH, "batch_size"),
+        ("job", A_JOB_IT_NEVER_RAN, "world_size"),
+    ],
+)
+def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path, name, forge, field):
+    keep_answers = "\n\ndef _forge_answer(answer):\n    return answer\n" if "_forge_answer" not in forge else ""
+    code = FORGE_THE_LINK.replace("# FORGERY\n", forge + keep_answers)
+    proc, record = run(install(tmp_path / "site", f"forge{name}", code), tmp_path, "--plugin", f"forge{name}")
+    assert record is not None, proc.stderr[-2000:]
+    assert record["valid"] is False
+    assert reasons(record, f"judge: the worker's record says {field} "), record["invalid_reasons"]
+    # The headline is made of what the judge asked for (3 steps of batch 1 in one process), over its own clock.
+    tokens = 1 * record["config"]["sequence_length"] * 3 / record["timing"]["window_seconds"]
+    assert record["steps"] == 3 and record["batch_size"] == 1 and record["world_size"] == 1
+    assert record["tokens_per_second"] == pytest.approx(tokens, rel=1e-9)

@@ -1,0 +1,111 @@
+"""Fidelity: nothing llmb does to check a run changes how the steps it times run.
+
+One step of a compiled model under any TorchDispatchMode (the dispatch recorder is one) makes dynamo skip the
+model's frames for good: every later step runs eager. These tests profile a real `torch.compile`d run of the cpu
+plugin and look at each step's own profiler events.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmb import runner, train
+from llmb.config import PRESETS
+
+COMPILED_EVENT = "Torch-Compiled Region"  # what a step of a torch.compile'd module shows in the profiler
+
+
+@pytest.fixture
+def step_ranges(monkeypatch):
+    """Each harness step as a named profiler range ("llmb-step-N", in the order the steps ran)."""
+    original = train.Trainer.step
+    counter = {"n": 0}
+
+    def marked_step(self):
+        counter["n"] += 1
+        with torch.profiler.record_function(f"llmb-step-{counter['n']}"):
+            return original(self)
+
+    monkeypatch.setattr(train.Trainer, "step", marked_step)
+    return counter
+
+
+def compiled_steps(profile) -> dict[int, bool]:
+    """Per step number: whether a compiled region ran inside that step's range."""
+    events = list(profile.events())
+    steps = {int(e.name.rsplit("-", 1)[1]): e.time_range for e in events if e.name.startswith("llmb-step-")}
+    compiled = [e.time_range for e in events if e.name.startswith(COMPILED_EVENT)]
+    return {n: any(span.start <= c.start and c.end <= span.end for c in compiled) for n, span in sorted(steps.items())}
+
+
+def test_a_compiled_model_runs_compiled_on_every_timed_step(step_ranges):
+    """Two windows of four steps, compiled with Inductor: every warmup and timed step shows a compiled region, and
+    the dispatch recorder's step (untimed, after the last window) is the only eager one. On the design that recorded
+    one random step inside the first window, that step and every later one ran eager and this fails."""
+    warmup, steps, repeats = 2, 4, 2
+    options = runner.RunOptions(
+        config=PRESETS["tiny"],
+        preset="tiny",
+        plugin="cpu",
+        device="cpu",
+        batch_size=2,
+        steps=steps,
+        warmup_steps=warmup,
+        repeats=repeats,
+        settings={"compile": "default"},
+    )
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        record = runner.run(options).to_dict()
+    compiled = compiled_steps(profile)
+    timed = warmup + steps * repeats
+    eager = [n for n in range(1, timed + 1) if not compiled.get(n)]
+    assert eager == [], f"steps {eager} of {timed} ran eager"
+    assert len(compiled) == timed + 1, compiled  # the warmup, the windows, and the audit step
+    assert record["precision"]["audit"]["window"]["recorded_step"] == steps + 1  # after the window, untimed
+    assert record["precision"]["audit"]["dispatch"]["matmul_calls"] > 0  # the audit step still saw the operators
+
+
+def test_the_replay_in_micro_batches_equals_one_whole_batch():
+    """Gradient accumulation over micro-batches: the same mean loss and gradients as one pass of the whole batch,
+    up to FP32 rounding (the replay's tolerances start at 1e-6)."""
+    from llmb import evidence
+    from llmb.model import LlamaModel
+
+    config = PRESETS["tiny"]
+    torch.manual_seed(0)
+    model = LlamaModel(config)
+    batch = train.synthetic_batch(config, 3 * evidence.micro_rows(config) + 1, 5, torch.device("cpu"))
+    whole, _ = model(batch, labels=batch)
+    whole.backward()
+    whole_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    accumulated = evidence.accumulated_loss(model, batch, backward=True)
+    assert abs(accumulated - whole.item()) <= 1e-6 * abs(whole.item())
+    for p, expected in zip(model.parameters(), whole_grads, strict=True):
+        torch.testing.assert_close(p.grad, expected, rtol=1e-4, atol=1e-7)
+
+
+REPLAY_PEAK = """
+import json, sys
+from llmb import evidence
+from llmb.config import PRESETS
+replayed = evidence.replay(PRESETS["tiny"], 0, int(sys.argv[1]), 1, 12345, 2, 5)
+print(json.dumps({"peak": replayed.peak_rss_bytes, "losses": replayed.losses}))
+"""
+
+
+def test_the_replays_memory_does_not_grow_with_the_batch():
+    """The judge's replay at batch 256 of the tiny preset holds at most 1.3x what it holds at batch 4 (each in a
+    fresh process, peak RSS): the batch goes through in micro-batches. One whole batch at 256 held 9x as much."""
+    import json
+    import subprocess
+    import sys
+
+    peaks = {}
+    for batch in (4, 256):
+        proc = subprocess.run(
+            [sys.executable, "-c", REPLAY_PEAK, str(batch)], capture_output=True, text=True, timeout=600, check=True
+        )
+        peaks[batch] = json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
+    assert peaks[256] <= 1.3 * peaks[4], {b: f"{p / 2**30:.3f} GiB" for b, p in peaks.items()}
