@@ -42,7 +42,7 @@ NESTING_SLACK_SECONDS = 1e-4
 KEY_ENV = "LLMB_JUDGE_KEY"  # how the judge's key reaches a job's ranks (llmb.rank_worker)
 _ERRORS = {"UsageError": UsageError, "LlmbError": LlmbError}
 # What a window's seal may add to its answer: the digests at its two edges, and what they cover (a job's).
-SEALED_KEYS = ("digest_start", "digest_end", "digest_scope")
+SEALED_KEYS = ("digest_start", "digest_end", "moments_end", "digest_scope")
 
 
 def in_process() -> bool:
@@ -376,10 +376,17 @@ def _launch_ranks(launch, task, jobs: list, judge: Judge) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_clean(runs: list, launch=None, progress=None, notes=None, replay_steps: int = evidence.DEFAULT_REPLAY_STEPS):
+def run_clean(
+    runs: list,
+    launch=None,
+    progress=None,
+    notes=None,
+    replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
+    replay_whole: float = evidence.WHOLE_WINDOW_PROBABILITY,
+):
     """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
     ranks of a torchrun job)."""
-    records, error = run_clean_keeping(runs, launch, progress, notes, replay_steps)
+    records, error = run_clean_keeping(runs, launch, progress, notes, replay_steps, replay_whole=replay_whole)
     if error is not None:
         raise error
     return records
@@ -393,6 +400,7 @@ def run_clean_keeping(
     replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
     on_record=None,
     on_pending=None,
+    replay_whole: float = evidence.WHOLE_WINDOW_PROBABILITY,
 ) -> tuple[list[dict], LlmbError | None]:
     """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
     failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
@@ -410,7 +418,7 @@ def run_clean_keeping(
         if result is None or (world is not None and world.rank != 0):
             return
         typed = _result(result)
-        record = finish(typed, windows, replay_steps, on_pending, asked.figures_for(typed.to_dict()))
+        record = finish(typed, windows, replay_steps, on_pending, asked.figures_for(typed.to_dict()), replay_whole)
         judged.append(record)
         if on_record is not None:
             on_record(record)
@@ -535,11 +543,20 @@ REPLAY_PENDING = (
 )
 
 
-def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, on_pending=None, asked=None) -> dict:
+def finish(
+    record: dict,
+    windows: list[JudgedWindow],
+    replay_steps: int,
+    on_pending=None,
+    asked=None,
+    replay_whole: float = evidence.WHOLE_WINDOW_PROBABILITY,
+) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
     the worker's figures against its own, and the replay. ``asked`` (judge_figures) is what the judge asked for:
     the steps, batch, job and shape the headline is computed from, and a record that says otherwise is invalid,
     naming the field. Without it (a record finished again from its own fields) the record's figures are used.
+    The replay covers the first `replay_steps` steps of the headline window, or with probability `replay_whole`
+    (drawn after every window was answered) the whole of it.
     ``on_pending`` gets the record as it stands before the replay (marked REPLAY_PENDING), to keep while the replay
     runs."""
     result = record
@@ -572,6 +589,7 @@ def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, on_pend
             digest_start=list(w.answer.get("digest_start") or []),
             digest_end=list(w.answer.get("digest_end") or []),
             worker_seconds=_number(w.answer.get("worker_window_seconds")),
+            moments_end=list(w.answer.get("moments_end") or []),
         ).to_dict()
         | {"digest_scope": str(w.answer.get("digest_scope", "model"))}
         for w in closed
@@ -615,7 +633,10 @@ def finish(record: dict, windows: list[JudgedWindow], replay_steps: int, on_pend
         if on_pending is not None:
             pending = {**record, "evidence": {**record["evidence"], "replay": None}}
             on_pending(_sealed(result, pending, [*invalid, REPLAY_PENDING]))
-        replayed = evidence.replay_record(record, replay_steps)
+        # Drawn now, after the worker answered for every step of every window: any step may be checked.
+        depth, whole = evidence.draw_replay_steps(replay_steps, steps, replay_whole)
+        replayed = evidence.replay_record(record, depth)
+        replayed["drawn"] = {"floor_steps": replay_steps, "whole_window_probability": replay_whole, "whole": whole}
         record["evidence"]["replay"] = replayed
         invalid += [f"replay: {detail}" for detail in evidence.failed(replayed)]
     elif replay_steps <= 0:

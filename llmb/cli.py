@@ -249,6 +249,14 @@ class RichProgress:
     help="Steps of the headline window replayed on the CPU in FP32 before the record is written (0: none, "
     "and the result is not valid).",
 )
+@click.option(
+    "--replay-whole",
+    type=click.FloatRange(0, 1),
+    default=names.DEFAULT_REPLAY_WHOLE,
+    show_default=True,
+    help="Probability that the judge replays the whole headline window instead (drawn after the window answered "
+    "for every step; 1: always).",
+)
 @handle_errors
 def run(
     plugin,
@@ -278,6 +286,7 @@ def run(
     sequence_parallel,
     dist_timeout,
     replay_steps,
+    replay_whole,
     **shape,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
@@ -314,7 +323,7 @@ def run(
     requested = precision_name.upper()
     unsaved: list[Path] = []
     if not cleanroom.in_process():
-        records = _run_clean(base, requested, launch, replay_steps, out, unsaved)
+        records = _run_clean(base, requested, launch, (replay_steps, replay_whole), out, unsaved)
     else:
         records = _run_in_process(base, requested, launch, out, unsaved)
     distributed.shutdown()
@@ -325,7 +334,7 @@ def run(
 
 
 def _run_clean(
-    base: runner.RunOptions, requested: str, launch, replay_steps: int, out: Path, unsaved: list[Path]
+    base: runner.RunOptions, requested: str, launch, replay: tuple[int, float], out: Path, unsaved: list[Path]
 ) -> list[dict]:
     """Judged from this process, which imports no plugin: the worker it starts runs the plugin (llmb.cleanroom)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -335,6 +344,7 @@ def _run_clean(
     # Under --nproc-per-node the parallel strategy is the job's; this process is not in it.
     parallel = None if launch is not None else base.parallel
     runner.check_request(runner.RunOptions(**{**base.__dict__, "precision": requested, "parallel": parallel}), True)
+    replay_steps, replay_whole = replay
     if replay_steps < 0:
         raise click.UsageError(f"--replay-steps must be 0 or more, got {replay_steps}")
     runs = [runner.RunOptions(**{**base.__dict__, "precision": requested})]
@@ -353,6 +363,7 @@ def _run_clean(
             progress=shown,
             notes=lambda text: term.say((text, "yellow")),
             replay_steps=replay_steps,
+            replay_whole=replay_whole,
             on_record=lambda record: saved.append((record, _save(record, out, unsaved))),
             on_pending=lambda record: _save_quietly(record, out),
         )

@@ -454,16 +454,16 @@ class JobJudge:
     def seal(self, evidence: dict) -> None:
         """The digests after the clock stopped: summed over the shards of a sharded model."""
         parts = [None] * self.world.world_size
-        dist.all_gather_object(parts, (evidence["digest_start"], evidence["digest_end"]))
+        digests = (evidence["digest_start"], evidence["digest_end"], evidence.get("moments_end") or [])
+        dist.all_gather_object(parts, digests)
         if self.world.rank != 0:
             return
         if self.sharded:
-            start = _summed([p[0] for p in parts], self.replicas)
-            end = _summed([p[1] for p in parts], self.replicas)
+            start, end, moments = (_summed([p[k] for p in parts], self.replicas) for k in range(3))
         else:
-            start, end = evidence["digest_start"], evidence["digest_end"]
+            start, end, moments = digests
         scope = "rank 0's part" if self.partial else "model"
-        self.inner.seal({"digest_start": start, "digest_end": end, "digest_scope": scope})
+        self.inner.seal({"digest_start": start, "digest_end": end, "moments_end": moments, "digest_scope": scope})
 
 
 def _summed(parts: list, replicas: int) -> list[list[float]]:

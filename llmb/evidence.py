@@ -24,12 +24,12 @@ import hashlib
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from llmb.model import LlamaModel, ModelConfig
-from llmb.names import DEFAULT_REPLAY_STEPS  # noqa: F401  (defined where the CLI reads it without torch)
+from llmb.names import DEFAULT_REPLAY_STEPS, DEFAULT_REPLAY_WHOLE  # noqa: F401  (where the CLI reads them)
 from llmb.tolerances import BRACKETED, replay_tolerance_for
 
 SCHEMA = "llmb.evidence/1"
@@ -38,6 +38,12 @@ CHALLENGE_BITS = 62
 # Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead
 # plus the digest and the pipe: honest tiny-preset windows (0.06 s) measured 0.41-0.47 of the window in step times.
 MIN_STEP_SHARE_OF_WINDOW = 0.2
+# The probability that the judge replays a run's whole headline window rather than its first steps (the draw is
+# made after the worker answered for every step): every step of every window is at risk of being checked.
+WHOLE_WINDOW_PROBABILITY = DEFAULT_REPLAY_WHOLE
+# AdamW first-moment digests of a whole window against the FP32 replay (relative): measured on the CPU (AMD EPYC and
+# the tiny preset, 3-5 step windows, tests/test_fidelity.py) with a margin; a skipped step moves them by O(1).
+MOMENT_TOLERANCES = {"FP32": 1e-3, "TF32": 2e-2, "FP16": 5e-2, "BF16": 1e-1, "FP8": 1e-1}
 # Tokens per micro-batch of the replay (one whole sequence where a sequence is longer: one row at the official
 # shape). What the replay holds beyond the model and AdamW is one micro-batch's activations, whatever the batch: at
 # the official shape about 0.1 GB of FP32 logits and their gradients; the GEMMs stay 256 rows tall there, which the
@@ -128,6 +134,7 @@ class Window:
     digest_start: list[list[float]]
     digest_end: list[list[float]]
     worker_seconds: float
+    moments_end: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -137,6 +144,7 @@ class Window:
             "losses": self.losses,
             "digest_start": self.digest_start,
             "digest_end": self.digest_end,
+            "moments_end": self.moments_end,
         }
 
 
@@ -168,6 +176,7 @@ class Replayed:
     digest_end: list[list[float]] | None
     seconds: float
     peak_rss_bytes: int | None
+    moments_end: list[list[float]] | None = None  # AdamW's first moments after a whole window (moment_digest)
 
 
 def _peak_rss() -> int | None:
@@ -209,7 +218,19 @@ def replay(
         with torch.no_grad():
             recorded.append(accumulated_loss(model, batch, backward=False))
     end = as_list(digest(model.parameters())) if whole else None
-    return Replayed(recorded, as_list(initial), end, time.perf_counter() - start, _peak_rss())
+    moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
+    return Replayed(recorded, as_list(initial), end, time.perf_counter() - start, _peak_rss(), moments)
+
+
+@torch.no_grad()
+def moment_digest(parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """The digest of AdamW's first moments (exp_avg), in the parameters' order, as one [n, 2] tensor (empty before
+    the first step). What moves in a pure 16-bit run even where its weights do not: under lr 1e-5 most BF16 weights
+    keep their value, but exp_avg holds a tenth of every gradient, step after step."""
+    moments = [optimizer.state.get(p, {}).get("exp_avg") for p in parameters]
+    if not moments or any(not isinstance(m, torch.Tensor) for m in moments):
+        return torch.zeros(0, 2, dtype=torch.float64)
+    return digest(moments)
 
 
 def micro_rows(config: ModelConfig) -> int:
@@ -300,7 +321,43 @@ def compare(
         if not passed:
             detail += hint
         checks.append(ReplayCheck("replay-digest", passed, detail, error, digest_tolerance))
+        # Records made before the moments were sealed have no such key: nothing to compare, as before.
+        if replayed.moments_end and "moments_end" in window:
+            checks.append(_moments_check(window, replayed, moment_tolerance(effective, mode), hint))
     return checks
+
+
+def moment_tolerance(effective: str, mode: str) -> float:
+    """Relative error allowed between a whole window's AdamW first-moment digest and the FP32 replay's: AdamW's
+    state is kept in the parameters' dtype, so a pure 16-bit run's moments carry its rounding (measured on the CPU,
+    tests/test_fidelity.py; benchmarks/replay_calibration.py measures them on a GPU)."""
+    return MOMENT_TOLERANCES.get(effective, MOMENT_TOLERANCES["FP8"])
+
+
+def _moments_check(window: dict, replayed: Replayed, tolerance: float, hint: str = "") -> ReplayCheck:
+    candidate, reference = _flat(window.get("moments_end") or []), _flat(replayed.moments_end)
+    error = _relative(candidate, reference) if candidate is not None and reference is not None else math.inf
+    passed = error <= tolerance
+    detail = (
+        f"AdamW's first-moment digest after {len(replayed.losses)} steps: relative error {error:.3g} "
+        f"(tolerance {tolerance:g})"
+    )
+    if candidate is None:
+        detail = (
+            f"the window records no AdamW first-moment digest to compare with the replay's (tolerance {tolerance:g})"
+        )
+    return ReplayCheck("replay-moments", passed, detail + ("" if passed else hint), error, tolerance)
+
+
+def draw_replay_steps(floor: int, window_steps: int, whole_probability: float) -> tuple[int, bool]:
+    """How many steps of the window the judge replays, drawn after the worker committed to all of them: the whole
+    window (losses, digest and AdamW's moments) with probability `whole_probability`, else the first `floor`."""
+    if floor <= 0:
+        return 0, False
+    import secrets
+
+    whole = floor >= window_steps or secrets.randbelow(1_000_000) < round(whole_probability * 1_000_000)
+    return (window_steps if whole else floor), whole
 
 
 def _bracketed(
@@ -386,6 +443,7 @@ def replay_record(record: dict, steps: int, window: int | None = None) -> dict:
     return {
         "window": index,
         "steps": len(replayed.losses),
+        "moments_compared": bool(replayed.moments_end),
         "whole_window": replayed.digest_end is not None,
         "passed": all(c.passed for c in checks),
         "seconds": replayed.seconds,

@@ -24,6 +24,9 @@ SCHEDULES = ("gpipe", "1f1b")  # the pipeline schedules llmb.mesh builds
 DEFAULT_TIMEOUT_SECONDS = 600
 # Judged windows the clean room replays from the seed (llmb.evidence).
 DEFAULT_REPLAY_STEPS = 2
+# The probability that the judge replays the whole headline window (losses, digest, AdamW's moments) rather than its
+# first DEFAULT_REPLAY_STEPS, drawn after the worker answered for every step (llmb.evidence.draw_replay_steps).
+DEFAULT_REPLAY_WHOLE = 0.25
 # `llmb check-plugin`: the shapes it may use, and its default steps and batch.
 CONFORMANCE_PRESETS = ("tiny", "small")
 CONFORMANCE_STEPS = 5

@@ -491,7 +491,13 @@ def _run(
         "schema": evidence.SCHEMA,
         "windows": [
             evidence.Window(
-                m.challenge, m.window_seconds, m.losses, m.digest_start, m.digest_end, m.rank_window_seconds
+                m.challenge,
+                m.window_seconds,
+                m.losses,
+                m.digest_start,
+                m.digest_end,
+                m.rank_window_seconds,
+                m.moments_end,
             ).to_dict()
             for m in measurements
         ],

@@ -85,6 +85,7 @@ class Measurement:
     losses: list[float] = field(default_factory=list)
     digest_start: list[list[float]] = field(default_factory=list)
     digest_end: list[list[float]] = field(default_factory=list)
+    moments_end: list[list[float]] = field(default_factory=list)
 
 
 class LocalJudge:
@@ -221,7 +222,8 @@ class Trainer:
         )
         # After every clock: the digest of what the window trained, for the replay and the window audit.
         digest_end = evidence.as_list(evidence.digest(parameters))
-        self.judge.seal({"digest_start": digest_start, "digest_end": digest_end})
+        moments_end = evidence.as_list(evidence.moment_digest(parameters, self.optimizer))
+        self.judge.seal({"digest_start": digest_start, "digest_end": digest_end, "moments_end": moments_end})
         if events:
             step_seconds = [first.elapsed_time(last) / 1000.0 for first, last in events]
             method = "device-events"
@@ -238,6 +240,7 @@ class Trainer:
             step_losses,
             digest_start,
             digest_end,
+            moments_end,
         )
 
 

@@ -50,7 +50,8 @@ def test_an_in_process_run_records_evidence_that_replays_whole_windows():
     for index in range(2):  # every window starts from the initial state, so each replays on its own
         replayed = evidence.replay_record(record, steps=2, window=index)
         assert replayed["whole_window"] and replayed["passed"], replayed["checks"]
-        assert [c["name"] for c in replayed["checks"]] == ["replay-loss-1", "replay-loss-2", "replay-digest"]
+        names = ["replay-loss-1", "replay-loss-2", "replay-digest", "replay-moments"]
+        assert [c["name"] for c in replayed["checks"]] == names
 
 
 def test_the_replay_catches_a_changed_loss_and_a_changed_digest():
@@ -60,10 +61,29 @@ def test_the_replay_catches_a_changed_loss_and_a_changed_digest():
     window = record["evidence"]["windows"][0]
     window["losses"][1] *= 1 + 1e-5
     window["digest_end"] = window["digest_start"]  # an answer that claims no update happened
+    window["moments_end"] = [[0.0, 0.0] for _ in window["moments_end"]]  # and AdamW's state untouched
     replayed = evidence.replay_record(record, steps=2)
     assert not replayed["passed"]
     failed = [c["name"] for c in replayed["checks"] if not c["passed"]]
-    assert failed == ["replay-loss-2", "replay-digest"]
+    assert failed == ["replay-loss-2", "replay-digest", "replay-moments"]
+
+
+def test_a_record_made_before_the_moments_were_sealed_still_replays():
+    record = runner.run(
+        runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=1)
+    ).to_dict()
+    del record["evidence"]["windows"][0]["moments_end"]
+    replayed = evidence.replay_record(record, steps=2)
+    assert replayed["passed"] and "replay-moments" not in [c["name"] for c in replayed["checks"]]
+
+
+def test_the_judge_draws_the_replay_depth_whole_window_or_prefix():
+    assert evidence.draw_replay_steps(2, 50, 1.0) == (50, True)
+    assert evidence.draw_replay_steps(2, 50, 0.0) == (2, False)
+    assert evidence.draw_replay_steps(0, 50, 1.0) == (0, False)  # --replay-steps 0: nothing replayed at all
+    assert evidence.draw_replay_steps(8, 5, 0.0) == (5, True)  # a floor that covers the window is the window
+    draws = [evidence.draw_replay_steps(2, 50, 0.25)[1] for _ in range(4000)]
+    assert 0.2 < sum(draws) / len(draws) < 0.3  # the stated probability (4000 draws: 7 standard deviations)
 
 
 @pytest.mark.parametrize("fused", [True, False])
