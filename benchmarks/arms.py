@@ -296,6 +296,8 @@ def run_llmb_cli(spec: dict) -> dict:
             "--warmup-steps", str(spec["warmup_steps"]), "--seed", str(spec.get("seed", 0)), "--out", out,
             "--replay-steps", str(spec.get("replay_steps", 2)),
         ]  # fmt: skip
+        if spec.get("replay_whole") is not None:
+            command += ["--replay-whole", str(spec["replay_whole"])]
         for key, value in (spec.get("settings") or {}).items():
             command += ["-O", f"{key}={value}"]
         started = time.perf_counter()

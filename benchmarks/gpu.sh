@@ -29,6 +29,10 @@ llmb sweep --plugin cuda --preset official --precision BF16 -O compile=max-autot
 # 3. Eager vs torch.compile modes vs fused AdamW vs activation checkpointing (lit-gpt style table).
 python benchmarks/compile_modes.py --device cuda --plugin cuda --preset official --precision BF16 \
   --batch-size "$BATCH" --steps 20 --warmup-steps 5 --rounds 3
+# 3b. Fidelity (issue 24): `llmb run` against the same loop timed by hand, eager, compiled, AMP and FP8, batch 8 to 64.
+#     The cuda plugin's defaults are the compiled path; each arm is a fresh process, the arms alternate.
+python benchmarks/fidelity.py --device cuda --plugin cuda --preset official --precision BF16 \
+  --batch-sizes 8,16,32,64 --paths eager,compiled,amp,fp8 --steps 20 --warmup-steps 5 --rounds 2
 # 4. llmb vs HF transformers, and the harness's overhead, at the official shape.
 python benchmarks/vs_transformers.py --device cuda --preset official --precision BF16 --batch-size "$BATCH" \
   --steps 20 --warmup-steps 3 --rounds 3

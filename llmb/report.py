@@ -535,8 +535,8 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
         note = (
             f"These runs' audited precision is below the benchmark's closed precisions ({CLOSED}), e.g. FP8 from "
             "torchao's float8: by the rules' lowest-bit principle they are outside the benchmark, kept apart from its "
-            "rows and never on its leaderboard. No MFU is given (a BF16 datasheet peak is not an FP8 run's ceiling), "
-            "and no efficiency against the measured matmul peak (their GEMMs are no dense matmul of one precision)."
+            "rows and never on its leaderboard. No MFU is given (a BF16 datasheet peak is not an FP8 run's ceiling); "
+            "'vs matmul peak' is against the float8 GEMM rate (torch._scaled_mm) measured in the same run."
         )
         title = f"Outside the benchmark's precisions ({CLOSED})"
     else:

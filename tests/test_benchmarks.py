@@ -213,3 +213,27 @@ def test_cpu_paths_runs_compile_modes_methods(bench):
     cpu = get_backend("cpu").backend
     best = compile_modes.method_settings(cpu, compile_modes.METHODS[cpu_paths.PATHS[-1]])
     assert best == {"compile": "default", "fused_adamw": "true", "activation_checkpointing": "selective-ops"}
+
+
+def test_fidelity_pairs_llmb_run_with_the_same_path_by_hand_and_ratios_per_round(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import fidelity
+
+    base = {"preset": "tiny", "batch_size": 2, "precision": "FP32", "mode": "pure", "device": "cpu", "steps": 2,
+            "warmup_steps": 1, "seed": 0, "threads": 1, "plugin": "cpu"}  # fmt: skip
+    arms = fidelity.arm_specs(base, "compiled", threads=1)
+    llmb_arm, hand = arms["llmb run"], arms["hand"]
+    assert (llmb_arm["arm"], hand["arm"]) == ("llmb_cli", "hand_path")
+    assert llmb_arm["settings"] == hand["settings"] and hand["settings"]["compile"] == "default"
+    assert hand["optimizer_options"] == {"fused": True}  # what the plugin's fused_adamw=true gives llmb run
+    measured = [
+        {"round": 0, "label": "llmb run", "tokens_per_second": 99.0},
+        {"round": 0, "label": "hand", "tokens_per_second": 100.0},
+        {"round": 1, "label": "hand", "tokens_per_second": 100.0},
+        {"round": 1, "label": "llmb run", "tokens_per_second": 103.0},
+        {"round": 2, "label": "hand", "error": "exit 1: boom"},
+        {"round": 2, "label": "llmb run", "tokens_per_second": 50.0},  # no peer in its round: not a ratio
+    ]
+    row = fidelity.summary_row("compiled", 2, measured)
+    assert row["ratio"] == pytest.approx(1.01) and row["ratio_range"] == pytest.approx([0.99, 1.03])
+    assert row["rounds"] == 2 and row["errors"] == ["exit 1: boom"]
