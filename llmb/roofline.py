@@ -164,6 +164,16 @@ def _product(a: torch.Tensor, b: torch.Tensor):
     return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
+def float8_gemm_unavailable(device: torch.device) -> str | None:
+    """Why torch._scaled_mm cannot run on this device with this torch (one line), or None when it runs."""
+    try:
+        a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
+        _product(a, a.t())()
+    except (RuntimeError, NotImplementedError) as exc:
+        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    return None
+
+
 def _operands(gemm: Gemm, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(gemm.m, gemm.k, generator=generator).to(device, dtype)
