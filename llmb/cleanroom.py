@@ -382,7 +382,7 @@ def run_clean(
     progress=None,
     notes=None,
     replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
-    replay_whole: float = evidence.WHOLE_WINDOW_PROBABILITY,
+    replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
 ):
     """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
     ranks of a torchrun job)."""
@@ -400,7 +400,7 @@ def run_clean_keeping(
     replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
     on_record=None,
     on_pending=None,
-    replay_whole: float = evidence.WHOLE_WINDOW_PROBABILITY,
+    replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
 ) -> tuple[list[dict], LlmbError | None]:
     """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
     failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
@@ -464,15 +464,16 @@ class AskedRuns:
                 self.last_precision = None
                 return self.figures_for(record)
             self.last_precision = got
-            requested = got if got in order else "one of " + ", ".join(order)
+            requested = got if got in order else None  # None: any benchmark precision, the worker's choice
         else:
             requested = options.precision
             self.index += 1
         return judge_figures(options, requested, self.world_size, self.nodes, self.job)
 
 
-def judge_figures(options, requested: str, world_size: int, nodes: int, job: bool) -> dict:
-    """The figures of one asked run, from the options and the job's size alone."""
+def judge_figures(options, requested: str | None, world_size: int, nodes: int, job: bool) -> dict:
+    """The figures of one asked run, from the options and the job's size alone (`requested` None: `--precision
+    all` asked for whichever benchmark precision the worker ran)."""
     from llmb.config import official_reasons
 
     dp = world_size // max(1, options.tp * options.pp)
@@ -522,7 +523,7 @@ def figure_problems(record: dict, asked: dict) -> list[str]:
     problems = []
     for key, value in said.items():
         expected = asked[key]
-        if str(expected).startswith("one of "):
+        if key == "precision" and expected is None:
             continue  # --precision all: the precision is the worker's choice among the benchmark's
         if value != expected:
             problems.append(f"judge: the worker's record says {key} {value!r}; the judge asked for {expected!r}")
@@ -549,7 +550,7 @@ def finish(
     replay_steps: int,
     on_pending=None,
     asked=None,
-    replay_whole: float = evidence.WHOLE_WINDOW_PROBABILITY,
+    replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
 ) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
     the worker's figures against its own, and the replay. ``asked`` (judge_figures) is what the judge asked for:

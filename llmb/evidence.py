@@ -38,9 +38,6 @@ CHALLENGE_BITS = 62
 # Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead
 # plus the digest and the pipe: honest tiny-preset windows (0.06 s) measured 0.41-0.47 of the window in step times.
 MIN_STEP_SHARE_OF_WINDOW = 0.2
-# The probability that the judge replays a run's whole headline window rather than its first steps (the draw is
-# made after the worker answered for every step): every step of every window is at risk of being checked.
-WHOLE_WINDOW_PROBABILITY = DEFAULT_REPLAY_WHOLE
 # AdamW first-moment digests of a whole window against the FP32 replay (relative): measured on the CPU (AMD EPYC and
 # the tiny preset, 3-5 step windows, tests/test_fidelity.py) with a margin; a skipped step moves them by O(1).
 MOMENT_TOLERANCES = {"FP32": 1e-3, "TF32": 2e-2, "FP16": 5e-2, "BF16": 1e-1, "FP8": 1e-1}
