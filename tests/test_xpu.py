@@ -99,8 +99,10 @@ def test_ipex_post_processing_trains_on_the_cpu(xpu, tmp_path, precision):
     assert record["invalid_reasons"] == [], record["invalid_reasons"]
     label = f"intel-extension-for-pytorch {importlib.metadata.version('intel-extension-for-pytorch')}"
     assert record["facts"]["vendor_library_replacements"][label] > 0
-    # The harness's other checks hold after ipex.optimize: the same AdamW over every parameter, stepped once a step.
-    assert record["optimizer"]["optimizer_steps"] == record["optimizer"]["harness_steps"] == 3
+    # The harness's other checks hold after ipex.optimize: the same AdamW over every parameter, stepped once a step
+    # (one warmup step, two timed steps, and the window audit's untimed step after the last window).
+    assert record["optimizer"]["optimizer_steps"] == record["optimizer"]["harness_steps"] == 1 + 2 + 1
+    assert record["precision"]["audit"]["window"]["recorded_step"] == 2 + 1
     assert record["plugin"]["settings"] == {"ipex": True}
     assert record["facts"]["ipex"] == importlib.metadata.version("intel-extension-for-pytorch")
     assert record["precision"]["effective"] == precision
