@@ -7,22 +7,30 @@ identity alone the guard (llmb/guard.py) cannot tell that from a cheat, so it ac
 these hold, and records it:
 
 1. the library is a release listed in `KNOWN` below (a new release is added here, after reading what it replaces);
-2. its installed files are the ones its wheel shipped: every file pip hashed in the distribution's RECORD matches;
+2. its installed files are one official release wheel's, byte for byte: llmb ships the sha256 of every file of the
+   library's package in each official wheel (llmb/vendor_releases/, written by `python -m llmb.vendor_libraries pin
+   WHEEL...` from wheels pip downloaded from the registry, which checks each wheel against the index's hash). A
+   wheel's own RECORD is never trusted: a look-alike wheel writes a RECORD that matches its own files. The installed
+   package must hold exactly one pinned wheel's files (byte code caches aside), so no file can be added either;
 3. the replacement is the library's own: a Python function whose code was compiled from one of those files, or an
    aten kernel that the dispatcher says was registered from the library's C++ source tree (`registered at ...`
    names the source file the binary was built from; a `torch.library` registration from Python reads `/dev/null`).
 
-Residual risk (docs/integrity.md): a plugin can compile its own code under a filename inside the library, or build a
-C++ extension whose registration paths imitate the library's; only reading the plugin source closes that.
+Residual risk (docs/integrity.md): a plugin can compile its own code under a filename inside the library, plant byte
+code in the library's `__pycache__` that claims its source's size and time, or build a C++ extension whose
+registration paths imitate the library's; only reading the plugin source closes that.
 """
 
 from __future__ import annotations
 
-import base64
+import argparse
 import functools
 import hashlib
 import importlib.metadata
+import json
+import sys
 import types
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,36 +64,95 @@ class Installed:
     detail: str
 
 
-def _record_hash_matches(path: Path, expected) -> bool:
-    digest = hashlib.new(expected.mode)
-    with open(path, "rb") as handle:
+RELEASES_DIR = Path(__file__).resolve().parent / "vendor_releases"
+RELEASE_PINS_SCHEMA = "llmb.vendor-release/1"
+BYTE_CODE_DIR = "__pycache__"  # written by the interpreter after install; never part of a wheel's pinned files
+
+
+def pins_path(library: VendorLibrary, version: str) -> Path:
+    return RELEASES_DIR / f"{library.distribution}-{version}.json"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:  # in blocks: a library's shared objects run to hundreds of MB
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode() == expected.value
+    return digest.hexdigest()
+
+
+def _package_files(root: Path, module: str) -> dict[str, Path]:
+    """The installed package's files by their path in a wheel ("module/sub/file.py"), byte code caches aside."""
+    return {
+        f"{module}/{path.relative_to(root).as_posix()}": path
+        for path in sorted(root.rglob("*"))
+        if not path.is_dir() and BYTE_CODE_DIR not in path.relative_to(root).parts
+    }
+
+
+def _wheel_difference(pinned: dict[str, str], files: dict[str, Path]) -> str | None:
+    """The first way these installed files differ from one pinned wheel's, or None when they are that wheel's."""
+    missing = sorted(set(pinned) - set(files))
+    if missing:
+        return f"{missing[0]} is missing"
+    added = sorted(set(files) - set(pinned))
+    if added:
+        return f"{added[0]} is in no official wheel"
+    for name, path in files.items():
+        try:
+            if _sha256(path) != pinned[name]:
+                return f"{name} differs from the official wheel's"
+        except OSError as error:
+            return f"{name} cannot be read ({error.strerror})"
+    return None
 
 
 @functools.cache
 def installed(library: VendorLibrary) -> Installed | None:
-    """The library as installed here, its files checked against its RECORD once per process; None if absent."""
+    """The library as installed here, its files checked against the pinned official wheels once per process; None if
+    absent."""
     try:
         dist = importlib.metadata.distribution(library.distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
     version = dist.version
     root = Path(str(dist.locate_file(library.module))).resolve()
-    if version not in library.versions:
+    pins = pins_path(library, version)
+    if version not in library.versions or not pins.is_file():
         return Installed(library, version, root, False, f"{library.label(version)} is not a release llmb knows")
-    for entry in dist.files or []:
-        if entry.hash is None or not str(entry).startswith(f"{library.module}/"):
-            continue
-        path = Path(str(dist.locate_file(entry)))
-        try:
-            ok = _record_hash_matches(path, entry.hash)
-        except OSError:
-            ok = False
-        if not ok:
-            return Installed(library, version, root, False, f"{entry} differs from the wheel's RECORD")
-    return Installed(library, version, root, True, "files match the wheel's RECORD")
+    wheels = json.loads(pins.read_text())["wheels"]
+    files = _package_files(root, library.module)
+    # The wheel for this interpreter shares the most file names with what is installed; only it is hashed.
+    name, wheel = max(wheels.items(), key=lambda item: (len(set(item[1]["files"]) & set(files)), item[0]))
+    difference = _wheel_difference(wheel["files"], files)
+    if difference is not None:
+        return Installed(library, version, root, False, f"{difference} ({name})")
+    return Installed(library, version, root, True, f"files match the official {name}")
+
+
+def pin(wheels: list[Path]) -> dict[Path, dict]:
+    """The pins of official wheels, grouped by the file they are written to: every file of the library's package in
+    each wheel, by its sha256, and the wheel's own sha256 (compare it with the registry's listing)."""
+    out: dict[Path, dict] = {}
+    for wheel_path in wheels:
+        distribution, version = wheel_path.name.split("-")[:2]
+        library = next(
+            (lib for lib in KNOWN if lib.distribution.replace("-", "_") == distribution.replace("-", "_")), None
+        )
+        if library is None:
+            raise ValueError(f"{wheel_path.name}: not a library in llmb.vendor_libraries.KNOWN")
+        target = out.setdefault(
+            pins_path(library, version),
+            {"schema": RELEASE_PINS_SCHEMA, "distribution": library.distribution, "version": version, "wheels": {}},
+        )
+        with zipfile.ZipFile(wheel_path) as archive:
+            files = {
+                item.filename: hashlib.sha256(archive.read(item)).hexdigest()
+                for item in archive.infolist()
+                if item.filename.startswith(f"{library.module}/") and not item.is_dir()
+            }
+        target["wheels"][wheel_path.name] = {"sha256": _sha256(wheel_path), "files": dict(sorted(files.items()))}
+    return out
 
 
 def _intact() -> list[Installed]:
@@ -115,3 +182,28 @@ def owner_of_kernels(locations: list[str]) -> str | None:
         if all(where.startswith(found.library.kernel_sources) for where in locations):
             return found.library.label(found.version)
     return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m llmb.vendor_libraries",
+        description="Pin official release wheels of a known vendor library (download them first: pip download "
+        "DIST==VERSION --no-deps --only-binary=:all: --python-version 3.X --platform manylinux_2_28_x86_64).",
+    )
+    parser.add_argument("command", choices=["pin"])
+    parser.add_argument("wheels", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        pinned = pin(args.wheels)
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for path, data in pinned.items():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {path} ({len(data['wheels'])} wheels)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,12 +1,16 @@
-"""Known vendor libraries' process-wide replacements: accepted only from a listed release whose files are the wheel's.
+"""Known vendor libraries' process-wide replacements: accepted only from a listed release whose files are one of the
+official wheels pinned in llmb (llmb/vendor_releases/), never by the RECORD a wheel brings.
 
-A stand-in library is laid out here as pip would install it (package, dist-info, RECORD with sha256 hashes); the
-real case, IPEX 2.8.0's `ipex.optimize`, is exercised in tests/test_xpu.py (tox -e ipex)."""
+A stand-in library is built here as a wheel, pinned with llmb's own `pin` command, and laid out as pip would install
+it; the real case, IPEX 2.8.0's `ipex.optimize`, is exercised in tests/test_xpu.py (tox -e ipex), and a look-alike
+IPEX against the shipped pins in tests/redteam/test_redteam_vendor_lookalike.py."""
 
 import base64
 import hashlib
 import importlib
+import json
 import sys
+import zipfile
 
 import pytest
 
@@ -22,22 +26,60 @@ def record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
+def install(site, files: dict[str, str], name="fake_vendor", version="1.0") -> None:
+    """Lay the files out as pip would, with a dist-info whose RECORD matches them (a look-alike's own word)."""
+    for path, text in files.items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text(text)
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    (info / "RECORD").write_text("".join(record_line(p, t.encode()) + "\n" for p, t in files.items()))
+
+
 @pytest.fixture
 def library(tmp_path, monkeypatch):
-    site = tmp_path / "site"
-    (site / "fakevendor").mkdir(parents=True)
-    (site / "fakevendor" / "__init__.py").write_text(SOURCE)
-    info = site / "fake_vendor-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-vendor\nVersion: 1.0\n")
-    (info / "RECORD").write_text(record_line("fakevendor/__init__.py", SOURCE.encode()) + "\n")
-    monkeypatch.syspath_prepend(str(site))
+    wheel = tmp_path / "fake_vendor-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("fakevendor/__init__.py", SOURCE)
+        archive.writestr("fake_vendor-1.0.dist-info/RECORD", "")
     monkeypatch.setattr(vendor_libraries, "KNOWN", (LIBRARY,))
+    monkeypatch.setattr(vendor_libraries, "RELEASES_DIR", tmp_path / "pins")
+    assert vendor_libraries.main(["pin", str(wheel)]) == 0
+    site = tmp_path / "site"
+    install(site, {"fakevendor/__init__.py": SOURCE})
+    monkeypatch.syspath_prepend(str(site))
     vendor_libraries.installed.cache_clear()
     module = importlib.import_module("fakevendor")
     yield site, module
     sys.modules.pop("fakevendor", None)
     vendor_libraries.installed.cache_clear()
+
+
+def test_pin_records_each_file_of_the_package_and_the_wheels_own_hash(library, tmp_path):
+    (pins,) = (tmp_path / "pins").glob("*.json")
+    data = json.loads(pins.read_text())
+    assert pins.name == "fake-vendor-1.0.json" and data["schema"] == vendor_libraries.RELEASE_PINS_SCHEMA
+    (wheel,) = data["wheels"].values()
+    assert wheel["files"] == {"fakevendor/__init__.py": hashlib.sha256(SOURCE.encode()).hexdigest()}
+    whl = tmp_path / "fake_vendor-1.0-py3-none-any.whl"
+    assert wheel["sha256"] == hashlib.sha256(whl.read_bytes()).hexdigest()  # the dist-info is not pinned
+
+
+def test_pin_of_an_unknown_library_is_one_line(tmp_path, capsys):
+    wheel = tmp_path / "other-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("other/__init__.py", "")
+    assert vendor_libraries.main(["pin", str(wheel)]) == 1
+    assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_the_shipped_pins_cover_every_known_release():
+    for library in vendor_libraries.KNOWN:
+        for version in library.versions:
+            data = json.loads(vendor_libraries.pins_path(library, version).read_text())
+            assert (data["distribution"], data["version"]) == (library.distribution, version)
+            assert data["wheels"] and all(wheel["files"] for wheel in data["wheels"].values())
 
 
 def test_a_function_from_an_intact_known_release_is_the_librarys(library):
@@ -61,12 +103,26 @@ def test_code_from_elsewhere_is_nobodys(library):
 
 def test_a_modified_library_or_an_unknown_release_is_not_trusted(library, monkeypatch):
     site, module = library
-    (site / "fakevendor" / "__init__.py").write_text(SOURCE + "# edited after install\n")
+    # Edited after install, with a RECORD that matches the edit: the wheel's own word is not what llmb checks.
+    install(site, {"fakevendor/__init__.py": SOURCE + "# edited after install\n"})
     vendor_libraries.installed.cache_clear()
     found = vendor_libraries.installed(LIBRARY)
-    assert not found.intact and "differs from the wheel's RECORD" in found.detail
+    assert not found.intact and "fakevendor/__init__.py differs from the official wheel's" in found.detail
     assert vendor_libraries.owner_of_object(module.replacement) is None
-    (site / "fakevendor" / "__init__.py").write_text(SOURCE)
+    install(site, {"fakevendor/__init__.py": SOURCE})
+    vendor_libraries.installed.cache_clear()
+    assert vendor_libraries.installed(LIBRARY).intact
+    # A file added beside the official ones (importable code the guard would then call the library's) is refused.
+    install(site, {"fakevendor/__init__.py": SOURCE, "fakevendor/extra.py": SOURCE})
+    vendor_libraries.installed.cache_clear()
+    found = vendor_libraries.installed(LIBRARY)
+    assert not found.intact and "fakevendor/extra.py is in no official wheel" in found.detail
+    (site / "fakevendor" / "extra.py").unlink()
+    # Byte code the interpreter writes after install is not a wheel's file and does not count as added.
+    (site / "fakevendor" / "__pycache__").mkdir(exist_ok=True)
+    (site / "fakevendor" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"cache")
+    vendor_libraries.installed.cache_clear()
+    assert vendor_libraries.installed(LIBRARY).intact
     monkeypatch.setattr(vendor_libraries, "KNOWN", (VendorLibrary("fake-vendor", "fakevendor", ("2.0",), ()),))
     vendor_libraries.installed.cache_clear()
     assert vendor_libraries.owner_of_object(module.replacement) is None
