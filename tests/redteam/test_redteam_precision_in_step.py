@@ -1,0 +1,49 @@
+"""Red team, class 4 of the second round: precision that changes inside a step. From a chosen step of the window on,
+the plugin's forward runs under `autocast(bfloat16)` and leaves it before the step ends, so every read of the backend
+state between steps sees FP32, and it runs plain FP32 whenever a dispatch mode is pushed, so the audit's recorded
+step sees FP32 too. The run is labelled FP32; its loss moves by
+~1e-3 against the 1e-6..3.5e-5 FP32 replay tolerances. Stage: run; reason: "replay: step N: recorded loss". The
+judge picks the whole window to replay after the worker answered for every step (probability --replay-whole), so
+any step is at risk; a draw on the prefix does not see it (docs/integrity.md states the probability per run)."""
+
+import pytest
+from redteam_kit import install, reasons, run
+
+AUTOCAST_FROM_STEP = """
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+_calls = [0]
+
+
+def _process_model(model, optimizer, device, precision, settings):
+    forward = model.forward
+
+    def bf16_inside(input_ids, labels=None):
+        _calls[0] += labels is not None  # training steps only (the audit's census forward has no labels)
+        # Plain FP32 on the warmup, the first window steps, and whenever a dispatch mode (the audit's recorder) is
+        # pushed: the audit step after the window labels the run FP32.
+        if _calls[0] < FIRST_CHANGED or labels is None or _get_current_dispatch_mode() is not None:
+            return forward(input_ids, labels)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss, logits = forward(input_ids, labels)
+        return loss.float(), logits
+
+    model.forward = bf16_inside
+    return model
+"""
+WARMUP = 2  # redteam_kit.TINY's --warmup-steps: the window's step k is the (WARMUP + k)-th training forward
+
+
+@pytest.mark.parametrize("whole, caught", [("1", "replay: step 3: recorded loss"), ("0", None)])
+def test_bf16_entered_inside_the_step_fails_the_fp32_replay_of_that_step(tmp_path, whole, caught):
+    name = f"autocastinside{whole}"
+    site = install(tmp_path / "site", name, AUTOCAST_FROM_STEP.replace("FIRST_CHANGED", str(WARMUP + 3)))
+    proc, record = run(site, tmp_path, "--plugin", name, "--precision", "FP32", "--steps", "5", "--replay-whole", whole)
+    assert record is not None, proc.stderr[-2000:]
+    replay = record["evidence"]["replay"]
+    assert replay["drawn"]["whole"] is (whole == "1")
+    if caught is None:  # the draw fell on the prefix (steps 1-2): nothing replayed ran under the autocast
+        assert replay["passed"] is True, replay
+        return
+    assert replay["passed"] is False and reasons(record, caught), record["invalid_reasons"]
