@@ -28,6 +28,7 @@ close (docs/integrity.md, "residual risks").
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import sys
 import time
 import types
@@ -35,28 +36,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-# llmb modules that judge, time or define a run; imported before the baseline so a plugin's patch to any is seen.
-LLMB_MODULES = (
-    "llmb.config",
-    "llmb.model",
-    "llmb.train",
-    "llmb.precision",
-    "llmb.runner",
-    "llmb.device",
-    "llmb.flops",
-    "llmb.fingerprint",
-    "llmb.conformance",
-    "llmb.manifest",
-    "llmb.peaks",
-    "llmb.guard",
-    "llmb.dispatch_audit",
-    "llmb.window_audit",
-    "llmb.results",
-    "llmb.vendor_libraries",
-    "llmb.tolerances",
-)
-# Optional llmb modules that other work adds (watched when present).
-OPTIONAL_LLMB_MODULES = ("llmb.records", "llmb.worker", "llmb.cleanroom", "llmb.replay")
+# Every module of the llmb package is watched, found by walking the package: a module added later is watched
+# without an edit here (a hand-kept list drifted: it named modules that no longer existed and missed the ones that
+# judge and time windows). Imported before the baseline, so a plugin's patch to any is seen. Left out: the entry
+# point `python -m llmb`, which runs the CLI when imported.
+UNWATCHED_LLMB_MODULES = frozenset({"llmb.__main__"})
 
 TORCH_MODULES = (
     ("torch", torch),
@@ -135,14 +119,16 @@ def _settle_lazy_patches() -> None:
     install_generation_tagging_init()
 
 
+def llmb_module_names() -> list[str]:
+    """The watched llmb modules, by walking the installed package."""
+    import llmb
+
+    found = pkgutil.walk_packages(llmb.__path__, "llmb.")
+    return sorted(info.name for info in found if info.name not in UNWATCHED_LLMB_MODULES)
+
+
 def _llmb_modules() -> list[types.ModuleType]:
-    modules = [importlib.import_module(name) for name in LLMB_MODULES]
-    for name in OPTIONAL_LLMB_MODULES:
-        try:
-            modules.append(importlib.import_module(name))
-        except ImportError:
-            continue
-    return modules
+    return [importlib.import_module(name) for name in llmb_module_names()]
 
 
 def _is_code(value: object) -> bool:

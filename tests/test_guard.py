@@ -5,6 +5,7 @@ change while it lasts and nothing afterwards.
 """
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +40,25 @@ def test_nothing_changed_compares_clean(baseline):
 def test_a_replaced_object_is_named(baseline, monkeypatch, holder, name, reported):
     monkeypatch.setattr(holder, name, lambda *args, **kwargs: None)
     assert any(reported in change for change in guard.compare(baseline)), guard.compare(baseline)
+
+
+def test_every_module_of_the_package_is_watched_without_a_list(baseline, monkeypatch):
+    """The modules found on disk, not a hand-kept list: those that judge and time windows (evidence, mesh,
+    distributed, cleanroom) included, and any module added later."""
+    package = Path(llmb.__file__).parent
+    on_disk = {
+        "llmb." + ".".join(path.relative_to(package).with_suffix("").parts).removesuffix(".__init__")
+        for path in package.rglob("*.py")
+        if "__pycache__" not in path.parts
+    } - {"llmb.__init__", "llmb"}
+    assert set(guard.llmb_module_names()) == on_disk - guard.UNWATCHED_LLMB_MODULES
+    from llmb import cleanroom, distributed, evidence, mesh
+
+    judging = [(evidence, "compare"), (mesh, "stage_layers"), (distributed, "JobJudge"), (cleanroom, "finish")]
+    for module, name in judging:
+        monkeypatch.setattr(module, name, lambda *args, **kwargs: None)
+        assert f"{module.__name__}.{name} was replaced" in "\n".join(guard.compare(baseline))
+        monkeypatch.undo()
 
 
 def test_a_method_added_to_tensor_shadowing_a_c_method_is_named(baseline, monkeypatch):
