@@ -368,7 +368,11 @@ BASE = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", ba
         (2, [dict(tp=2), dict(pp=2), dict(pp=2, pp_schedule="1f1b"), dict(tp=2, sequence_parallel=True),
              dict(parallel="fsdp", grad_accum=2)]),
         (4, [dict(parallel="hsdp"), dict(tp=2, parallel="fsdp"), dict(tp=2, pp=2)]),
+        # Pipeline x DDP (2 stages x 2 replicas) with several microbatches: each stage's DDP reduces once per step.
+        (4, [dict(pp=2, parallel="ddp", microbatches=2),
+             dict(pp=2, parallel="ddp", microbatches=4, batch_size=4, pp_schedule="1f1b")]),
     ],
+    ids=["2-processes", "4-processes", "4-processes-pp-ddp"],
 )  # fmt: skip
 def test_each_layout_equals_one_process_on_the_same_global_batch(nproc, layouts):
     runs = [replace(BASE, **layout) for layout in layouts]
