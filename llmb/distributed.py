@@ -127,6 +127,8 @@ class LaunchSpec:
             raise UsageError("--nnodes > 1 needs --master-addr (the address of node rank 0)")
         if current_world() is not None:
             raise UsageError("already inside a torch.distributed job (RANK is set): drop --nproc-per-node")
+        if self.master_addr:
+            cluster.check_rendezvous_host(self.master_addr, "--master-addr")
 
 
 def torchrun_arguments(spec: LaunchSpec) -> list[str]:
@@ -244,7 +246,7 @@ def failure_error(failures: dict) -> LlmbError:
         return (not own(failure), failure.timestamp, rank)
 
     rank, failure = sorted(failures.items(), key=key)[0]
-    message = _LLMB_ERROR.sub("", text(failure)).splitlines()[0] if text(failure) else ""
+    message = _headline(_LLMB_ERROR.sub("", text(failure)))
     if message.startswith("ranks disagree:") or " stopped answering" in message:
         # Every rank says the same thing about the job (which rank disagrees, which peer died): say it once.
         return (UsageError if text(failure).startswith("UsageError: ") else LlmbError)(message)
@@ -256,6 +258,15 @@ def failure_error(failures: dict) -> LlmbError:
     return error(f"rank {rank} failed: {message}{also}")
 
 
+def _headline(text: str) -> str:
+    """An error's first line that says something: some of torch's messages (the pipeline stage's) leave the class
+    name alone on the first line and say what failed below, so a bare class name takes the next line with it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and re.fullmatch(r"[\w.]+(Error|Exception):", lines[0]):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
+
+
 # The process group and the parallel wrapper
 
 
@@ -264,6 +275,9 @@ def init_process_group(plugin, device: torch.device, world: World, timeout_secon
     `plugin` is the run's `llmb.Backend`."""
     if dist.is_initialized():
         return dist.get_backend()
+    job = cluster.detect(os.environ)
+    if job is not None and job.master_addr:
+        cluster.check_rendezvous_host(job.master_addr, job.master_from)
     from llmb.plugins import call
 
     backend = call(plugin.distributed_backend, device)
