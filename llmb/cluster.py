@@ -10,6 +10,7 @@ SLURM_PROCID is 0 and SLURM_NTASKS the allocation's) is a plain run, not rank 0 
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 from collections.abc import Mapping, MutableMapping
@@ -160,6 +161,7 @@ def export(env: dict) -> JobEnv | None:
     return job
 
 
+@functools.lru_cache(maxsize=8)  # asked on every look at the job; a failure raises, and so is never cached
 def check_rendezvous_host(host: str, source: str) -> None:
     """Refuse, in one line naming the host and where it came from, a rendezvous host that does not resolve: c10d's
     store would retry it until the timeout, printing IPv6 warnings that never say which variable or flag to fix."""

@@ -61,10 +61,13 @@ class World:
 
 def current_world() -> World | None:
     """The job this process belongs to (torchrun's RANK, WORLD_SIZE...; Slurm's srun, Open MPI's or PMI's own
-    variables, exported once in torch's names), or None for a plain run."""
+    variables, exported once in torch's names), or None for a plain run. A rendezvous host that does not resolve
+    is a usage error here, before anything waits on it."""
     job = cluster.export(os.environ)
     if job is None:
         return None
+    if job.master_addr:
+        cluster.check_rendezvous_host(job.master_addr, job.master_from)
     return World(
         rank=job.rank,
         local_rank=job.local_rank,
@@ -275,9 +278,6 @@ def init_process_group(plugin, device: torch.device, world: World, timeout_secon
     `plugin` is the run's `llmb.Backend`."""
     if dist.is_initialized():
         return dist.get_backend()
-    job = cluster.detect(os.environ)
-    if job is not None and job.master_addr:
-        cluster.check_rendezvous_host(job.master_addr, job.master_from)
     from llmb.plugins import call
 
     backend = call(plugin.distributed_backend, device)
