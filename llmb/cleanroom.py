@@ -266,8 +266,10 @@ def worker_main(task, jobs: list, address, key: bytes, every_rank: bool = True) 
     except BaseException as exc:
         if link is not None:
             link.send("error", *error_line(exc))
-        if world is not None:
-            raise  # the launcher reports which rank failed
+        if world is not None and not every_rank:
+            raise  # torch's launcher (llmb.rank_worker) reports which rank failed
+        # A worker of its own judge (a plain run, or each rank of an srun job) has told the judge, which prints the
+        # one line: raising would only add multiprocessing's traceback.
         return None
     finally:
         if link is not None:

@@ -62,6 +62,9 @@ def handle_errors(func):
 @click.version_option(package_name="llmb", prog_name="llmb")  # read from the metadata only when asked
 def cli() -> None:
     """llmb: a vendor-neutral benchmark of LLM training throughput."""
+    from llmb.cluster import quiet_native_logs
+
+    quiet_native_logs(os.environ)  # before any command imports torch
 
 
 def shape_options(func):
@@ -175,7 +178,9 @@ def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, tim
         return None
     from llmb import distributed
 
-    return distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
+    spec = distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
+    spec.check()  # a usage error (an unresolvable --master-addr) before anything touches the disk
+    return spec
 
 
 class RichProgress:

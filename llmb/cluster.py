@@ -10,8 +10,10 @@ SLURM_PROCID is 0 and SLURM_NTASKS the allocation's) is a plain run, not rank 0 
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping
+import socket
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from llmb.errors import UsageError
@@ -31,6 +33,7 @@ class JobEnv:
     nodes: int
     master_addr: str | None
     master_port: int | None
+    master_from: str = "MASTER_ADDR"  # where master_addr came from, to name in an error: a variable of the job's
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -78,18 +81,29 @@ def detect(env: Mapping[str, str]) -> JobEnv | None:
             _int(env, "GROUP_WORLD_SIZE", max(1, world // max(1, local_world))),
             env.get("MASTER_ADDR"),
             int(port) if port else None,
+            env.get("LLMB_MASTER_FROM") or "MASTER_ADDR",
         )
     if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
         world = _int(env, "SLURM_STEP_NUM_TASKS")
         nodes = _int(env, "SLURM_STEP_NUM_NODES", _int(env, "SLURM_NNODES", 1))
-        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        listed = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(n)), "")
+        nodelist = env.get(listed)
         master = env.get("MASTER_ADDR") or (first_host(nodelist) if nodelist else None)
+        master_from = "MASTER_ADDR" if env.get("MASTER_ADDR") else f"the first host of {listed}"
         # One port per job, so two jobs sharing a node do not collide; MASTER_PORT overrides it.
         job_id = _int(env, "SLURM_JOB_ID", 0)
         port = _int(env, "MASTER_PORT", DEFAULT_MASTER_PORT + job_id % 10000)
         local_world = _slurm_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "")))
         return JobEnv(
-            "slurm", _int(env, "SLURM_PROCID"), world, _int(env, "SLURM_LOCALID", 0), local_world, nodes, master, port
+            "slurm",
+            _int(env, "SLURM_PROCID"),
+            world,
+            _int(env, "SLURM_LOCALID", 0),
+            local_world,
+            nodes,
+            master,
+            port,
+            master_from,
         )
     for launcher, rank, size, local, local_size in (
         ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -132,6 +146,7 @@ def torch_variables(job: JobEnv) -> dict[str, str]:
         "MASTER_ADDR": job.master_addr or "127.0.0.1",
         "MASTER_PORT": job.master_port or DEFAULT_MASTER_PORT,
         "LLMB_LAUNCHER": job.launcher,
+        "LLMB_MASTER_FROM": job.master_from,
     }
     return {k: str(v) for k, v in values.items()}
 
@@ -144,3 +159,23 @@ def export(env: dict) -> JobEnv | None:
     check(job)
     env.update(torch_variables(job))
     return job
+
+
+@functools.lru_cache(maxsize=8)  # asked on every look at the job; a failure raises, and so is never cached
+def check_rendezvous_host(host: str, source: str) -> None:
+    """Refuse, in one line naming the host and where it came from, a rendezvous host that does not resolve: c10d's
+    store would retry it until the timeout, printing IPv6 warnings that never say which variable or flag to fix."""
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise UsageError(f"the rendezvous host {host!r} (from {source}) does not resolve: {reason}") from None
+
+
+def quiet_native_logs(env: MutableMapping[str, str]) -> None:
+    """torch's C++ side (c10d's store, gloo, NCCL's watchdog) logs its warnings and errors straight to stderr, C++
+    stack frames included, before llmb's own line names the failure. Its threshold, TORCH_CPP_LOG_LEVEL, is read when
+    torch loads: set it to FATAL before the first import (the ranks a launch starts inherit it), unless LLMB_DEBUG=1
+    asks for everything or the user chose a level."""
+    if not env.get("LLMB_DEBUG") and "TORCH_CPP_LOG_LEVEL" not in env:
+        env["TORCH_CPP_LOG_LEVEL"] = "FATAL"

@@ -61,10 +61,13 @@ class World:
 
 def current_world() -> World | None:
     """The job this process belongs to (torchrun's RANK, WORLD_SIZE...; Slurm's srun, Open MPI's or PMI's own
-    variables, exported once in torch's names), or None for a plain run."""
+    variables, exported once in torch's names), or None for a plain run. A rendezvous host that does not resolve
+    is a usage error here, before anything waits on it."""
     job = cluster.export(os.environ)
     if job is None:
         return None
+    if job.master_addr:
+        cluster.check_rendezvous_host(job.master_addr, job.master_from)
     return World(
         rank=job.rank,
         local_rank=job.local_rank,
@@ -127,6 +130,8 @@ class LaunchSpec:
             raise UsageError("--nnodes > 1 needs --master-addr (the address of node rank 0)")
         if current_world() is not None:
             raise UsageError("already inside a torch.distributed job (RANK is set): drop --nproc-per-node")
+        if self.master_addr:
+            cluster.check_rendezvous_host(self.master_addr, "--master-addr")
 
 
 def torchrun_arguments(spec: LaunchSpec) -> list[str]:
@@ -244,7 +249,7 @@ def failure_error(failures: dict) -> LlmbError:
         return (not own(failure), failure.timestamp, rank)
 
     rank, failure = sorted(failures.items(), key=key)[0]
-    message = _LLMB_ERROR.sub("", text(failure)).splitlines()[0] if text(failure) else ""
+    message = _headline(_LLMB_ERROR.sub("", text(failure)))
     if message.startswith("ranks disagree:") or " stopped answering" in message:
         # Every rank says the same thing about the job (which rank disagrees, which peer died): say it once.
         return (UsageError if text(failure).startswith("UsageError: ") else LlmbError)(message)
@@ -254,6 +259,15 @@ def failure_error(failures: dict) -> LlmbError:
     also = f" (also failed: rank {', '.join(map(str, others))})" if others else ""
     error = UsageError if text(failure).startswith("UsageError: ") else LlmbError
     return error(f"rank {rank} failed: {message}{also}")
+
+
+def _headline(text: str) -> str:
+    """An error's first line that says something: some of torch's messages (the pipeline stage's) leave the class
+    name alone on the first line and say what failed below, so a bare class name takes the next line with it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and re.fullmatch(r"[\w.]+(Error|Exception):", lines[0]):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
 
 
 # The process group and the parallel wrapper

@@ -378,6 +378,18 @@ class AccumulatingTrainer(Trainer):
         return total / self.accumulation
 
 
+def _schedule_owns_ddp_sync(model: nn.Module):
+    """DDP's no_sync around a whole pipeline step: the stage arms DDP's reducer itself for the last microbatch's
+    backward (PipelineStage.backward_maybe_with_nosync calls reducer.prepare_for_backward), and every forward the
+    schedule makes must leave it unarmed. torch's first-step metadata inference runs the DDP module once outside
+    no_sync with grad enabled and no backward, which leaves the reducer armed: the first microbatch's backward then
+    reduced too and each parameter registered twice (the reducer's `rebuilt_param_indices_` assert on the next
+    step). FSDP's stage is handled by the schedule itself."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
+
+
 class PipelineTrainer(Trainer):
     """One step is the pipeline schedule over the microbatches (forward and backward on this stage, activations and
     their gradients sent between stages), then AdamW on this stage's parameters. The last stage's loss (the mean over
@@ -394,7 +406,7 @@ class PipelineTrainer(Trainer):
 
         self.optimizer.zero_grad(set_to_none=True)
         losses: list = []
-        with self._autocast():
+        with self._autocast(), _schedule_owns_ddp_sync(self.model):
             if self.first:
                 self.schedule.step(self.batch)
             else:

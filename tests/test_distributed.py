@@ -178,3 +178,14 @@ def test_failure_prefers_a_ranks_own_error_over_a_peers_consequence():
     assert str(error) == "rank 1 failed: backend 'x' failed in process_model: RuntimeError: boom (also failed: rank 0)"
     usage = distributed.failure_error({1: _Failure("UsageError: rank 1: device 'cuda:1' is not available", 5)})
     assert isinstance(usage, UsageError) and str(usage) == "rank 1 failed: device 'cuda:1' is not available"
+
+
+def test_a_failure_whose_message_starts_on_the_next_line_keeps_its_cause_and_drops_the_frames():
+    # torch's pipeline stage raises "RuntimeError: " then its cause on the lines below; c10's errors add C++ frames.
+    message = (
+        "RuntimeError: \n            [Stage 0] failed to run forward:\n            args: ()\n"
+        "Exception raised from throwTimeoutError at socket.cpp:1030 (most recent call first):\n"
+        "frame #0: c10::Error::Error(c10::SourceLocation) + 0x9d"
+    )
+    error = distributed.failure_error({2: _Failure({"message": message, "extraInfo": {}}, 7)})
+    assert str(error) == "rank 2 failed: RuntimeError: [Stage 0] failed to run forward:"

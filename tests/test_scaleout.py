@@ -188,17 +188,80 @@ def test_two_nodes_that_disagree_stop_within_seconds_naming_rank_and_field(tmp_p
 # Faults that end fast
 
 
+@pytest.fixture
+def default_logging(monkeypatch):
+    """llmb's own defaults for what a failure prints: no LLMB_DEBUG, no TORCH_CPP_LOG_LEVEL of the caller's."""
+    monkeypatch.delenv("LLMB_DEBUG", raising=False)
+    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
+
+
 @pytest.mark.slow
-def test_a_lone_node_exits_within_the_timeout_with_one_line(tmp_path):
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_lone_node_exits_within_the_timeout_with_one_line(tmp_path, default_logging, node):
+    """Node 0 serves the rendezvous and waits; node 1 tries to reach it (c10d's store logs each failed try, with C++
+    frames): either way one line on stderr, naming the node and where it waited."""
     timeout = 5
     started = time.monotonic()
-    code, _, err = finish(llmb(["run", *TINY, *node_args(0, free_port(), timeout), "--out", str(tmp_path)]), 120)
+    code, _, err = finish(llmb(["run", *TINY, *node_args(node, free_port(), timeout), "--out", str(tmp_path)]), 120)
     elapsed = time.monotonic() - started
     assert code == 1
-    last = err.strip().splitlines()[-1]
-    assert "did not all join within 5 s" in last and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err[-3000:]
+    assert f"node {node}: the job's 2 nodes did not all join within 5 s" in lines[0]
     # The timeout, plus starting Python and torch (about 5-15 s on this shared 2-core machine).
     assert elapsed < timeout + 30
+
+
+@pytest.mark.slow
+def test_llmb_debug_shows_what_torch_logged_on_the_way(tmp_path, default_logging, monkeypatch):
+    monkeypatch.setenv("LLMB_DEBUG", "1")
+    code, _, err = finish(llmb(["run", *TINY, *node_args(1, free_port(), 2), "--out", str(tmp_path)]), 120)
+    assert code == 1
+    assert "[c10d]" in err  # the store's own log of each failed try, C++ frames and all
+    assert "did not all join within 2 s" in err.strip().splitlines()[-1]
+
+
+def test_torch_native_logs_are_quiet_unless_asked_for():
+    env = {}
+    cluster.quiet_native_logs(env)
+    assert env == {"TORCH_CPP_LOG_LEVEL": "FATAL"}
+    for asked in ({"LLMB_DEBUG": "1"}, {"TORCH_CPP_LOG_LEVEL": "INFO"}):
+        env = dict(asked)
+        cluster.quiet_native_logs(env)
+        assert env == asked
+
+
+NOWHERE = "no-such-host.invalid"  # RFC 2606: .invalid never resolves
+
+
+def test_an_unresolvable_rendezvous_host_is_named_with_where_it_came_from(monkeypatch):
+    with pytest.raises(UsageError, match=rf"'{NOWHERE}' \(from --master-addr\) does not resolve"):
+        distributed.LaunchSpec(1, nnodes=2, node_rank=1, master_addr=NOWHERE).check()
+    distributed.LaunchSpec(1, nnodes=2, node_rank=1, master_addr="127.0.0.1").check()
+    # Slurm's first host, or MASTER_ADDR when the job sets it: the exported job remembers which.
+    for extra, source in (({}, "the first host of SLURM_STEP_NODELIST"), ({"MASTER_ADDR": NOWHERE}, "MASTER_ADDR")):
+        nodelist = f"{NOWHERE},gpu2" if not extra else "localhost"
+        env = {**SLURM_TASK, "SLURM_STEP_NODELIST": nodelist, **extra}
+        cluster.export(env)
+        job = cluster.detect(env)
+        assert (job.master_addr, job.master_from) == (NOWHERE, source)
+        with pytest.raises(UsageError, match=rf"'{NOWHERE}' \(from {source}\)"):
+            cluster.check_rendezvous_host(job.master_addr, job.master_from)
+        # The job's first look at itself checks, before c10d's store would retry the name until the timeout.
+        monkeypatch.setattr(os, "environ", env)
+        with pytest.raises(UsageError, match=rf"'{NOWHERE}' \(from {source}\)"):
+            distributed.current_world()
+
+
+def test_a_slurm_job_whose_first_host_does_not_resolve_says_so_in_one_line(tmp_path, default_logging, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    task = {**SLURM_TASK, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_STEP_NODELIST": f"{NOWHERE},gpu2"}  # fmt: skip
+    code, _, err = finish(llmb(["run", *TINY, "--out", str(tmp_path / "out")], env=task), 120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert f"the rendezvous host '{NOWHERE}' (from the first host of SLURM_STEP_NODELIST) does not" in lines[0]
 
 
 DYING_PLUGIN = """
@@ -221,7 +284,7 @@ def register_backends(register):
 
 
 @pytest.mark.slow
-def test_a_dead_peer_is_named_not_the_survivor(tmp_path):
+def test_a_dead_peer_is_named_not_the_survivor(tmp_path, default_logging):
     env = plugin_env(tmp_path, "dying", DYING_PLUGIN)
     port = free_port()
     args = ["run", *TINY, "--plugin", "dying", "--steps", "5", "--out", str(tmp_path)]
@@ -231,6 +294,8 @@ def test_a_dead_peer_is_named_not_the_survivor(tmp_path):
     last = err0.strip().splitlines()[-1]
     assert "rank 1 on node 1 stopped answering" in last, err0[-3000:]
     assert "rank 0 failed" not in last and "Traceback" not in err0
+    # One line on each node, the C++ side's logs of the broken connection left out.
+    assert [len([line for line in err.splitlines() if line.strip()]) for err in (err0, err1)] == [1, 1], err0 + err1
 
 
 # Stragglers, losses, threads
@@ -368,7 +433,11 @@ BASE = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", ba
         (2, [dict(tp=2), dict(pp=2), dict(pp=2, pp_schedule="1f1b"), dict(tp=2, sequence_parallel=True),
              dict(parallel="fsdp", grad_accum=2)]),
         (4, [dict(parallel="hsdp"), dict(tp=2, parallel="fsdp"), dict(tp=2, pp=2)]),
+        # Pipeline x DDP (2 stages x 2 replicas) with several microbatches: each stage's DDP reduces once per step.
+        (4, [dict(pp=2, parallel="ddp", microbatches=2),
+             dict(pp=2, parallel="ddp", microbatches=4, batch_size=4, pp_schedule="1f1b")]),
     ],
+    ids=["2-processes", "4-processes", "4-processes-pp-ddp"],
 )  # fmt: skip
 def test_each_layout_equals_one_process_on_the_same_global_batch(nproc, layouts):
     runs = [replace(BASE, **layout) for layout in layouts]
