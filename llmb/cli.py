@@ -669,6 +669,7 @@ def package_submission(
         note=note,
         force=force,
         check_plugin=conformance.check_plugin,
+        say=lambda line: term.say(line, stderr=True),
     )
     with err_console.status("packaging (runs check-plugin where no conformance record is given)"):
         root, skipped = submission.package(options)

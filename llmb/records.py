@@ -19,6 +19,7 @@ import json
 import math
 import types
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -801,6 +802,18 @@ def headline(runs: list[Result]) -> Headline:
     if len({r.group for r in runs}) > 1:
         raise ValueError("runs of different groups cannot share a headline")
     return Headline(runs[median_index([r.tokens_per_second for r in runs])], list(runs))
+
+
+T = TypeVar("T")
+REPEAT_PHASE = "repeat"  # a sweep's re-runs of its best batch (SweepTrial.phase)
+
+
+def counted_runs(runs: Sequence[T], phase: Callable[[T], str | None]) -> list[T]:
+    """The runs of one batch size that its figure is the median of: a sweep's re-runs of it where it has any, else
+    all its runs. The search trials that picked a batch are never pooled with its re-runs: the sweep's summary, the
+    report and the bundle's summary.md all count by this one rule, so they show one headline."""
+    repeats = [r for r in runs if phase(r) == REPEAT_PHASE]
+    return repeats or list(runs)
 
 
 def group_runs(runs: list[Result]) -> dict[RunGroup, list[Result]]:

@@ -30,6 +30,7 @@ from llmb.errors import LlmbError, UsageError
 from llmb.names import PRECISIONS
 from llmb.records import (
     RECORD_LIMIT,
+    REPEAT_PHASE,
     REPORT_SCHEMA,
     RESULT_SCHEMA,
     SPREAD_WARNING,
@@ -38,6 +39,7 @@ from llmb.records import (
     PluginRef,
     RecordError,
     Result,
+    counted_runs,
     envelope,
     median_index,
     read_sweep_log,
@@ -311,7 +313,7 @@ def batch_runs(points: list[Point]) -> dict[int, list[Point]]:
     for p in points:
         if p.ok:
             ok.setdefault(p.batch_size, []).append(p)
-    return {b: [p for p in runs if p.phase == "repeat"] or runs for b, runs in sorted(ok.items())}
+    return {b: counted_runs(runs, lambda p: p.phase) for b, runs in sorted(ok.items())}
 
 
 def batch_medians(points: list[Point]) -> dict[int, Point]:
@@ -336,7 +338,7 @@ def by_standing(points: list[Point]) -> tuple[list[Point], int]:
 def headline(points: list[Point]) -> tuple[Point | None, list[Point]]:
     """(the headline run, the runs its median is over) for one group, from its runs of the best standing."""
     ok, _ = by_standing(points)
-    repeated = {p.batch_size for p in ok if p.phase == "repeat"}
+    repeated = {p.batch_size for p in ok if p.phase == REPEAT_PHASE}
     counted = {b: runs for b, runs in batch_runs(ok).items() if b in repeated or not repeated}
     if not counted:
         return None, []

@@ -36,6 +36,7 @@ from llmb.records import (
     SWEEP_LOG_SCHEMA,
     SWEEP_SUMMARY_SCHEMA,
     RecordError,
+    counted_runs,
     envelope,
     median_index,
     read_sweep_log,
@@ -195,12 +196,11 @@ def next_point(points: Points, search) -> tuple[int | None, str]:
 def headline_of(points: Points, repeats: list[Trial]) -> tuple[Trial, list[Trial]] | None:
     """(the headline trial, the trials its median is over): the re-runs of the best batch where any ran, else its
     search trials. The live best-so-far line and the summary both show this."""
-    measured = [t for t in repeats if t.ok]
-    if not measured:
-        best = best_batch(points)
-        if best is None:
-            return None
-        measured = points[best]
+    reran = [t for t in repeats if t.ok]
+    best = reran[0].batch_size if reran else best_batch(points)
+    if best is None:
+        return None
+    measured = counted_runs([*points.get(best, []), *reran], lambda t: t.phase)  # the rule report and bundle share
     return median_trial(measured), measured
 
 
