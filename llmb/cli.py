@@ -76,6 +76,18 @@ def shape_options(func):
     return func
 
 
+def _known_plugin(ctx, param, value: str | None) -> str | None:
+    """--plugin checked as it is parsed, from installed metadata (no torch import): a typo is answered at once."""
+    from llmb import plugins
+
+    if value is not None:
+        try:
+            plugins.check_name(value)
+        except LlmbError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def plugin_options(func):
     func = click.option(
         "-O",
@@ -87,7 +99,10 @@ def plugin_options(func):
     )(func)
     func = click.option("--device", default=None, help="Any device string torch accepts (default: the plugin's).")(func)
     func = click.option(
-        "--plugin", default=None, help="Hardware plugin (default: first with hardware present, else cpu)."
+        "--plugin",
+        default=None,
+        callback=_known_plugin,
+        help="Hardware plugin (default: first with hardware present, else cpu).",
     )(func)
     return func
 
@@ -126,6 +141,7 @@ def precision_options(default: str):
                 "precision_name",
                 default=default,
                 show_default=True,
+                type=bounds.PRECISION,
                 help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
             ),
             click.option(
@@ -133,7 +149,7 @@ def precision_options(default: str):
                 "mode",
                 default="pure",
                 show_default=True,
-                type=click.Choice(names.MODES),
+                type=bounds.choice(names.MODES),
                 help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
             ),
         ],
@@ -143,7 +159,7 @@ def precision_options(default: str):
 def model_options(func):
     """The preset and its debug shape overrides."""
     func = shape_options(func)
-    return click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))(func)
+    return click.option("--preset", default="official", show_default=True, type=bounds.choice(names.PRESET_NAMES))(func)
 
 
 def loop_options(steps_help: str):
@@ -219,7 +235,7 @@ class RichProgress:
 @launch_options
 @click.option(
     "--parallel",
-    type=click.Choice(names.PARALLEL),
+    type=bounds.choice(names.PARALLEL),
     default=None,
     help="Several processes: DDP, FSDP2 (each decoder layer a unit) or HSDP (replicate x shard); default ddp. "
     "Batch size is per data-parallel rank.",
@@ -231,7 +247,7 @@ class RichProgress:
     "--pp", type=bounds.PROCESSES, default=1, show_default=True, help="Pipeline stages (torch.distributed.pipelining)."
 )
 @click.option("--microbatches", type=bounds.COUNT, default=None, help="Pipeline microbatches per step (default: --pp).")
-@click.option("--pp-schedule", type=click.Choice(names.SCHEDULES), default="gpipe", show_default=True)
+@click.option("--pp-schedule", type=bounds.choice(names.SCHEDULES), default="gpipe", show_default=True)
 @click.option("--grad-accum", type=bounds.COUNT, default=1, show_default=True, help="Micro-steps per optimizer step.")
 @click.option("--sequence-parallel", is_flag=True, help="With --tp: shard norms and the residual along the sequence.")
 @click.option(
@@ -998,7 +1014,7 @@ def sweep(
     "--format",
     "fmt",
     default=None,
-    type=click.Choice(["md", "html", "csv", "json"]),
+    type=bounds.choice(["md", "html", "csv", "json"]),
     help="Output format (default: tables on the console, or the --out file's suffix).",
 )
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")
@@ -1049,11 +1065,12 @@ def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
     "precision_name",
     default="FP32",
     show_default=True,
+    type=bounds.PRECISION,
     help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports; one record each, "
     "named like conformance-bf16.json).",
 )
-@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(names.MODES))
-@click.option("--preset", default="tiny", show_default=True, type=click.Choice(names.CONFORMANCE_PRESETS))
+@click.option("--precision-mode", "mode", default="pure", show_default=True, type=bounds.choice(names.MODES))
+@click.option("--preset", default="tiny", show_default=True, type=bounds.choice(names.CONFORMANCE_PRESETS))
 @click.option(
     "--steps",
     default=names.CONFORMANCE_STEPS,
@@ -1107,7 +1124,7 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     "--precision",
     "precisions",
     multiple=True,
-    type=click.Choice(names.PRECISIONS),
+    type=bounds.choice(names.PRECISIONS),
     help="Precision to measure (repeatable; default: every one the plugin supports).",
 )
 @model_options

@@ -605,6 +605,7 @@ def comparison_tables(
             note = f"Speed-up in tokens/s over {base.label} (each method at its best batch size)."
         else:
             note = f"No baseline: no run of {baseline!r}" if baseline else "No baseline: no run with default settings"
+            note += " (--baseline METHOD names the run to compare against)"
         if refs is not None:
             note += reference_note({k: v for k, v in refs.items() if k == (shape, prec)})
         title = f"Methods on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "") + f", {shape}"
