@@ -568,6 +568,9 @@ def _print_record(record: Result, path: Path) -> None:
     warning = record.repeat_spread_warning()
     if warning:
         term.say((f"NOISY: {warning}", "bold yellow"))
+    over_peak = record.matmul_peak_warning()
+    if over_peak:
+        term.say((f"MATMUL PEAK: {over_peak}", "bold yellow"))
     if prec.effective != prec.requested:
         term.say(
             (
@@ -614,6 +617,14 @@ def plugins_command(as_json: bool) -> None:
         peaks = "\n".join(f"{device}: {source}" for device, source in b["peak_sources"].items())
         term.row(table, "peak sources", peaks or "none (no MFU)")
         console.print(table)
+
+
+def _given_on_command_line() -> set[str]:
+    """The parameters of the running command that were typed (not defaults)."""
+    ctx = click.get_current_context()
+    return {
+        name for name in ctx.params if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)
+    }
 
 
 def _setting_line(s: dict) -> Text:
@@ -974,6 +985,17 @@ def sweep(
     from llmb import sweep as sweeps
     from llmb.config import build_config
 
+    if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
+        logged = sweeps.logged_options(out, given=_given_on_command_line())
+        plugin, device = logged.get("plugin", plugin), logged.get("device", device)
+        mode, preset = logged.get("mode", mode), logged.get("preset", preset)
+        steps, warmup_steps = logged.get("steps", steps), logged.get("warmup_steps", warmup_steps)
+        seed, options = logged.get("seed", seed), logged.get("options", options)
+        batch_sizes = logged.get("batch_sizes", batch_sizes)
+        max_batch_size = logged.get("max_batch_size", max_batch_size)
+        precision_name, repeats = logged.get("precision_name", precision_name), logged.get("repeats", repeats)
+        trial_timeout = logged.get("trial_timeout", trial_timeout)
+        shape = {k: logged.get(k, v) for k, v in shape.items()}
     run_options = runner.RunOptions(
         config=build_config(preset, **shape),
         preset=preset,

@@ -579,6 +579,10 @@ class Result(Record):
             f"more than {SPREAD_WARNING:.0%}): a loaded host? (load average {self._load()})"
         )
 
+    def matmul_peak_warning(self) -> str | None:
+        """A warning when the run's model GEMM FLOP/s exceed the matmul peak measured in the same run, else None."""
+        return over_peak_warning(self.matmul_peak_efficiency, self._load())
+
     def _load(self) -> str:
         if self.host is None or not self.host.load_average_end:
             return "not recorded"
@@ -606,6 +610,17 @@ class Result(Record):
         if layout is None or (layout.tp, layout.pp, layout.grad_accum, layout.sequence_parallel) == (1, 1, 1, False):
             return self.parallel
         return f"{self.parallel} {layout.label()}"
+
+
+def over_peak_warning(efficiency: float | None, load: str) -> str | None:
+    """The model's GEMMs cannot run faster than the dense matmul peak measured beside them: over 100%, that peak was
+    measured low (a busy host, or a clock that changed), so the ratio is no efficiency. None when it is not over."""
+    if efficiency is None or efficiency <= 1.0:
+        return None
+    return (
+        f"model GEMM FLOP/s at {efficiency:.0%} of the matmul peak measured in the run: that peak was measured low "
+        f"(a busy host? load average {load}), so the ratio is no efficiency; re-run on a quieter host"
+    )
 
 
 def _millions(parameters: int) -> str:
@@ -681,6 +696,7 @@ class Commbench(Record):
 
 SWEEP_STATUSES = ("ok", "oom", "crash", "timeout", "invalid")
 SWEEP_LOG_NAME = "sweep.jsonl"
+SWEEP_SUMMARY_NAME = "sweep-summary.json"  # written beside the log as each precision's search ends
 
 
 @dataclass

@@ -35,6 +35,7 @@ from llmb.records import (
     RESULT_SCHEMA,
     SPREAD_WARNING,
     SWEEP_LOG_NAME,
+    SWEEP_SUMMARY_NAME,
     SWEEP_SUMMARY_SCHEMA,
     PluginRef,
     RecordError,
@@ -42,6 +43,7 @@ from llmb.records import (
     counted_runs,
     envelope,
     median_index,
+    over_peak_warning,
     read_sweep_log,
 )
 from llmb.results import write_bytes_atomic
@@ -84,6 +86,7 @@ class Point:
     torch: str = ""  # the torch version that ran it
     steps: str = ""  # measured and warmup steps, as "50 + 5 warmup"
     reference: bool = False  # chosen with --reference: the "x vs reference" ratios are against it
+    unfinished: bool = False  # a trial of a sweep whose search of this precision has not ended (interrupted)
 
     @property
     def closed(self) -> bool:
@@ -162,8 +165,13 @@ def load(paths: list[Path]) -> Inputs:
             elif explicit and schema != SWEEP_SUMMARY_SCHEMA:
                 raise UsageError(f"{file} is not an llmb result (schema {schema!r})")
     phases = {t.run_id: t.phase for _, trials in logs for t in trials if t.run_id}
+    unfinished = {
+        t.run_id for (_, trials), file in zip(logs, log_files, strict=True) for t in trials
+        if t.precision not in _finished_precisions(file.parent)
+    }  # fmt: skip
     for record, file in records.values():
         inputs.points.append(point_from_record(record, phases.get(record.run_id), str(file)))
+        inputs.points[-1].unfinished = record.run_id in unfinished
     for (header, trials), file in zip(logs, log_files, strict=True):
         try:
             inputs.points.extend(failed_points(header, trials, records))
@@ -173,6 +181,17 @@ def load(paths: list[Path]) -> Inputs:
         skipped = f" (skipped: {'; '.join(inputs.skipped[:3])})" if inputs.skipped else ""
         raise LlmbError(f"no llmb results found in {', '.join(map(str, paths))}{skipped}")
     return inputs
+
+
+def _finished_precisions(folder: Path) -> set[str]:
+    """The precisions whose search a sweep folder's summary says ended; none where it has no readable summary (a
+    sweep interrupted before its first precision ended)."""
+    try:
+        summary = json.loads(read_regular(folder / SWEEP_SUMMARY_NAME, RECORD_LIMIT))
+        entries = summary["precisions"].items()
+        return {name for name, entry in entries if entry.get("status") != "not run yet"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
 
 
 def mark_reference(inputs: Inputs, selector: str) -> None:
@@ -498,6 +517,15 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
             warning = noisy_warning(best, runs)
             if warning:
                 warnings.append(warning)
+            if any(p.unfinished for p in group):
+                warnings.append(
+                    f"{best.label}, {best.precision} {best.mode}: the sweep was interrupted before its search ended; "
+                    f"batch {best.batch_size} is the best so far, not its answer (llmb sweep --resume finishes it)"
+                )
+            load = "not recorded" if best.load_average is None else f"{best.load_average:.2f}"
+            over_peak = over_peak_warning(best.matmul_peak_efficiency, load)
+            if over_peak:
+                warnings.append(f"{best.label}, {best.precision} {best.mode}, batch {best.batch_size}: {over_peak}")
             row.update(
                 best_batch_size=best.batch_size,
                 tokens_per_second=best.tokens_per_second,
@@ -508,9 +536,11 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
                 peak_memory_bytes=best.peak_memory_bytes,
                 runs=len(runs),
                 status=best.validity
+                + ("; sweep not finished: best so far" if any(p.unfinished for p in group) else "")
                 + ("; reference" if best.reference else "")
                 + ("; MFU " + best.peak if peaks.ORIGIN_DECLARED in best.peak else "")
                 + ("; noisy" if warning else "")
+                + ("; over the measured matmul peak" if over_peak else "")
                 + (f"; larger batches: {', '.join(failed)}" if failed else "")
                 + (f"; {dropped} invalid runs left out" if (dropped := by_standing(group)[1]) else ""),
             )
@@ -892,24 +922,32 @@ def efficiency_figure(points: list[Point]):
         ),
         (
             "against the matmul peak measured in the run",
-            lambda p: None if p.matmul_peak_efficiency is None else 100 * p.matmul_peak_efficiency,
+            # Over 100% the peak was measured low (records.over_peak_warning): no efficiency, so not drawn as one.
+            lambda p: (
+                None
+                if p.matmul_peak_efficiency is None or p.matmul_peak_efficiency > 1
+                else 100 * p.matmul_peak_efficiency
+            ),
             "no run measured its matmul peak",
         ),
     ]
-    if not any(value(p) is not None for _, value, _ in kinds for p in single if p.ok):
+    # A panel no run has a figure for (MFU on a CPU: no datasheet peak) is left out, not drawn empty.
+    kinds = [kind for kind in kinds if any(kind[1](p) is not None for p in single if p.ok)]
+    if not kinds:
         return None
-    fig, axes = _figure(2, sharex=True)  # a panel without figures keeps the other's batch axis
+    over = sum(1 for p in single if p.ok and (p.matmul_peak_efficiency or 0) > 1)
+    fig, axes = _figure(len(kinds), sharex=True)
     colors = _colors(points)
     groups = by_group(single)
-    for ax, (name, value, missing) in zip(axes, kinds, strict=True):
+    for ax, (name, value, _why_empty) in zip(axes, kinds, strict=True):
         batches = _draw(ax, groups, value, colors, mark_best=False, failures=False)
         _batch_axis(ax, batches)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("% of peak")
         ax.set_title(f"Efficiency vs batch size: {name}", fontsize=10)
-        if not any(value(p) is not None for ps in groups.values() for p in ps if p.ok):
-            ax.text(0.5, 0.5, f"n/a: {missing}",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#666")  # fmt: skip
+        if over and name.startswith("against the matmul peak"):
+            ax.text(0.5, 0.02, f"{over} run(s) over 100% left out: their measured matmul peak was low (a busy host?)",
+                    ha="center", va="bottom", transform=ax.transAxes, fontsize=8, color="#a60")  # fmt: skip
         _legend(ax)
     return fig
 

@@ -34,6 +34,7 @@ from llmb.records import (
     RECORD_LIMIT,
     SPREAD_WARNING,
     SWEEP_LOG_SCHEMA,
+    SWEEP_SUMMARY_NAME,
     SWEEP_SUMMARY_SCHEMA,
     RecordError,
     counted_runs,
@@ -47,7 +48,7 @@ from llmb.redact import REDACTED, is_secret
 from llmb.results import check_writable, read_result, write_json_atomic
 from llmb.settings import SECRET_OPTIONS_ENV, recorded
 
-SUMMARY_NAME = "sweep-summary.json"
+SUMMARY_NAME = SWEEP_SUMMARY_NAME
 # A doubling that gains less than this is a plateau: a larger batch only costs memory.
 PLATEAU_GAIN = 0.05
 # Trials of a batch size before it may end the search or be declared the best (its figure is their median).
@@ -120,7 +121,14 @@ def next_batch(points: Points, max_batch_size: int) -> tuple[int | None, str]:
                 return None, f"batch 1 failed ({failed.status})"
             lo, hi, failed_above, reason = previous, batch, True, f"{failed.status} at batch {batch}"
             break
-        if previous is not None and _tps(points, batch) < _tps(points, previous) * (1 + PLATEAU_GAIN):
+        # Where the search already grew past this size (a later confirmation lowered a median), the log's walk
+        # stands: a stop declared below sizes that ran would contradict the best batch it found up there.
+        grown_past = batch < max_batch_size and min(batch * 2, max_batch_size) in points
+        if (
+            previous is not None
+            and not grown_past
+            and _tps(points, batch) < _tps(points, previous) * (1 + PLATEAU_GAIN)
+        ):
             # Before a plateau is declared, both sides are measured again; the medians decide.
             again = _unconfirmed(points, [previous, batch])
             if again is not None:
@@ -360,12 +368,16 @@ class SweepLog:
         if not resume:
             raise UsageError(f"{out} already holds a sweep; use --resume to continue it or another --out")
         logged, trials = read_log(path)
-        for key in IDENTITY + IDENTITY_SEARCH:
-            if logged.get(key) != header.get(key):
-                raise UsageError(
-                    f"--resume: {path} was written for another sweep ({key} is {logged.get(key)!r} there, "
-                    f"{header.get(key)!r} here)"
-                )
+        wrong = [
+            f"{key} is {logged.get(key)!r} there, {header.get(key)!r} here"
+            for key in IDENTITY + IDENTITY_SEARCH
+            if logged.get(key) != header.get(key)
+        ]
+        if wrong:  # every mismatch at once: the user fixes them in one go
+            raise UsageError(
+                f"--resume: {path} was written for another sweep ({'; '.join(wrong)}); leave out an option to take "
+                "the log's value"
+            )
         with open(path, "rb+") as f:  # the sweep holds the folder's lock: cut a torn last line before appending
             data = f.read()
             if data and not data.endswith(b"\n"):
@@ -384,6 +396,27 @@ class SweepLog:
             f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def logged_options(out: Path, given: set[str]) -> dict:
+    """For --resume: the sweep command's options as its log's header recorded them, by parameter name, leaving out
+    those given again (SweepLog.open then checks they match) and secret settings (never logged: give them again).
+    Empty where there is no log yet."""
+    path = Path(out) / LOG_NAME
+    if not path.is_file():
+        return {}
+    header, _ = read_log(path)
+    taken: dict = {k: header[k] for k in ("plugin", "device", "mode", "preset", "steps", "warmup_steps", "seed")}
+    taken["max_batch_size"] = header["max_batch_size"]
+    names = {"precision": "precision_name", "repeats": "repeats", "trial_timeout": "trial_timeout"}
+    taken |= {name: header[key] for key, name in names.items() if key in header}  # logs before these have none
+    sizes = header["batch_sizes"]
+    taken["batch_sizes"] = sizes if isinstance(sizes, str) else ",".join(map(str, sizes))
+    taken["options"] = tuple(
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in header["settings"].items() if v != REDACTED
+    )
+    taken |= {k: v for k, v in header["config"].items() if k in SHAPE_FIELDS}
+    return {k: v for k, v in taken.items() if k not in given}
 
 
 def read_log(path: Path) -> tuple[dict, list[Trial]]:
@@ -433,7 +466,7 @@ class LiveDisplay(Display):
         self.started = time.monotonic()
 
     def finished(self, trial: Trial, reused: bool) -> None:
-        done = replace(trial, detail=("from the log; " if reused else "") + trial.detail)
+        done = replace(trial, detail="; ".join(filter(None, ["from the log" if reused else "", trial.detail])))
         self.rows.append(done)
         self.current = ""
         if self.live is None:
@@ -546,6 +579,10 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         "seed": run_options.seed,
         "batch_sizes": options.batch_sizes or "auto",
         "max_batch_size": options.max_batch_size,
+        # Not identity (a resumed sweep may change them), but --resume takes them from here when not given again.
+        "precision": options.precision,
+        "repeats": options.repeats,
+        "trial_timeout": options.trial_timeout,
         "plateau_gain": PLATEAU_GAIN,
         "refine_points": REFINE_POINTS,
         "confirm_trials": CONFIRM_TRIALS,

@@ -143,3 +143,107 @@ def test_no_baseline_names_the_baseline_option():
     points = [report.point_from_record(r, None, "") for r in runs]
     (table,) = report.comparison_tables(points)
     assert table.note.startswith("No baseline") and "--baseline" in table.note
+
+
+# A resumed sweep takes its options from its log; its stop reason agrees with its best batch.
+
+
+def test_resume_takes_the_logs_options_and_names_every_mismatch_at_once(tmp_path):
+    out = tmp_path / "sweep"
+    # A real sweep whose only trial is killed at once (a 0.5 s limit: `llmb run` needs seconds to import torch).
+    first = ["sweep", "--plugin", "cpu", "--device", "cpu", "--precision", "fp32", "--preset", "tiny"]
+    first += ["--steps", "2", "--warmup-steps", "1", "--trial-timeout", "0.5", "--repeats", "1", "--out", str(out)]
+    runner = CliRunner()
+    assert runner.invoke(cli_main(), first).exit_code == 0
+    lines = (out / sweep.LOG_NAME).read_text().splitlines()
+
+    again = runner.invoke(cli_main(), ["sweep", "--resume", "--out", str(out)])  # nothing typed again
+    assert again.exit_code == 0, again.output
+    assert (out / sweep.LOG_NAME).read_text().splitlines() == lines  # its finished point reused, nothing re-run
+
+    wrong = runner.invoke(cli_main(), ["sweep", "--resume", "--out", str(out), "--steps", "3", "--seed", "5"])
+    assert wrong.exit_code == 2
+    assert "steps is 2 there, 3 here" in wrong.output and "seed is 0 there, 5 here" in wrong.output
+    assert "Traceback" not in wrong.output
+
+
+def test_the_stop_reason_brackets_the_best_batch():
+    # The issue's case: batch 4's confirmation (as a neighbour of the best, 8) lowers its median, so 2 -> 4 now
+    # gains under 5%; the search had grown past 4 long before, and its stop reason must say where it stopped.
+    from test_sweep import search
+
+    measured = {(1, 0): 10, (2, 0): 20, (4, 0): 40, (4, 1): 20.8, (8, 0): 60, (8, 1): 60, (16, 0): 30}
+    _, points, reason = search(lambda b, i: measured.get((b, i), 20.0 if b < 8 else 30.0))
+    best = sweep.best_batch(points)
+    low, high = (int(n) for n in reason.split("batch ", 1)[1].split(" ", 3)[::2][:2])
+    assert low <= best <= high, (reason, best)
+
+
+# What a report, a run and a packager say: nothing the reader must guess.
+
+
+def best_row_and_warnings(folder: Path) -> tuple[dict, list[str]]:
+    (table, *_) = report.build_tables(report.load([folder]).points)
+    return table.rows[0], table.warnings
+
+
+def test_an_interrupted_sweep_is_reported_as_best_so_far(tmp_path):
+    write_sweep(tmp_path, [(1, "search", 500.0), (2, "search", 900.0)])  # no sweep-summary.json: interrupted
+    row, warnings = best_row_and_warnings(tmp_path)
+    assert "not finished" in row["status"] and any("best so far" in w and "--resume" in w for w in warnings)
+    summary = {"precisions": {"FP32": {"status": "ok"}}}
+    write_json_atomic(tmp_path / sweep.SUMMARY_NAME, summary)  # the search of FP32 ended
+    row, warnings = best_row_and_warnings(tmp_path)
+    assert "not finished" not in row["status"] and not any("best so far" in w for w in warnings)
+
+
+def test_an_efficiency_over_the_measured_matmul_peak_is_warned_not_plotted(tmp_path):
+    over = make_result(tokens_per_second=100.0, batch_size=2, matmul_peak_efficiency=1.449)
+    fine = make_result(tokens_per_second=90.0, batch_size=1, matmul_peak_efficiency=0.5)
+    assert "145%" in over.matmul_peak_warning() and fine.matmul_peak_warning() is None
+    folder = tmp_path / "r"
+    folder.mkdir()
+    for record in (over, fine):
+        write_json_atomic(folder / f"{record.run_id}.json", record.to_dict())
+    row, warnings = best_row_and_warnings(folder)
+    assert "over the measured matmul peak" in row["status"] and any("145%" in w for w in warnings)
+    fig = report.efficiency_figure(report.load([folder]).points)
+    # No datasheet peak on this CPU (mfu None): one panel, not an empty MFU panel beside it.
+    (ax,) = fig.axes
+    assert "matmul peak" in ax.get_title()
+    assert max(y for line in ax.get_lines() for y in line.get_ydata()) <= 100
+
+
+def test_resumed_trial_lines_end_without_dangling_text():
+    import io
+
+    from rich.console import Console
+
+    stream = io.StringIO()
+    display = sweep.LiveDisplay(Console(file=stream, width=200))
+    display.finished(sweep.Trial("FP32", 2, "search", 0, "ok", tokens_per_second=10.0, seconds=12.8), reused=True)
+    assert stream.getvalue().rstrip().endswith("12.8 s from the log")
+
+
+def test_output_off_a_terminal_is_not_padded(tmp_path):
+    folder = tmp_path / "r"
+    folder.mkdir()
+    record = make_result()
+    write_json_atomic(folder / f"{record.run_id}.json", record.to_dict())
+    result = CliRunner().invoke(cli_main(), ["report", str(folder)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(line.startswith("┏") for line in lines)  # a table was printed
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_the_packager_says_a_line_before_it_runs_a_conformance_check():
+    said = []
+
+    def check_plugin(*args, **kwargs):
+        assert said, "the console was silent before a conformance check"
+        raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        submission.gather_conformance([make_result()], [], check_plugin, said.append)
+    assert "check-plugin" in said[0]
