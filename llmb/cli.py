@@ -485,9 +485,11 @@ def oversubscribed(record: Result) -> str | None:
     cpus = len(host.cpu_affinity) if host.cpu_affinity else host.cpu_count
     load = max(host.load_average_start[:1] + host.load_average_end[:1])
     if threads and load > max(threads, 1) + 0.5 and load > (cpus or 0) * 0.9:
+        from llmb import sysinfo
+
         return (
             f"load average {load:.1f} with torch on {threads} thread(s) and {cpus} CPUs: other processes competed "
-            "for the cores, so this figure is low; rerun on an idle host, or give torch fewer threads (-O threads=1)"
+            f"for the cores, so this figure is low; {sysinfo.threads_advice(record.plugin.settings)}"
         )
     return None
 

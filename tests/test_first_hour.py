@@ -247,3 +247,55 @@ def test_the_packager_says_a_line_before_it_runs_a_conformance_check():
     with pytest.raises(RuntimeError, match="stop here"):
         submission.gather_conformance([make_result()], [], check_plugin, said.append)
     assert "check-plugin" in said[0]
+
+
+# Threads on a loaded host: chosen before the run, and advice that works for the plugin in use.
+
+
+def busy_host(monkeypatch, load: float, cpus: int) -> None:
+    """A host with other work on it: its load cannot be made to order in a test, so the two readings are set."""
+    from llmb import sysinfo
+
+    monkeypatch.setattr(sysinfo, "load_average", lambda: [load, load, load])
+    monkeypatch.setattr(sysinfo, "cpu_affinity", lambda: list(range(cpus)))
+
+
+def test_the_cpu_plugin_leaves_the_busy_cores_to_their_work(monkeypatch):
+    import torch
+
+    from llmb.default_plugins.cpu import CpuBackend
+
+    before = torch.get_num_threads()
+    busy_host(monkeypatch, load=3.0, cpus=4)
+    try:
+        torch.set_num_threads(4)
+        CpuBackend().setup(torch.device("cpu"), "FP32", {"threads": 0})
+        assert torch.get_num_threads() == 1  # 4 CPUs, 3 of them busy
+        CpuBackend().setup(torch.device("cpu"), "FP32", {"threads": 3})
+        assert torch.get_num_threads() == 3  # an explicit count is the user's
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    "settings, advised, not_advised",
+    [
+        ({"threads": 0}, "-O threads=1", None),
+        ({"threads": 1}, "already runs one thread", "-O threads"),
+        ({"example": "x"}, "OMP_NUM_THREADS=1", "-O threads"),  # a scaffolded plugin: no threads setting
+    ],
+)
+def test_busy_host_advice_works_for_the_plugin_in_use(monkeypatch, settings, advised, not_advised):
+    from llmb import sysinfo
+    from llmb.cli import oversubscribed
+
+    busy_host(monkeypatch, load=3.0, cpus=2)
+    before = sysinfo.busy_before_run(1, settings)
+    record = make_result(plugin="acme", settings=settings, defaults={}, load_average=3.0, threads_per_rank=[2])
+    after = oversubscribed(record)
+    for line in (before, after):
+        assert line is not None and advised in line
+        assert not_advised is None or not_advised not in line
+    assert "before the run" in before
+    busy_host(monkeypatch, load=0.2, cpus=2)
+    assert sysinfo.busy_before_run(1, settings) is None
