@@ -35,8 +35,10 @@ class CpuBackend(Backend):
             Setting("fp8", str, "none", "train the Linear layers in float8 with this torchao recipe", fp8.RECIPES),
             Setting("fp8_emulate", bool, True, "torchao's float8 emulation (false: torch._scaled_mm's CPU kernel)"),
             Setting(
-                "threads", int, 0, "intra-op threads for torch (0: torch's default, fewer where the host's load "
-                "leaves fewer cores free)"
+                "threads",
+                int,
+                0,
+                "intra-op threads for torch (0: torch's default, fewer where the host's load leaves fewer cores free)",
             ),
             # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop
             # (benchmarks/RESULTS.md).
