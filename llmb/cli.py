@@ -162,13 +162,21 @@ def model_options(func):
     return click.option("--preset", default="official", show_default=True, type=bounds.choice(names.PRESET_NAMES))(func)
 
 
-def loop_options(steps_help: str):
-    """The measured loop's length and seed, then the model's shape: one set for run and sweep."""
+def loop_options(steps_help: str, device_defaults: dict[str, dict] | None = None):
+    """The measured loop's length and seed, then the model's shape: one set for run and sweep. With device_defaults
+    (a sweep's), a step count not given is the device's (None here), and --help says which."""
+
+    def default(name: str, value: int):
+        if device_defaults is None:
+            return {"default": value, "show_default": True}
+        scaled = "; ".join(f"{d[name]} on {kind}" for kind, d in device_defaults.items())
+        return {"default": None, "show_default": f"{value}; {scaled}"}
+
     return lambda func: _apply(
         func,
         [
-            click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help=steps_help),
-            click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP),
+            click.option("--steps", type=bounds.STEPS, help=steps_help, **default("steps", 50)),
+            click.option("--warmup-steps", type=bounds.WARMUP, **default("warmup_steps", 5)),
             click.option("--seed", default=0, show_default=True, type=bounds.SEED),
             model_options,
         ],
@@ -192,6 +200,21 @@ def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, tim
     from llmb import distributed
 
     return distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
+
+
+def progress_columns() -> tuple:
+    """rich's progress columns for a long command: what it does, how far, the time taken and rich's estimate of the
+    time left (from the rate of the steps so far)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return (
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+    )
 
 
 class RichProgress:
@@ -353,7 +376,7 @@ def _run_clean(
     base: runner.RunOptions, requested: str, launch, replay: tuple[int, float], out: Path, unsaved: list[Path]
 ) -> list[dict]:
     """Judged from this process, which imports no plugin: the worker it starts runs the plugin (llmb.cleanroom)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     from llmb import cleanroom, distributed, runner
 
@@ -367,8 +390,7 @@ def _run_clean(
     if launch is not None:
         runner.check_layout(runs[0], launch.nproc_per_node * launch.nnodes, launch.nnodes)
     world = distributed.current_world()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
+    with Progress(*progress_columns(), console=err_console, transient=True) as progress:
         shown = RichProgress(progress, "") if world is None or world.rank == 0 else None
         # Each record is saved as soon as it is judged, before the next precision runs: nothing measured is lost
         # to a later failure or a signal.
@@ -460,15 +482,14 @@ def _save_quietly(record: Result, out: Path) -> None:
 
 def _run_one(options):
     """A run with rich's progress bars (a runner.Result, or None on ranks other than 0)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     from llmb import distributed, runner
 
     world = distributed.current_world()
     if world is not None and world.rank != 0:
         return runner.run(options)
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
+    with Progress(*progress_columns(), console=err_console, transient=True) as progress:
         return runner.run(options, RichProgress(progress, options.precision))
 
 
@@ -933,7 +954,13 @@ def project_command(
     show_default=True,
     help="auto (double until out of memory or a plateau, then bisect) or a list like 1,2,4,8.",
 )
-@click.option("--max-batch-size", default=1024, show_default=True, type=bounds.BATCH, help="Upper bound for auto.")
+@click.option(
+    "--max-batch-size",
+    default=None,
+    show_default="1024; " + "; ".join(f"{d['max_batch_size']} on {k}" for k, d in names.SWEEP_DEVICE_DEFAULTS.items()),
+    type=bounds.BATCH,
+    help="Upper bound for auto.",
+)
 @click.option(
     "--repeats",
     default=3,
@@ -941,9 +968,13 @@ def project_command(
     type=bounds.SWEEP_REPEATS,
     help="Re-runs of the best batch; median = headline.",
 )
-@loop_options("Measured steps per trial.")
+@loop_options("Measured steps per trial.", names.SWEEP_DEVICE_DEFAULTS)
 @click.option(
-    "--trial-timeout", default=600.0, show_default=True, type=bounds.SECONDS, help="Seconds before a trial is killed."
+    "--trial-timeout",
+    default=None,
+    show_default="600; " + "; ".join(f"{d['trial_timeout']:g} on {k}" for k, d in names.SWEEP_DEVICE_DEFAULTS.items()),
+    type=bounds.SECONDS,
+    help="Seconds before a trial is killed.",
 )
 @click.option(
     "--out",
@@ -1169,10 +1200,18 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
 @handle_errors
 def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
-    from llmb import roofline
+    from llmb import roofline, sysinfo
     from llmb.config import build_config
     from llmb.results import write_json_atomic
 
+    kind = roofline.device_for(plugin, device).type
+    if "preset" not in _given_on_command_line():  # a shape that suits the device: minutes, not hours, on a CPU
+        preset = names.PEAK_DEVICE_PRESETS.get(kind, preset)
+        term.say(
+            f"llmb peak on {kind}: the {preset} shape's GEMMs (--preset official measures the official ones)",
+            stderr=True,
+        )
+    emulated = sysinfo.cpu_emulated_precisions() if kind == "cpu" else []
     results = roofline.peak(
         plugin=plugin,
         device=device,
@@ -1189,6 +1228,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         **envelope(ROOFLINE_SCHEMA),
         "preset": preset,
         "batch_size": batch_size,
+        "emulated": [r.precision for r in results if r.precision in emulated],
         "rooflines": [r.to_dict() for r in results],
     }
     if out:
@@ -1198,7 +1238,10 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         return
     for result in results:
         # The device name comes from the plugin: text, never markup.
-        table = term.table(f"{result.precision} matmul on {result.device} ({result.device_name}), median of {repeats}")
+        title = f"{result.precision} matmul on {result.device} ({result.device_name}), median of {repeats}"
+        if result.precision in emulated:
+            title += " (emulated: this CPU has no native matmul for it, so it is slow)"
+        table = term.table(title)
         for column in ("GEMM", "m x n x k", "iters", "TFLOP/s"):
             term.column(table, column, numeric=column != "GEMM")
         for rate in result.rates:

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmb import console as term
-from llmb import precision, runner
+from llmb import names, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
 from llmb.records import (
@@ -76,8 +76,8 @@ class SweepOptions:
     precision: str = "all"
     batch_sizes: list[int] | None = None  # None: the automatic search
     repeats: int = 3
-    max_batch_size: int = 1024
-    trial_timeout: float = 600.0
+    max_batch_size: int | None = 1024  # None: names.SWEEP_DEVICE_DEFAULTS for the device, else SWEEP_DEFAULTS
+    trial_timeout: float | None = 600.0
     resume: bool = False
     secret: frozenset[str] = frozenset()  # settings kept off the trials' command lines (set by sweep())
 
@@ -432,6 +432,8 @@ def read_log(path: Path) -> tuple[dict, list[Trial]]:
 
 
 class Display:
+    def note(self, text: str) -> None: ...
+
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None: ...
 
     def finished(self, trial: Trial, reused: bool) -> None: ...
@@ -459,6 +461,9 @@ class LiveDisplay(Display):
         self.current = ""
         if self.live is not None:
             self.live.__exit__(*exc)
+
+    def note(self, text: str) -> None:
+        self.console.print(term.text(text), soft_wrap=True)
 
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:
         what = ("search" if number == 1 else f"confirm {number}") if phase == "search" else f"repeat {number}"
@@ -496,7 +501,9 @@ class LiveDisplay(Display):
         )
         parts = [table, f"best so far: {best or '-'}"]
         if self.current:
-            spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s")
+            ran = sorted(t.seconds for t in self.rows if t.seconds)  # a trial's likely length: the median so far
+            typical = f" (trials take about {ran[len(ran) // 2]:.0f} s)" if ran else ""
+            spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s{typical}")
             parts.append(spinner)
         return Group(*parts)
 
@@ -554,8 +561,36 @@ def _folder_lock(out: Path):
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def scaled_to_device(options: SweepOptions) -> tuple[SweepOptions, str]:
+    """The sweep's options with those not given (None) set for the device it runs on, and a line saying which."""
+    run = options.run
+    given = {
+        "steps": run.steps,
+        "warmup_steps": run.warmup_steps,
+        "max_batch_size": options.max_batch_size,
+        "trial_timeout": options.trial_timeout,
+    }
+    if all(value is not None for value in given.values()):
+        return options, ""
+    _, device, _ = runner.resolve(replace(run, steps=run.steps or 1, warmup_steps=run.warmup_steps or 1))
+    defaults = names.SWEEP_DEVICE_DEFAULTS.get(device.type, names.SWEEP_DEFAULTS)
+    chosen = {k: defaults[k] if v is None else v for k, v in given.items()}
+    taken = [k for k, v in given.items() if v is None]
+    line = (
+        f"sweep on {device.type}: {chosen['steps']} + {chosen['warmup_steps']} warmup steps a trial, batch sizes up "
+        f"to {chosen['max_batch_size']}, {chosen['trial_timeout']:g} s a trial at most (the {device.type} defaults "
+        f"of {', '.join('--' + k.replace('_', '-') for k in taken)})"
+    )
+    run = replace(run, steps=chosen["steps"], warmup_steps=chosen["warmup_steps"])
+    scaled = replace(options, run=run, max_batch_size=chosen["max_batch_size"], trial_timeout=chosen["trial_timeout"])
+    return scaled, line
+
+
 def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
     display = display or Display()
+    options, line = scaled_to_device(options)
+    if line:
+        display.note(line)
     for name, value, low in (("repeats", options.repeats, 0), ("max-batch-size", options.max_batch_size, 1)):
         if value < low:
             raise UsageError(f"--{name} must be at least {low}, got {value}")

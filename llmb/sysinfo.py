@@ -205,6 +205,18 @@ def load_average() -> list[float]:
         return []
 
 
+# CPU flags of native 16-bit matmuls; without them torch emulates the format, several times slower than FP32.
+NATIVE_16BIT_FLAGS = {"BF16": ("avx512_bf16", "amx_bf16"), "FP16": ("avx512_fp16", "amx_fp16")}
+
+
+def cpu_emulated_precisions() -> list[str]:
+    """The 16-bit precisions this CPU has no native matmul for (from /proc/cpuinfo's flags; none where unreadable)."""
+    flags = set(_cpuinfo().get("flags", "").split())
+    if not flags:
+        return []
+    return [name for name, native in NATIVE_16BIT_FLAGS.items() if not flags.intersection(native)]
+
+
 def free_cores() -> tuple[int, float, int]:
     """(the CPUs this process may run on, the host's 1-minute load average, the CPUs that load leaves free: at
     least 1). Read before a run, so its thread count can leave room for the work already on the host."""

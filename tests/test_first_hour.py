@@ -3,8 +3,10 @@ defaults that suit the device, output a log can read. Fast tests: records from t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -299,3 +301,60 @@ def test_busy_host_advice_works_for_the_plugin_in_use(monkeypatch, settings, adv
     assert "before the run" in before
     busy_host(monkeypatch, load=0.2, cpus=2)
     assert sysinfo.busy_before_run(1, settings) is None
+
+
+# Defaults that suit the device: every README command ends in minutes on a 2-core CPU.
+
+
+def test_a_sweeps_defaults_scale_to_its_device(tmp_path):
+    from llmb import names
+    from llmb.config import build_config
+    from llmb.runner import RunOptions
+
+    run = RunOptions(
+        config=build_config("tiny"), preset="tiny", plugin="cpu", device="cpu", steps=None, warmup_steps=None
+    )
+    options = sweep.SweepOptions(run=run, out=tmp_path, max_batch_size=None, trial_timeout=None)
+    scaled, line = sweep.scaled_to_device(options)
+    cpu = names.SWEEP_DEVICE_DEFAULTS["cpu"]
+    assert (scaled.run.steps, scaled.run.warmup_steps) == (cpu["steps"], cpu["warmup_steps"])
+    assert (scaled.max_batch_size, scaled.trial_timeout) == (cpu["max_batch_size"], cpu["trial_timeout"])
+    assert (
+        cpu["steps"] < names.SWEEP_DEFAULTS["steps"] and cpu["max_batch_size"] < names.SWEEP_DEFAULTS["max_batch_size"]
+    )
+    assert "cpu" in line and "--steps" in line
+    given = replace(options, run=replace(run, steps=7), max_batch_size=4)
+    scaled, line = sweep.scaled_to_device(given)
+    assert (scaled.run.steps, scaled.max_batch_size) == (7, 4) and "--steps" not in line  # what is given stays
+
+
+def test_peak_on_a_cpu_measures_a_shape_that_suits_it():
+    result = CliRunner().invoke(cli_main(), ["peak", "--device", "cpu", "--precision", "fp32", "--square", "64",
+                                             "--repeats", "1", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["preset"] == names_module().PEAK_DEVICE_PRESETS["cpu"] and "emulated" in data
+
+
+def names_module():
+    from llmb import names
+
+    return names
+
+
+def test_emulated_16_bit_precisions_are_named_from_the_cpu_flags(monkeypatch):
+    from llmb import sysinfo
+
+    # A CPU with other flags than this host's: /proc/cpuinfo is what the test sets.
+    monkeypatch.setattr(sysinfo, "_cpuinfo", lambda: {"flags": "fpu sse avx2"})
+    assert sorted(sysinfo.cpu_emulated_precisions()) == ["BF16", "FP16"]
+    monkeypatch.setattr(sysinfo, "_cpuinfo", lambda: {"flags": "avx2 avx512f avx512_bf16 amx_fp16"})
+    assert sysinfo.cpu_emulated_precisions() == []
+
+
+def test_long_commands_show_an_estimate_of_the_time_left():
+    from rich.progress import TimeRemainingColumn
+
+    from llmb.cli import progress_columns
+
+    assert any(isinstance(column, TimeRemainingColumn) for column in progress_columns())
