@@ -162,15 +162,22 @@ def model_options(func):
     return click.option("--preset", default="official", show_default=True, type=bounds.choice(names.PRESET_NAMES))(func)
 
 
-def loop_options(steps_help: str, device_defaults: dict[str, dict] | None = None):
-    """The measured loop's length and seed, then the model's shape: one set for run and sweep. With device_defaults
-    (a sweep's), a step count not given is the device's (None here), and --help says which."""
+def device_scaled(name: str) -> str:
+    """--help's default of a sweep option that scales to the device: the general value, then each device's."""
+    scaled = "; ".join(f"{d[name]:g} on {kind}" for kind, d in names.SWEEP_DEVICE_DEFAULTS.items())
+    return f"{names.SWEEP_DEFAULTS[name]:g}; {scaled}"
+
+
+def loop_options(steps_help: str, scaled: bool = False):
+    """The measured loop's length and seed, then the model's shape: one set for run and sweep. Scaled (a sweep's):
+    a step count not given is the device's (None here: llmb.sweep.scaled_to_device), and --help says which."""
 
     def default(name: str, value: int):
-        if device_defaults is None:
-            return {"default": value, "show_default": True}
-        scaled = "; ".join(f"{d[name]} on {kind}" for kind, d in device_defaults.items())
-        return {"default": None, "show_default": f"{value}; {scaled}"}
+        return (
+            {"default": None, "show_default": device_scaled(name)}
+            if scaled
+            else {"default": value, "show_default": True}
+        )
 
     return lambda func: _apply(
         func,
@@ -957,7 +964,7 @@ def project_command(
 @click.option(
     "--max-batch-size",
     default=None,
-    show_default="1024; " + "; ".join(f"{d['max_batch_size']} on {k}" for k, d in names.SWEEP_DEVICE_DEFAULTS.items()),
+    show_default=device_scaled("max_batch_size"),
     type=bounds.BATCH,
     help="Upper bound for auto.",
 )
@@ -968,11 +975,11 @@ def project_command(
     type=bounds.SWEEP_REPEATS,
     help="Re-runs of the best batch; median = headline.",
 )
-@loop_options("Measured steps per trial.", names.SWEEP_DEVICE_DEFAULTS)
+@loop_options("Measured steps per trial.", scaled=True)
 @click.option(
     "--trial-timeout",
     default=None,
-    show_default="600; " + "; ".join(f"{d['trial_timeout']:g} on {k}" for k, d in names.SWEEP_DEVICE_DEFAULTS.items()),
+    show_default=device_scaled("trial_timeout"),
     type=bounds.SECONDS,
     help="Seconds before a trial is killed.",
 )
