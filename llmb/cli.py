@@ -818,10 +818,10 @@ def reproduce_command(path: Path, tolerance: float, runs: int) -> None:
 @handle_errors
 def new_plugin(name: str, directory: Path | None) -> None:
     """Write an installable plugin package: a llmb.Backend subclass with every method stubbed, a vendor's start."""
-    from llmb.scaffold import write_plugin
+    from llmb.scaffold import install_command, write_plugin
 
     target = write_plugin(name, directory)
-    term.say(f"wrote plugin {name!r} to {target}; install it with: pip install -e {target}")
+    term.say(f"wrote plugin {name!r} to {target}; install it with: {install_command(target)}")
 
 
 @cli.command(name="commbench")

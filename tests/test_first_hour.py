@@ -358,3 +358,69 @@ def test_long_commands_show_an_estimate_of_the_time_left():
     from llmb.cli import progress_columns
 
     assert any(isinstance(column, TimeRemainingColumn) for column in progress_columns())
+
+
+# A plugin written from the scaffold and the README alone.
+
+
+def load_module(path: Path, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_new_plugin_prints_an_install_command_with_the_test_extra(tmp_path):
+    target = tmp_path / "llmb-acme"
+    result = CliRunner().invoke(cli_main(), ["new-plugin", "acme", "--dir", str(target)])
+    assert result.exit_code == 0, result.output
+    assert f"pip install -e '{target}[test]'" in result.output
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "pip install -e 'llmb-acme[test]'" in readme  # the main README's line for the same step
+
+
+def test_stubs_that_only_call_the_base_class_are_not_counted_as_overridden():
+    from llmb import Backend
+    from llmb.backend import overridden
+
+    class Stubbed(Backend):
+        name = "stubbed"
+
+        def synchronize(self, device):
+            """Only the default."""
+            super().synchronize(device)
+
+        def run_facts(self, device):
+            return super().run_facts(device)
+
+        def peak_memory_bytes(self, device):
+            return super().peak_memory_bytes(None)  # not the same call: an override
+
+        def precisions(self):
+            return ["FP32", "BF16"]
+
+    assert overridden(Stubbed()) == ["precisions", "peak_memory_bytes"]
+
+
+def test_the_scaffolds_settings_table_is_checked_against_its_settings(tmp_path, register_backend):
+    from llmb.scaffold import write_plugin
+
+    target = write_plugin("acme", tmp_path / "llmb-acme")
+    module = load_module(target / "llmb_acme.py", "llmb_acme")
+    backend = register_backend(module.AcmeBackend())
+    check = load_module(target / "tests" / "test_llmb_acme.py", "test_llmb_acme").test_readme_lists_the_settings
+    check()  # as generated, the README's table is the settings'
+    backend.settings = lambda: [Setting("threads", int, 0, "intra-op threads")]  # the vendor edits settings()
+    with pytest.raises(AssertionError, match="settings table is stale"):
+        check()
+
+
+def test_the_scaffolds_readme_runs_what_the_main_readme_runs(tmp_path):
+    from llmb.scaffold import write_plugin
+
+    scaffold = (write_plugin("acme", tmp_path / "llmb-acme") / "README.md").read_text()
+    main = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    runs = [line.split("#")[0].strip() for line in scaffold.splitlines() if line.startswith("llmb run")]
+    assert runs and all(run in main for run in runs), runs  # same options (no --steps 5 beside a default 50)
