@@ -545,7 +545,7 @@ def _compile_cell(record: Result) -> str:
 
 def _print_record(record: Result, path: Path) -> None:
     prec = record.precision
-    table = term.table(f"llmb {record.plugin.name} on {record.device.name}", show_header=False)
+    table = term.table(f"llmb {record.plugin.name} on {record.device.label}", show_header=False)
     term.column(table, "what", style="bold")
     term.column(table, "value")
     mfu = record.mfu
@@ -1209,6 +1209,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
     from llmb import roofline, sysinfo
     from llmb.config import build_config
+    from llmb.records import device_label
     from llmb.results import write_json_atomic
 
     kind = roofline.device_for(plugin, device).type
@@ -1245,7 +1246,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         return
     for result in results:
         # The device name comes from the plugin: text, never markup.
-        title = f"{result.precision} matmul on {result.device} ({result.device_name}), median of {repeats}"
+        title = f"{result.precision} matmul on {device_label(result.device, result.device_name)}, median of {repeats}"
         if result.precision in emulated:
             title += " (emulated: this CPU has no native matmul for it, so it is slow)"
         table = term.table(title)

@@ -325,6 +325,16 @@ class DeviceRef(Typed):
     count: int | None = None
     memory_bytes: int | None = None  # the device's total memory, from the backend (None: the host CPU, or unknown)
 
+    @property
+    def label(self) -> str:
+        return device_label(self.spec or self.type, self.name)
+
+
+def device_label(spec: str, name: str) -> str:
+    """How every command names a device in its output (run, check-plugin, peak): the plugin's name for it, then the
+    torch device it ran on, e.g. "AMD EPYC (cpu)"."""
+    return f"{name} ({spec})" if name and name != spec else spec
+
 
 @dataclass(kw_only=True)
 class Software(Typed):

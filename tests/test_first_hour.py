@@ -424,3 +424,69 @@ def test_the_scaffolds_readme_runs_what_the_main_readme_runs(tmp_path):
     main = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     runs = [line.split("#")[0].strip() for line in scaffold.splitlines() if line.startswith("llmb run")]
     assert runs and all(run in main for run in runs), runs  # same options (no --steps 5 beside a default 50)
+
+
+def readme_conformance_checks() -> set[str]:
+    """The check names in the README's conformance table (rows like "| `forward-loss`, `forward-logits` | ...")."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("| check | what must hold |", 1)[1].split("\n\n", 1)[0]
+    return {name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z-]+)`", row.split("|")[1])}
+
+
+def test_the_readme_lists_every_check_check_plugin_prints_and_one_device_name(tmp_path):
+    out = tmp_path / "conformance.json"
+    args = ["check-plugin", "--plugin", "cpu", "--device", "cpu", "--steps", "2", "--out", str(out)]
+    result = CliRunner().invoke(cli_main(), args)
+    assert result.exit_code == 0, result.output
+    from llmb.records import Conformance
+
+    record = Conformance.from_dict(json.loads(out.read_text()))
+    printed = {c.name for c in record.checks}
+    assert "identities" in printed and all(name in result.output for name in printed)
+    assert readme_conformance_checks() == printed
+
+    # One device name: the run's summary names the device as check-plugin did.
+    from llmb.cli import _print_record
+
+    run = replace(make_result(), device=record.device)
+    shown = CliRunner().invoke(click.Command("show", callback=lambda: _print_record(run, tmp_path / "r.json")), [])
+    assert record.device.label in result.output and record.device.label in shown.output
+
+
+def readme_commands() -> list[list[str]]:
+    """Every concrete llmb command in the README's bash blocks (usage lines with [OPTIONS] or ... left out)."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
+        for line in block.splitlines():
+            for part in line.split("&&"):
+                part = part.split("  #")[0].strip()
+                if part.startswith("llmb ") and "[" not in part and "..." not in part and "PATH" not in part:
+                    commands.append(shlex.split(part))
+    return commands
+
+
+def test_every_output_path_of_the_readmes_commands_is_ignored_by_git():
+    from llmb.cli import cli
+
+    written = set()
+    for argv in readme_commands():
+        command = cli.commands[argv[1]]
+        given = {argv[i]: argv[i + 1] for i in range(2, len(argv) - 1) if argv[i] in ("--out", "--plot", "--dir")}
+        written.update(given.values())
+        default = next((p.default for p in command.params if p.name == "out"), None)
+        if "--out" not in given and default is not None and "--json" not in argv:
+            written.add(str(default))
+        if argv[1] == "new-plugin" and "--dir" not in given:
+            written.add(f"llmb-{argv[2]}")
+    assert {"results", "sweep/", "report.html", "plots/", "llmb-acme"} <= written
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted(written):
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path.rstrip("/") + "/x"], cwd=root)
+        plain = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root)
+        assert 0 in (ignored.returncode, plain.returncode), f"{path} (written by a README command) is not ignored"
