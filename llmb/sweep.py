@@ -208,7 +208,7 @@ def headline_of(points: Points, repeats: list[Trial]) -> tuple[Trial, list[Trial
     best = reran[0].batch_size if reran else best_batch(points)
     if best is None:
         return None
-    measured = counted_runs([*points.get(best, []), *reran], lambda t: t.phase)  # the rule report and bundle share
+    measured = counted_runs(reran or points[best], lambda t: t.phase)  # the rule the report and the bundle share
     return median_trial(measured), measured
 
 
@@ -406,16 +406,21 @@ def logged_options(out: Path, given: set[str]) -> dict:
     if not path.is_file():
         return {}
     header, _ = read_log(path)
-    taken: dict = {k: header[k] for k in ("plugin", "device", "mode", "preset", "steps", "warmup_steps", "seed")}
-    taken["max_batch_size"] = header["max_batch_size"]
+    # Only what the header holds (an older log lacks precision, repeats and trial_timeout): a missing or malformed
+    # entry is left to the option's own default, and SweepLog.open names any mismatch that follows.
     names = {"precision": "precision_name", "repeats": "repeats", "trial_timeout": "trial_timeout"}
-    taken |= {name: header[key] for key, name in names.items() if key in header}  # logs before these have none
-    sizes = header["batch_sizes"]
-    taken["batch_sizes"] = sizes if isinstance(sizes, str) else ",".join(map(str, sizes))
-    taken["options"] = tuple(
-        f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in header["settings"].items() if v != REDACTED
-    )
-    taken |= {k: v for k, v in header["config"].items() if k in SHAPE_FIELDS}
+    keys = ("plugin", "device", "mode", "preset", "steps", "warmup_steps", "seed", "max_batch_size", *names)
+    taken: dict = {names.get(k, k): header[k] for k in keys if header.get(k) is not None}
+    sizes = header.get("batch_sizes")
+    if isinstance(sizes, str) or (isinstance(sizes, list) and sizes):
+        taken["batch_sizes"] = sizes if isinstance(sizes, str) else ",".join(map(str, sizes))
+    settings, config = header.get("settings"), header.get("config")
+    if isinstance(settings, dict):
+        taken["options"] = tuple(
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items() if v != REDACTED
+        )
+    if isinstance(config, dict):
+        taken |= {k: v for k, v in config.items() if k in SHAPE_FIELDS}
     return {k: v for k, v in taken.items() if k not in given}
 
 
@@ -434,6 +439,9 @@ def read_log(path: Path) -> tuple[dict, list[Trial]]:
 class Display:
     def note(self, text: str) -> None: ...
 
+    def plan(self, most: int) -> None:
+        """The most trials the sweep can take (trial_bound), for an estimate of the time left."""
+
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None: ...
 
     def finished(self, trial: Trial, reused: bool) -> None: ...
@@ -445,6 +453,7 @@ class Display:
 class LiveDisplay(Display):
     console: Console
     current: str = ""
+    most: int = 0
     started: float = 0.0
     rows: list[Trial] = field(default_factory=list)
     bests: dict[str, tuple[Trial, list[Trial]]] = field(default_factory=dict)
@@ -465,6 +474,17 @@ class LiveDisplay(Display):
     def note(self, text: str) -> None:
         self.console.print(term.text(text), soft_wrap=True)
 
+    def plan(self, most: int) -> None:
+        self.most = most
+
+    def left(self) -> str:
+        """At most how long the trials not yet run take, at the median length of those so far ("" before any)."""
+        ran = sorted(t.seconds for t in self.rows if t.seconds)
+        if not ran or not self.most:
+            return ""
+        remaining = max(self.most - len(self.rows), 0)
+        return f"at most {remaining} trials left, ~{remaining * ran[len(ran) // 2] / 60:.0f} min at most"
+
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:
         what = ("search" if number == 1 else f"confirm {number}") if phase == "search" else f"repeat {number}"
         self.current = f"{precision_name}  batch {batch}  {what}  (trial {len(self.rows) + 1})"
@@ -478,6 +498,7 @@ class LiveDisplay(Display):
             tps = f"{done.tokens_per_second:,.1f} tokens/s" if done.tokens_per_second else ""
             parts = [f"trial {len(self.rows)}: {done.precision} batch {done.batch_size} {_phase(done)} ", _status(done)]
             parts += [f" {tps} {done.seconds:.1f} s", f" {done.detail}" if done.detail else ""]
+            parts += [f" ({self.left()})" if self.left() else ""]
             self.console.print(term.line(*parts), soft_wrap=True)
 
     def best(self, precision_name: str, headline: tuple[Trial, list[Trial]] | None) -> None:
@@ -501,9 +522,8 @@ class LiveDisplay(Display):
         )
         parts = [table, f"best so far: {best or '-'}"]
         if self.current:
-            ran = sorted(t.seconds for t in self.rows if t.seconds)  # a trial's likely length: the median so far
-            typical = f" (trials take about {ran[len(ran) // 2]:.0f} s)" if ran else ""
-            spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s{typical}")
+            left = f"  ({self.left()})" if self.left() else ""
+            spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s{left}")
             parts.append(spinner)
         return Group(*parts)
 
@@ -561,6 +581,13 @@ def _folder_lock(out: Path):
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def trial_bound(options: SweepOptions, precisions: int) -> int:
+    """The most trials a sweep of this many precisions can take: each size of the search (a list's, or the doublings
+    up to the ceiling and the refinement's) measured at most CONFIRM_TRIALS times, then the re-runs."""
+    sizes = len(options.batch_sizes) if options.batch_sizes else options.max_batch_size.bit_length() + REFINE_POINTS
+    return precisions * (sizes * CONFIRM_TRIALS + options.repeats)
+
+
 def scaled_to_device(options: SweepOptions) -> tuple[SweepOptions, str]:
     """The sweep's options with those not given (None) set for the device it runs on, and a line saying which."""
     run = options.run
@@ -598,6 +625,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         raise UsageError(f"--trial-timeout must be positive, got {options.trial_timeout}")
     plugin, device, settings = runner.resolve(options.run)
     names, unsupported = precisions_to_sweep(plugin, options.precision)
+    display.plan(trial_bound(options, len(names)))
     for name in names:  # every precision is checked before the first trial starts
         runner.resolve(replace(options.run, precision=name))
     run_options = replace(options.run, plugin=plugin.name, device=str(device))

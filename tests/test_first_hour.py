@@ -490,3 +490,22 @@ def test_every_output_path_of_the_readmes_commands_is_ignored_by_git():
         ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path.rstrip("/") + "/x"], cwd=root)
         plain = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root)
         assert 0 in (ignored.returncode, plain.returncode), f"{path} (written by a README command) is not ignored"
+
+
+def test_a_sweep_estimates_what_is_left_from_its_trial_bound(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from llmb.config import build_config
+    from llmb.runner import RunOptions
+
+    options = sweep.SweepOptions(run=RunOptions(config=build_config("tiny"), preset="tiny"), out=tmp_path)
+    options = replace(options, max_batch_size=16, repeats=3)
+    most = sweep.trial_bound(options, 1)
+    assert most == ((16).bit_length() + sweep.REFINE_POINTS) * sweep.CONFIRM_TRIALS + 3
+    stream = io.StringIO()
+    display = sweep.LiveDisplay(Console(file=stream, width=200))
+    display.plan(most)
+    display.finished(sweep.Trial("FP32", 1, "search", 0, "ok", tokens_per_second=10.0, seconds=30.0), reused=False)
+    assert f"at most {most - 1} trials left" in stream.getvalue() and "min at most" in stream.getvalue()
