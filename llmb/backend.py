@@ -8,7 +8,10 @@ arguments given here. This module imports no torch, so `import llmb` stays cheap
 
 from __future__ import annotations
 
+import ast
+import inspect
 import platform
+import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -162,5 +165,39 @@ def public_methods() -> list[str]:
 
 
 def overridden(backend: Backend) -> list[str]:
-    """The contract methods this backend's class (or a base between it and Backend) defines itself."""
-    return [name for name in public_methods() if getattr(type(backend), name) is not getattr(Backend, name)]
+    """The contract methods this backend's class (or a base between it and Backend) defines itself, leaving out
+    those whose body only hands its arguments to the base class's (a `new-plugin` stub): they change nothing."""
+    cls = type(backend)
+    return [
+        name
+        for name in public_methods()
+        if getattr(cls, name) is not getattr(Backend, name) and not _only_calls_super(getattr(cls, name))
+    ]
+
+
+def _only_calls_super(method) -> bool:
+    """Whether a method's body (past its docstring) is `[return] super().<its name>(<its parameters, in order>)`."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError):  # no source (a C function, an interactive definition): an override
+        return False
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, ast.FunctionDef):
+        return False
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Return)):
+        return False
+    call = body[0].value
+    params = [a.arg for a in function.args.args[1:]]
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == function.name
+        and isinstance(call.func.value, ast.Call)
+        and isinstance(call.func.value.func, ast.Name)
+        and call.func.value.func.id == "super"
+        and not call.keywords
+        and [a.id if isinstance(a, ast.Name) else None for a in call.args] == params
+    )

@@ -4,8 +4,11 @@ click's one-line message, never a raw Python error deep in a run, and click show
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import click
+
+from llmb import names
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -32,3 +35,30 @@ NODE_RANK = click.IntRange(0, 99_999)
 PORT = click.IntRange(1, 65_535)
 COUNT = click.IntRange(1, 10**6)
 PROJECT = click.IntRange(1, 10**12)  # `llmb project` sizes a model on paper: large, but still a bound
+
+
+class Choice(click.Choice):
+    """A fixed choice matched in any case; `what` names it in the error ("unknown precision 'FP64' (choose from
+    ...)"), click's own message otherwise."""
+
+    def __init__(self, values: Sequence[str], what: str | None = None) -> None:
+        super().__init__(values, case_sensitive=False)
+        self.what = what
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            if self.what is None:
+                raise
+            self.fail(f"unknown {self.what} {value!r} (choose from {', '.join(self.choices)})", param, ctx)
+
+
+def choice(values: Sequence[str], what: str | None = None) -> click.Choice:
+    """Every fixed choice on the command line, matched in any case (`--preset Tiny` as `--precision bf16`); the
+    value passed on is the listed spelling."""
+    return Choice(values, what)
+
+
+# --precision: a benchmark precision, or all (every precision the plugin supports); checked before torch is imported.
+PRECISION = choice([*names.PRECISIONS, "all"], "precision")

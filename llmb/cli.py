@@ -79,6 +79,18 @@ def shape_options(func):
     return func
 
 
+def _known_plugin(ctx, param, value: str | None) -> str | None:
+    """--plugin checked as it is parsed, from installed metadata (no torch import): a typo is answered at once."""
+    from llmb import plugins
+
+    if value is not None:
+        try:
+            plugins.check_name(value)
+        except LlmbError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
 def plugin_options(func):
     func = click.option(
         "-O",
@@ -90,7 +102,10 @@ def plugin_options(func):
     )(func)
     func = click.option("--device", default=None, help="Any device string torch accepts (default: the plugin's).")(func)
     func = click.option(
-        "--plugin", default=None, help="Hardware plugin (default: first with hardware present, else cpu)."
+        "--plugin",
+        default=None,
+        callback=_known_plugin,
+        help="Hardware plugin (default: first with hardware present, else cpu).",
     )(func)
     return func
 
@@ -129,6 +144,7 @@ def precision_options(default: str):
                 "precision_name",
                 default=default,
                 show_default=True,
+                type=bounds.PRECISION,
                 help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
             ),
             click.option(
@@ -136,7 +152,7 @@ def precision_options(default: str):
                 "mode",
                 default="pure",
                 show_default=True,
-                type=click.Choice(names.MODES),
+                type=bounds.choice(names.MODES),
                 help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
             ),
         ],
@@ -146,16 +162,31 @@ def precision_options(default: str):
 def model_options(func):
     """The preset and its debug shape overrides."""
     func = shape_options(func)
-    return click.option("--preset", default="official", show_default=True, type=click.Choice(names.PRESET_NAMES))(func)
+    return click.option("--preset", default="official", show_default=True, type=bounds.choice(names.PRESET_NAMES))(func)
 
 
-def loop_options(steps_help: str):
-    """The measured loop's length and seed, then the model's shape: one set for run and sweep."""
+def device_scaled(name: str) -> str:
+    """--help's default of a sweep option that scales to the device: the general value, then each device's."""
+    scaled = "; ".join(f"{d[name]:g} on {kind}" for kind, d in names.SWEEP_DEVICE_DEFAULTS.items())
+    return f"{names.SWEEP_DEFAULTS[name]:g}; {scaled}"
+
+
+def loop_options(steps_help: str, scaled: bool = False):
+    """The measured loop's length and seed, then the model's shape: one set for run and sweep. Scaled (a sweep's):
+    a step count not given is the device's (None here: llmb.sweep.scaled_to_device), and --help says which."""
+
+    def default(name: str, value: int):
+        return (
+            {"default": None, "show_default": device_scaled(name)}
+            if scaled
+            else {"default": value, "show_default": True}
+        )
+
     return lambda func: _apply(
         func,
         [
-            click.option("--steps", default=50, show_default=True, type=bounds.STEPS, help=steps_help),
-            click.option("--warmup-steps", default=5, show_default=True, type=bounds.WARMUP),
+            click.option("--steps", type=bounds.STEPS, help=steps_help, **default("steps", 50)),
+            click.option("--warmup-steps", type=bounds.WARMUP, **default("warmup_steps", 5)),
             click.option("--seed", default=0, show_default=True, type=bounds.SEED),
             model_options,
         ],
@@ -181,6 +212,21 @@ def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, tim
     spec = distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
     spec.check()  # a usage error (an unresolvable --master-addr) before anything touches the disk
     return spec
+
+
+def progress_columns() -> tuple:
+    """rich's progress columns for a long command: what it does, how far, the time taken and rich's estimate of the
+    time left (from the rate of the steps so far)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return (
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+    )
 
 
 class RichProgress:
@@ -224,7 +270,7 @@ class RichProgress:
 @launch_options
 @click.option(
     "--parallel",
-    type=click.Choice(names.PARALLEL),
+    type=bounds.choice(names.PARALLEL),
     default=None,
     help="Several processes: DDP, FSDP2 (each decoder layer a unit) or HSDP (replicate x shard); default ddp. "
     "Batch size is per data-parallel rank.",
@@ -236,7 +282,7 @@ class RichProgress:
     "--pp", type=bounds.PROCESSES, default=1, show_default=True, help="Pipeline stages (torch.distributed.pipelining)."
 )
 @click.option("--microbatches", type=bounds.COUNT, default=None, help="Pipeline microbatches per step (default: --pp).")
-@click.option("--pp-schedule", type=click.Choice(names.SCHEDULES), default="gpipe", show_default=True)
+@click.option("--pp-schedule", type=bounds.choice(names.SCHEDULES), default="gpipe", show_default=True)
 @click.option("--grad-accum", type=bounds.COUNT, default=1, show_default=True, help="Micro-steps per optimizer step.")
 @click.option("--sequence-parallel", is_flag=True, help="With --tp: shard norms and the residual along the sequence.")
 @click.option(
@@ -342,7 +388,7 @@ def _run_clean(
     base: runner.RunOptions, requested: str, launch, replay: tuple[int, float], out: Path, unsaved: list[Path]
 ) -> list[dict]:
     """Judged from this process, which imports no plugin: the worker it starts runs the plugin (llmb.cleanroom)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     from llmb import cleanroom, distributed, runner
 
@@ -356,8 +402,7 @@ def _run_clean(
     if launch is not None:
         runner.check_layout(runs[0], launch.nproc_per_node * launch.nnodes, launch.nnodes)
     world = distributed.current_world()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
+    with Progress(*progress_columns(), console=err_console, transient=True) as progress:
         shown = RichProgress(progress, "") if world is None or world.rank == 0 else None
         # Each record is saved as soon as it is judged, before the next precision runs: nothing measured is lost
         # to a later failure or a signal.
@@ -449,15 +494,14 @@ def _save_quietly(record: Result, out: Path) -> None:
 
 def _run_one(options):
     """A run with rich's progress bars (a runner.Result, or None on ranks other than 0)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
     from llmb import distributed, runner
 
     world = distributed.current_world()
     if world is not None and world.rank != 0:
         return runner.run(options)
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
+    with Progress(*progress_columns(), console=err_console, transient=True) as progress:
         return runner.run(options, RichProgress(progress, options.precision))
 
 
@@ -474,9 +518,11 @@ def oversubscribed(record: Result) -> str | None:
     cpus = len(host.cpu_affinity) if host.cpu_affinity else host.cpu_count
     load = max(host.load_average_start[:1] + host.load_average_end[:1])
     if threads and load > max(threads, 1) + 0.5 and load > (cpus or 0) * 0.9:
+        from llmb import sysinfo
+
         return (
             f"load average {load:.1f} with torch on {threads} thread(s) and {cpus} CPUs: other processes competed "
-            "for the cores, so this figure is low; rerun on an idle host, or give torch fewer threads (-O threads=1)"
+            f"for the cores, so this figure is low; {sysinfo.threads_advice(record.plugin.settings)}"
         )
     return None
 
@@ -504,7 +550,7 @@ def _compile_cell(record: Result) -> str:
 
 def _print_record(record: Result, path: Path) -> None:
     prec = record.precision
-    table = term.table(f"llmb {record.plugin.name} on {record.device.name}", show_header=False)
+    table = term.table(f"llmb {record.plugin.name} on {record.device.label}", show_header=False)
     term.column(table, "what", style="bold")
     term.column(table, "value")
     mfu = record.mfu
@@ -557,6 +603,9 @@ def _print_record(record: Result, path: Path) -> None:
     warning = record.repeat_spread_warning()
     if warning:
         term.say((f"NOISY: {warning}", "bold yellow"))
+    over_peak = record.matmul_peak_warning()
+    if over_peak:
+        term.say((f"MATMUL PEAK: {over_peak}", "bold yellow"))
     if prec.effective != prec.requested:
         term.say(
             (
@@ -603,6 +652,14 @@ def plugins_command(as_json: bool) -> None:
         peaks = "\n".join(f"{device}: {source}" for device, source in b["peak_sources"].items())
         term.row(table, "peak sources", peaks or "none (no MFU)")
         console.print(table)
+
+
+def _given_on_command_line() -> set[str]:
+    """The parameters of the running command that were typed (not defaults)."""
+    ctx = click.get_current_context()
+    return {
+        name for name in ctx.params if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)
+    }
 
 
 def _setting_line(s: dict) -> Text:
@@ -674,6 +731,7 @@ def package_submission(
         note=note,
         force=force,
         check_plugin=conformance.check_plugin,
+        say=lambda line: term.say(line, stderr=True),
     )
     with err_console.status("packaging (runs check-plugin where no conformance record is given)"):
         root, skipped = submission.package(options)
@@ -765,10 +823,10 @@ def reproduce_command(path: Path, tolerance: float, runs: int) -> None:
 @handle_errors
 def new_plugin(name: str, directory: Path | None) -> None:
     """Write an installable plugin package: a llmb.Backend subclass with every method stubbed, a vendor's start."""
-    from llmb.scaffold import write_plugin
+    from llmb.scaffold import install_command, write_plugin
 
     target = write_plugin(name, directory)
-    term.say(f"wrote plugin {name!r} to {target}; install it with: pip install -e {target}")
+    term.say(f"wrote plugin {name!r} to {target}; install it with: {install_command(target)}")
 
 
 @cli.command(name="commbench")
@@ -908,7 +966,13 @@ def project_command(
     show_default=True,
     help="auto (double until out of memory or a plateau, then bisect) or a list like 1,2,4,8.",
 )
-@click.option("--max-batch-size", default=1024, show_default=True, type=bounds.BATCH, help="Upper bound for auto.")
+@click.option(
+    "--max-batch-size",
+    default=None,
+    show_default=device_scaled("max_batch_size"),
+    type=bounds.BATCH,
+    help="Upper bound for auto.",
+)
 @click.option(
     "--repeats",
     default=3,
@@ -916,9 +980,13 @@ def project_command(
     type=bounds.SWEEP_REPEATS,
     help="Re-runs of the best batch; median = headline.",
 )
-@loop_options("Measured steps per trial.")
+@loop_options("Measured steps per trial.", scaled=True)
 @click.option(
-    "--trial-timeout", default=600.0, show_default=True, type=bounds.SECONDS, help="Seconds before a trial is killed."
+    "--trial-timeout",
+    default=None,
+    show_default=device_scaled("trial_timeout"),
+    type=bounds.SECONDS,
+    help="Seconds before a trial is killed.",
 )
 @click.option(
     "--out",
@@ -962,6 +1030,17 @@ def sweep(
     from llmb import sweep as sweeps
     from llmb.config import build_config
 
+    if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
+        logged = sweeps.logged_options(out, given=_given_on_command_line())
+        plugin, device = logged.get("plugin", plugin), logged.get("device", device)
+        mode, preset = logged.get("mode", mode), logged.get("preset", preset)
+        steps, warmup_steps = logged.get("steps", steps), logged.get("warmup_steps", warmup_steps)
+        seed, options = logged.get("seed", seed), logged.get("options", options)
+        batch_sizes = logged.get("batch_sizes", batch_sizes)
+        max_batch_size = logged.get("max_batch_size", max_batch_size)
+        precision_name, repeats = logged.get("precision_name", precision_name), logged.get("repeats", repeats)
+        trial_timeout = logged.get("trial_timeout", trial_timeout)
+        shape = {k: logged.get(k, v) for k, v in shape.items()}
     run_options = runner.RunOptions(
         config=build_config(preset, **shape),
         preset=preset,
@@ -1002,7 +1081,7 @@ def sweep(
     "--format",
     "fmt",
     default=None,
-    type=click.Choice(["md", "html", "csv", "json"]),
+    type=bounds.choice(["md", "html", "csv", "json"]),
     help="Output format (default: tables on the console, or the --out file's suffix).",
 )
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")
@@ -1053,11 +1132,12 @@ def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
     "precision_name",
     default="FP32",
     show_default=True,
+    type=bounds.PRECISION,
     help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports; one record each, "
     "named like conformance-bf16.json).",
 )
-@click.option("--precision-mode", "mode", default="pure", show_default=True, type=click.Choice(names.MODES))
-@click.option("--preset", default="tiny", show_default=True, type=click.Choice(names.CONFORMANCE_PRESETS))
+@click.option("--precision-mode", "mode", default="pure", show_default=True, type=bounds.choice(names.MODES))
+@click.option("--preset", default="tiny", show_default=True, type=bounds.choice(names.CONFORMANCE_PRESETS))
 @click.option(
     "--steps",
     default=names.CONFORMANCE_STEPS,
@@ -1111,7 +1191,7 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     "--precision",
     "precisions",
     multiple=True,
-    type=click.Choice(names.PRECISIONS),
+    type=bounds.choice(names.PRECISIONS),
     help="Precision to measure (repeatable; default: every one the plugin supports).",
 )
 @model_options
@@ -1132,10 +1212,19 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
 @handle_errors
 def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
-    from llmb import roofline
+    from llmb import roofline, sysinfo
     from llmb.config import build_config
+    from llmb.records import device_label
     from llmb.results import write_json_atomic
 
+    kind = roofline.device_for(plugin, device).type
+    if "preset" not in _given_on_command_line():  # a shape that suits the device: minutes, not hours, on a CPU
+        preset = names.PEAK_DEVICE_PRESETS.get(kind, preset)
+        term.say(
+            f"llmb peak on {kind}: the {preset} shape's GEMMs (--preset official measures the official ones)",
+            stderr=True,
+        )
+    emulated = sysinfo.cpu_emulated_precisions() if kind == "cpu" else []
     results = roofline.peak(
         plugin=plugin,
         device=device,
@@ -1152,6 +1241,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         **envelope(ROOFLINE_SCHEMA),
         "preset": preset,
         "batch_size": batch_size,
+        "emulated": [r.precision for r in results if r.precision in emulated],
         "rooflines": [r.to_dict() for r in results],
     }
     if out:
@@ -1161,7 +1251,10 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         return
     for result in results:
         # The device name comes from the plugin: text, never markup.
-        table = term.table(f"{result.precision} matmul on {result.device} ({result.device_name}), median of {repeats}")
+        title = f"{result.precision} matmul on {device_label(result.device, result.device_name)}, median of {repeats}"
+        if result.precision in emulated:
+            title += " (emulated: this CPU has no native matmul for it, so it is slow)"
+        table = term.table(title)
         for column in ("GEMM", "m x n x k", "iters", "TFLOP/s"):
             term.column(table, column, numeric=column != "GEMM")
         for rate in result.rates:

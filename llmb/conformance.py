@@ -577,7 +577,7 @@ def print_table(record: Conformance, console) -> None:
 
     prec = record.precision
     title = (
-        f"llmb check-plugin {record.plugin.name} on {record.device.spec}: requested {prec.requested} "
+        f"llmb check-plugin {record.plugin.name} on {record.device.label}: requested {prec.requested} "
         f"{prec.mode}, audited {prec.effective}, {record.preset} preset, {record.steps} steps"
     )
     table = term.table(title)

@@ -52,11 +52,40 @@ def line(*parts: object) -> Text:
     return out
 
 
+class _Unpadded:
+    """Off a terminal (a log, a pipe): the stream of the moment with each line's trailing spaces cut, so a title or
+    a note is not padded out to the width of the table it heads (up to _WIDE columns of blanks in a log file)."""
+
+    def __init__(self, stderr: bool) -> None:
+        self.stderr = stderr
+
+    @property
+    def stream(self):
+        return sys.stderr if self.stderr else sys.stdout  # read at each write: click's test runner swaps them
+
+    def write(self, text: str) -> int:
+        return self.stream.write(_TRAILING.sub("\n", text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+
+_TRAILING = re.compile(r"[ \t]+\n")
+
+
 def _console(stderr: bool) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     terminal = hasattr(stream, "isatty") and stream.isatty()
     width = None if terminal or os.environ.get("COLUMNS") else _WIDE
-    return Console(stderr=stderr, markup=False, emoji=False, highlight=False, width=width)
+    file = None if terminal else _Unpadded(stderr)
+    return Console(file=file, stderr=stderr, markup=False, emoji=False, highlight=False, width=width)
 
 
 # Console reads sys.stdout/sys.stderr at each print, so click's test runner still captures these.

@@ -27,6 +27,13 @@ DEFAULT_REPLAY_STEPS = 2
 # The probability that the judge replays the whole headline window (losses, digest, AdamW's moments) rather than its
 # first DEFAULT_REPLAY_STEPS, drawn after the worker answered for every step (llmb.evidence.draw_replay_steps).
 DEFAULT_REPLAY_WHOLE = 0.25
+# `llmb sweep`'s defaults for the device it runs on, where not given. A CPU trains the tiny preset at hundreds of
+# tokens/s (emulated FP16/BF16 several times slower): its many trials must end in minutes, not hours.
+SWEEP_DEFAULTS = {"steps": 50, "warmup_steps": 5, "max_batch_size": 1024, "trial_timeout": 600.0}
+SWEEP_DEVICE_DEFAULTS = {"cpu": {"steps": 10, "warmup_steps": 2, "max_batch_size": 16, "trial_timeout": 90.0}}
+# `llmb peak`'s shape for a device type where --preset is not given (else the official one): the official shape's
+# GEMMs take a CPU minutes per precision, many more where FP16/BF16 matmuls are emulated.
+PEAK_DEVICE_PRESETS = {"cpu": "tiny"}
 # `llmb check-plugin`: the shapes it may use, and its default steps and batch.
 CONFORMANCE_PRESETS = ("tiny", "small")
 CONFORMANCE_STEPS = 5

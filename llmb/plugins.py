@@ -10,9 +10,11 @@ plugin from package metadata without importing any.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pluggy
@@ -166,8 +168,34 @@ def get_backend(name: str) -> Registration:
         mine = sorted(n for n, reg in found.items() if reg.plugin.name == name)
         hint = f"it registers {', '.join(mine)}" if mine else "it registers no llmb.Backend through register_backends"
         raise UsageError(f"plugin {name!r} has no backend named {name!r}: {hint}")
-    known = ", ".join(sorted({*found, *(info.name for info in installed())}))
-    raise UsageError(f"no plugin named {name!r} (installed: {known})")
+    raise UsageError(unknown_plugin(name, sorted({*found, *(info.name for info in installed())})))
+
+
+def check_name(name: str) -> None:
+    """Refuse a backend name that no installed or registered plugin can provide, from metadata only (nothing is
+    imported, torch included), so a mistyped --plugin fails at once instead of after seconds of imports."""
+    known = sorted({*(info.name for info in installed()), *(n for n, _ in pm.list_name_plugin() if n)})
+    if not any(name == n or name.startswith(f"{n}-") for n in known):
+        raise UsageError(unknown_plugin(name, known))
+
+
+def unknown_plugin(name: str, known: list[str]) -> str:
+    """The one-line error for a plugin name nothing provides, with what fixes it."""
+    return f"no plugin named {name!r} (installed: {', '.join(known)}){_install_hint(name, known)}"
+
+
+# The first-party plugins live beside llmb in a checkout (plugins/<name>), each its own distribution to install.
+SHIPPED_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+
+
+def _install_hint(name: str, installed_names: list[str]) -> str:
+    """What fixes an unknown plugin name: the install command of a plugin shipped in the checkout, else the
+    closest installed names."""
+    shipped = SHIPPED_PLUGINS / name
+    if name.isidentifier() and (shipped / "pyproject.toml").is_file():
+        return f"; it ships with llmb: pip install -e plugins/{name} (from the llmb checkout)"
+    close = difflib.get_close_matches(name, installed_names, n=3)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
 def all_registrations() -> dict[str, Registration]:

@@ -19,6 +19,7 @@ import json
 import math
 import types
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -324,6 +325,16 @@ class DeviceRef(Typed):
     count: int | None = None
     memory_bytes: int | None = None  # the device's total memory, from the backend (None: the host CPU, or unknown)
 
+    @property
+    def label(self) -> str:
+        return device_label(self.spec or self.type, self.name)
+
+
+def device_label(spec: str, name: str) -> str:
+    """How every command names a device in its output (run, check-plugin, peak): the plugin's name for it, then the
+    torch device it ran on, e.g. "AMD EPYC (cpu)"."""
+    return f"{name} ({spec})" if name and name != spec else spec
+
 
 @dataclass(kw_only=True)
 class Software(Typed):
@@ -578,6 +589,10 @@ class Result(Record):
             f"more than {SPREAD_WARNING:.0%}): a loaded host? (load average {self._load()})"
         )
 
+    def matmul_peak_warning(self) -> str | None:
+        """A warning when the run's model GEMM FLOP/s exceed the matmul peak measured in the same run, else None."""
+        return over_peak_warning(self.matmul_peak_efficiency, self._load())
+
     def _load(self) -> str:
         if self.host is None or not self.host.load_average_end:
             return "not recorded"
@@ -605,6 +620,17 @@ class Result(Record):
         if layout is None or (layout.tp, layout.pp, layout.grad_accum, layout.sequence_parallel) == (1, 1, 1, False):
             return self.parallel
         return f"{self.parallel} {layout.label()}"
+
+
+def over_peak_warning(efficiency: float | None, load: str) -> str | None:
+    """The model's GEMMs cannot run faster than the dense matmul peak measured beside them: over 100%, that peak was
+    measured low (a busy host, or a clock that changed), so the ratio is no efficiency. None when it is not over."""
+    if efficiency is None or efficiency <= 1.0:
+        return None
+    return (
+        f"model GEMM FLOP/s at {efficiency:.0%} of the matmul peak measured in the run: that peak was measured low "
+        f"(a busy host? load average {load}), so the ratio is no efficiency; re-run on a quieter host"
+    )
 
 
 def _millions(parameters: int) -> str:
@@ -680,6 +706,7 @@ class Commbench(Record):
 
 SWEEP_STATUSES = ("ok", "oom", "crash", "timeout", "invalid")
 SWEEP_LOG_NAME = "sweep.jsonl"
+SWEEP_SUMMARY_NAME = "sweep-summary.json"  # written beside the log as each precision's search ends
 
 
 @dataclass
@@ -801,6 +828,18 @@ def headline(runs: list[Result]) -> Headline:
     if len({r.group for r in runs}) > 1:
         raise ValueError("runs of different groups cannot share a headline")
     return Headline(runs[median_index([r.tokens_per_second for r in runs])], list(runs))
+
+
+T = TypeVar("T")
+REPEAT_PHASE = "repeat"  # a sweep's re-runs of its best batch (SweepTrial.phase)
+
+
+def counted_runs(runs: Sequence[T], phase: Callable[[T], str | None]) -> list[T]:
+    """The runs of one batch size that its figure is the median of: a sweep's re-runs of it where it has any, else
+    all its runs. The search trials that picked a batch are never pooled with its re-runs: the sweep's summary, the
+    report and the bundle's summary.md all count by this one rule, so they show one headline."""
+    repeats = [r for r in runs if phase(r) == REPEAT_PHASE]
+    return repeats or list(runs)
 
 
 def group_runs(runs: list[Result]) -> dict[RunGroup, list[Result]]:

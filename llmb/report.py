@@ -30,16 +30,20 @@ from llmb.errors import LlmbError, UsageError
 from llmb.names import PRECISIONS
 from llmb.records import (
     RECORD_LIMIT,
+    REPEAT_PHASE,
     REPORT_SCHEMA,
     RESULT_SCHEMA,
     SPREAD_WARNING,
     SWEEP_LOG_NAME,
+    SWEEP_SUMMARY_NAME,
     SWEEP_SUMMARY_SCHEMA,
     PluginRef,
     RecordError,
     Result,
+    counted_runs,
     envelope,
     median_index,
+    over_peak_warning,
     read_sweep_log,
 )
 from llmb.results import write_bytes_atomic
@@ -82,6 +86,7 @@ class Point:
     torch: str = ""  # the torch version that ran it
     steps: str = ""  # measured and warmup steps, as "50 + 5 warmup"
     reference: bool = False  # chosen with --reference: the "x vs reference" ratios are against it
+    unfinished: bool = False  # a trial of a sweep whose search of this precision has not ended (interrupted)
 
     @property
     def closed(self) -> bool:
@@ -160,8 +165,13 @@ def load(paths: list[Path]) -> Inputs:
             elif explicit and schema != SWEEP_SUMMARY_SCHEMA:
                 raise UsageError(f"{file} is not an llmb result (schema {schema!r})")
     phases = {t.run_id: t.phase for _, trials in logs for t in trials if t.run_id}
+    unfinished = {
+        t.run_id for (_, trials), file in zip(logs, log_files, strict=True) for t in trials
+        if t.precision not in _finished_precisions(file.parent)
+    }  # fmt: skip
     for record, file in records.values():
         inputs.points.append(point_from_record(record, phases.get(record.run_id), str(file)))
+        inputs.points[-1].unfinished = record.run_id in unfinished
     for (header, trials), file in zip(logs, log_files, strict=True):
         try:
             inputs.points.extend(failed_points(header, trials, records))
@@ -171,6 +181,17 @@ def load(paths: list[Path]) -> Inputs:
         skipped = f" (skipped: {'; '.join(inputs.skipped[:3])})" if inputs.skipped else ""
         raise LlmbError(f"no llmb results found in {', '.join(map(str, paths))}{skipped}")
     return inputs
+
+
+def _finished_precisions(folder: Path) -> set[str]:
+    """The precisions whose search a sweep folder's summary says ended; none where it has no readable summary (a
+    sweep interrupted before its first precision ended)."""
+    try:
+        summary = json.loads(read_regular(folder / SWEEP_SUMMARY_NAME, RECORD_LIMIT))
+        entries = summary["precisions"].items()
+        return {name for name, entry in entries if entry.get("status") != "not run yet"}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
 
 
 def mark_reference(inputs: Inputs, selector: str) -> None:
@@ -311,7 +332,7 @@ def batch_runs(points: list[Point]) -> dict[int, list[Point]]:
     for p in points:
         if p.ok:
             ok.setdefault(p.batch_size, []).append(p)
-    return {b: [p for p in runs if p.phase == "repeat"] or runs for b, runs in sorted(ok.items())}
+    return {b: counted_runs(runs, lambda p: p.phase) for b, runs in sorted(ok.items())}
 
 
 def batch_medians(points: list[Point]) -> dict[int, Point]:
@@ -336,7 +357,7 @@ def by_standing(points: list[Point]) -> tuple[list[Point], int]:
 def headline(points: list[Point]) -> tuple[Point | None, list[Point]]:
     """(the headline run, the runs its median is over) for one group, from its runs of the best standing."""
     ok, _ = by_standing(points)
-    repeated = {p.batch_size for p in ok if p.phase == "repeat"}
+    repeated = {p.batch_size for p in ok if p.phase == REPEAT_PHASE}
     counted = {b: runs for b, runs in batch_runs(ok).items() if b in repeated or not repeated}
     if not counted:
         return None, []
@@ -496,6 +517,15 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
             warning = noisy_warning(best, runs)
             if warning:
                 warnings.append(warning)
+            if any(p.unfinished for p in group):
+                warnings.append(
+                    f"{best.label}, {best.precision} {best.mode}: the sweep was interrupted before its search ended; "
+                    f"batch {best.batch_size} is the best so far, not its answer (llmb sweep --resume finishes it)"
+                )
+            load = "not recorded" if best.load_average is None else f"{best.load_average:.2f}"
+            over_peak = over_peak_warning(best.matmul_peak_efficiency, load)
+            if over_peak:
+                warnings.append(f"{best.label}, {best.precision} {best.mode}, batch {best.batch_size}: {over_peak}")
             row.update(
                 best_batch_size=best.batch_size,
                 tokens_per_second=best.tokens_per_second,
@@ -506,9 +536,11 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
                 peak_memory_bytes=best.peak_memory_bytes,
                 runs=len(runs),
                 status=best.validity
+                + ("; sweep not finished: best so far" if any(p.unfinished for p in group) else "")
                 + ("; reference" if best.reference else "")
                 + ("; MFU " + best.peak if peaks.ORIGIN_DECLARED in best.peak else "")
                 + ("; noisy" if warning else "")
+                + ("; over the measured matmul peak" if over_peak else "")
                 + (f"; larger batches: {', '.join(failed)}" if failed else "")
                 + (f"; {dropped} invalid runs left out" if (dropped := by_standing(group)[1]) else ""),
             )
@@ -603,6 +635,7 @@ def comparison_tables(
             note = f"Speed-up in tokens/s over {base.label} (each method at its best batch size)."
         else:
             note = f"No baseline: no run of {baseline!r}" if baseline else "No baseline: no run with default settings"
+            note += " (--baseline METHOD names the run to compare against)"
         if refs is not None:
             note += reference_note({k: v for k, v in refs.items() if k == (shape, prec)})
         title = f"Methods on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "") + f", {shape}"
@@ -889,24 +922,32 @@ def efficiency_figure(points: list[Point]):
         ),
         (
             "against the matmul peak measured in the run",
-            lambda p: None if p.matmul_peak_efficiency is None else 100 * p.matmul_peak_efficiency,
+            # Over 100% the peak was measured low (records.over_peak_warning): no efficiency, so not drawn as one.
+            lambda p: (
+                None
+                if p.matmul_peak_efficiency is None or p.matmul_peak_efficiency > 1
+                else 100 * p.matmul_peak_efficiency
+            ),
             "no run measured its matmul peak",
         ),
     ]
-    if not any(value(p) is not None for _, value, _ in kinds for p in single if p.ok):
+    # A panel no run has a figure for (MFU on a CPU: no datasheet peak) is left out, not drawn empty.
+    kinds = [kind for kind in kinds if any(kind[1](p) is not None for p in single if p.ok)]
+    if not kinds:
         return None
-    fig, axes = _figure(2, sharex=True)  # a panel without figures keeps the other's batch axis
+    over = sum(1 for p in single if p.ok and (p.matmul_peak_efficiency or 0) > 1)
+    fig, axes = _figure(len(kinds), sharex=True)
     colors = _colors(points)
     groups = by_group(single)
-    for ax, (name, value, missing) in zip(axes, kinds, strict=True):
+    for ax, (name, value, _why_empty) in zip(axes, kinds, strict=True):
         batches = _draw(ax, groups, value, colors, mark_best=False, failures=False)
         _batch_axis(ax, batches)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("% of peak")
         ax.set_title(f"Efficiency vs batch size: {name}", fontsize=10)
-        if not any(value(p) is not None for ps in groups.values() for p in ps if p.ok):
-            ax.text(0.5, 0.5, f"n/a: {missing}",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#666")  # fmt: skip
+        if over and name.startswith("against the matmul peak"):
+            ax.text(0.5, 0.02, f"{over} run(s) over 100% left out: their measured matmul peak was low (a busy host?)",
+                    ha="center", va="bottom", transform=ax.transAxes, fontsize=8, color="#a60")  # fmt: skip
         _legend(ax)
     return fig
 

@@ -256,6 +256,12 @@ def peak(
     return results
 
 
+def device_for(plugin: str | None, device: str | None) -> torch.device:
+    """The device `llmb peak` measures: the one given, else the plugin's first device type."""
+    types = list(call(select_backend(plugin).backend.device_types))
+    return parse_device(device or (types[0] if types else "cpu"))
+
+
 def compile_seconds(warmup_step_seconds: list[float], steady_step_seconds: float) -> float:
     """What the warmup steps cost beyond steady-state steps: tracing, compilation, autotuning, first-touch."""
     return max(0.0, sum(warmup_step_seconds) - len(warmup_step_seconds) * steady_step_seconds)

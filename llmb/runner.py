@@ -355,6 +355,10 @@ def _run(
     # Every window starts from the initial weights and a fresh AdamW state, so it replays from the seed alone.
     initial_state = evidence.InitialState(session.model)
 
+    if device.type == "cpu":  # said before the first step, not after the figure is made
+        busy = sysinfo.busy_before_run(torch.get_num_threads(), settings)
+        if busy:
+            progress.note(f"BUSY HOST: {busy}")
     progress.phase("warmup", options.warmup_steps)
     call(backend.reset_peak_memory, device)
     # Each warmup step between syncs: compilers trace and compile here, and the record keeps that cost apart.

@@ -11,6 +11,7 @@ import inspect
 import keyword
 import os
 import re
+import shlex
 import shutil
 import tempfile
 import textwrap
@@ -19,11 +20,15 @@ from pathlib import Path
 from llmb.backend import Backend, public_methods
 from llmb.errors import UsageError
 from llmb.plugins import BUILTIN
+from llmb.settings import Setting
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
+# The stub's one setting; the generated README's table is made from the settings as the module declares them.
+EXAMPLE_SETTING = _EX = Setting("example", bool, False, "an example setting: -O example=true")
 
-# Stub bodies that keep a fresh backend runnable on the CPU. A method not listed here calls the base class, which
-# holds llmb's default, so a method added to llmb later still stubs cleanly.
+# Stub bodies that keep a fresh backend runnable on the CPU. A method not listed here, or listed with comments only,
+# calls the base class, which holds llmb's default: a method added to llmb later still stubs cleanly, and `llmb
+# plugins` counts only the stubs that change something as overridden (llmb.backend.overridden).
 STUB_BODIES = {
     "device_types": "return [DEVICE_TYPE]",
     "precisions": """
@@ -34,36 +39,18 @@ STUB_BODIES = {
         # Detect your hardware here. True makes llmb pick this backend when --plugin is not given.
         return False
     """,
-    "settings": 'return [Setting("example", bool, False, "an example setting: -O example=true")]',
+    "settings": f"return [Setting({_EX.name!r}, {_EX.type.__name__}, {_EX.default!r}, {_EX.help!r})]",
     "setup": "# e.g. torch.backends flags, environment variables, vendor library initialisation.",
-    "process_model": """
-        # e.g. torch.compile, fused kernels, wrappers. Keep the parameters: the optimizer holds them.
-        return model
-    """,
-    "optimizer_options": """
-        # Only "foreach", "fused" and "capturable" are accepted; anything else is refused.
-        return {}
-    """,
+    "process_model": "# e.g. torch.compile, fused kernels, wrappers. Keep the parameters: the optimizer holds them.",
+    "optimizer_options": '# Only "foreach", "fused" and "capturable" are accepted; anything else is refused.',
     "synchronize": """
         # Asynchronous devices block here (e.g. torch.cuda.synchronize(device)); eager CPU ops are done.
         super().synchronize(device)
     """,
-    "new_event": """
-        # e.g. torch.cuda.Event(enable_timing=True); None: steps are timed on the host with a sync.
-        return None
-    """,
-    "peak_flops": """
-        # A dense vendor-published figure with its source, e.g. Peak(989.4e12, "https://..."); None: no MFU.
-        return None
-    """,
-    "precision_facts": """
-        # e.g. [PrecisionFact("mylib.fast_math", True, implies="BF16")].
-        return []
-    """,
-    "run_facts": """
-        # e.g. vendor library and driver versions.
-        return {}
-    """,
+    "new_event": "# e.g. torch.cuda.Event(enable_timing=True); None: steps are timed on the host with a sync.",
+    "peak_flops": '# A dense vendor-published figure with its source, e.g. Peak(989.4e12, "https://..."), or None.',
+    "precision_facts": '# e.g. [PrecisionFact("mylib.fast_math", True, implies="BF16")].',
+    "run_facts": "# e.g. vendor library and driver versions.",
     "distributed_backend": 'return "gloo"',
 }
 
@@ -121,8 +108,10 @@ def check_name(name: str) -> None:
 def render_module(name: str) -> str:
     methods = []
     for method, signature, doc in contract():
-        body = STUB_BODIES.get(method) or _default_body(method, signature)
-        body = textwrap.indent(textwrap.dedent(body).strip(), "        ")
+        body = textwrap.dedent(STUB_BODIES.get(method, "")).strip()
+        if all(line.lstrip().startswith("#") for line in body.splitlines()):  # comments only: the default runs
+            body = "\n".join(filter(None, [body, _default_body(method, signature)]))
+        body = textwrap.indent(body, "        ")
         docstring = textwrap.indent(f'"""{doc}"""', "        ").lstrip()
         methods.append(f"{_def_line(method, signature)}\n        {docstring}\n{body}\n")
     class_name = "".join(part.title() for part in name.split("_")) + "Backend"
@@ -207,6 +196,17 @@ def test_plugin_is_listed():
     assert plugins[PLUGIN]["distribution"] == "{names["distribution"]}"
 
 
+def test_readme_lists_the_settings():
+    from pathlib import Path
+
+    from llmb.plugins import get_backend
+    from llmb.scaffold import settings_table
+
+    table = settings_table(get_backend(PLUGIN).backend.settings())
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert table in readme, "README.md's settings table is stale; the table for settings() is:\\n" + table
+
+
 def test_tiny_run_writes_a_result(tmp_path):
     args = ["run", "--plugin", PLUGIN, *TINY, "--out", str(tmp_path)]
     result = CliRunner().invoke(cli, args)
@@ -218,6 +218,21 @@ def test_tiny_run_writes_a_result(tmp_path):
 '''
 
 
+def settings_table(settings: list[Setting]) -> str:
+    """The Markdown table of a backend's settings, as a plugin's README lists them (its generated test checks it)."""
+    rows = [
+        f"| `{s['name']}` | {s['type']} | {str(s['default']).lower() if s['type'] == 'bool' else s['default']} | "
+        f"{s['help']} |"
+        for s in (setting.describe() for setting in settings)
+    ]
+    return "\n".join(["| setting | type | default | help |", "| --- | --- | --- | --- |", *rows])
+
+
+def install_command(target: Path | str) -> str:
+    """How to install a generated package with what its tests need (the test extra brings pytest)."""
+    return f"pip install -e {shlex.quote(f'{target}[test]')}"
+
+
 def render_readme(names: dict[str, str]) -> str:
     rows = "\n".join(f"| `{method}` | {doc.splitlines()[0]} |" for method, _, doc in contract())
     return f"""# {names["distribution"]}
@@ -226,9 +241,9 @@ An llmb hardware plugin (entry point `{names["name"]}`, module `{names["module"]
 `llmb new-plugin {names["name"]}`. As generated it runs the benchmark on the host CPU.
 
 ```bash
-pip install -e '.[test]'    # the test extra brings pytest
+{install_command(".")}    # the test extra brings pytest
 llmb plugins
-llmb run --plugin {names["name"]} --preset tiny --steps 5
+llmb run --plugin {names["name"]} --preset tiny
 pytest tests
 ```
 
@@ -237,9 +252,9 @@ pytest tests
 Given as `llmb run --plugin {names["name"]} -O key=value`, validated against `settings()` and recorded in
 the result JSON.
 
-| setting | type | default | help |
-| --- | --- | --- | --- |
-| `example` | bool | false | an example setting |
+{settings_table([EXAMPLE_SETTING])}
+
+`pytest tests` checks this table against `settings()`: after an edit, paste the table it prints.
 
 ## Backend methods
 

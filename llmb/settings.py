@@ -11,8 +11,19 @@ from llmb.redact import REDACTED, is_secret
 # How a sweep hands secret settings to its trials' `llmb run`: an environment is readable by its user only, a command
 # line by anyone on the host.
 SECRET_OPTIONS_ENV = "LLMB_SECRET_OPTIONS"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+BOOL_WORDS = "/".join(w for pair in zip(_TRUE, _FALSE, strict=True) for w in pair)  # what the error message names
+
+
+def parse_bool(raw: str) -> bool:
+    """A yes/no word, in any case: the one parser of llmb's boolean values."""
+    word = raw.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"expected one of {BOOL_WORDS}")
 
 
 @dataclass(frozen=True)
@@ -36,14 +47,14 @@ class Setting:
 
     def parse(self, raw: str) -> Any:
         if self.type is bool:
-            if raw.lower() in _TRUE:
-                return True
-            if raw.lower() in _FALSE:
-                return False
-            raise ValueError("expected true or false")
+            return parse_bool(raw)
         value = self.type(raw)
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"expected one of {', '.join(self.choices)}")
+        if self.choices is not None:
+            # Choices match in any case, as every choice on llmb's command line does (bounds.choice).
+            matched = [c for c in self.choices if str(c).lower() == str(value).lower()]
+            if not matched:
+                raise ValueError(f"expected one of {', '.join(map(str, self.choices))}")
+            value = matched[0]
         return value
 
     def describe(self) -> dict:

@@ -40,13 +40,16 @@ from llmb.records import (
     PLUGIN_SOURCE_SCHEMA,
     RESULT_SCHEMA,
     SUBMISSION_SCHEMA,
+    SWEEP_LOG_NAME,
     Conformance,
     Headline,
     RecordError,
     Result,
+    counted_runs,
     envelope,
     group_runs,
     headline,
+    read_sweep_log,
     spread_warning,
 )
 from llmb.results import result_filename, write_json_atomic
@@ -95,6 +98,8 @@ class PackageOptions:
     # Runs `llmb check-plugin` where the results need a conformance record that is not given; the CLI passes
     # llmb.conformance.check_plugin (this module never imports what runs a plugin). None: refuse instead.
     check_plugin: Callable[..., Conformance] | None = None
+    # Told a line before each slow step (a conformance check takes tens of seconds), so the console is never silent.
+    say: Callable[[str], None] = lambda line: None
 
 
 # Headlines and the summary (used by both the packager and the verifier, so they agree by construction)
@@ -236,6 +241,34 @@ def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance]]:
     return results, conformance
 
 
+def sweep_phases(results_dir: Path) -> dict[str, str]:
+    """Run id -> sweep phase ("search" or "repeat") from the sweep logs under a results folder."""
+    phases = {}
+    for path in sorted(results_dir.rglob(SWEEP_LOG_NAME)):
+        if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
+            continue
+        try:
+            _, trials = read_sweep_log(path)
+        except RecordError as exc:
+            raise UsageError(str(exc)) from None
+        phases.update({t.run_id: t.phase for t in trials if t.run_id})
+    return phases
+
+
+def counted_results(records: list[Result], phases: dict[str, str]) -> tuple[list[Result], list[str]]:
+    """The results a headline may count (records.counted_runs, the rule the sweep and the report use): a sweep's
+    search trials at a batch it re-ran are left out, so summary.md shows the sweep's figure, not a pool of both."""
+    kept = set()
+    for runs in group_runs(records).values():
+        kept.update(id(r) for r in counted_runs(runs, lambda r: phases.get(r.run_id)))
+    dropped = [r.run_id for r in records if id(r) not in kept]
+    skipped = [
+        f"{len(dropped)} sweep search trial(s) at a re-run batch ({', '.join(dropped[:5])}"
+        f"{' and more' if len(dropped) > 5 else ''}): the re-runs are the headline, as in the sweep and the report"
+    ]
+    return [r for r in records if id(r) in kept], skipped if dropped else []
+
+
 def debug_reasons(record: Result) -> list[str]:
     """Why a result is not a valid official run (empty when it is)."""
     reasons = [] if record.official else ["debug shape"]
@@ -285,7 +318,10 @@ def conformance_key(record: Result | Conformance) -> tuple:
 
 
 def gather_conformance(
-    records: list[Result], given: list[Conformance], check_plugin: Callable[..., Conformance] | None
+    records: list[Result],
+    given: list[Conformance],
+    check_plugin: Callable[..., Conformance] | None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> list[Conformance]:
     """One conformance record per key the results use: a given one (a passing one first), else a fresh check."""
     chosen = []
@@ -306,6 +342,7 @@ def gather_conformance(
                 "`llmb check-plugin` with it yourself and put its record under --results"
             )
         device = next(r.device.spec or r.device.type for r in records if conformance_key(r) == key)
+        say(f"running check-plugin for {name} {requested} {mode} on {device} (no conformance record given)")
         record = check_plugin(name, device, requested, mode=mode, settings=json.loads(settings))
         if conformance_key(record) != key:
             raise LlmbError(
@@ -514,8 +551,10 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     given_system = read_json_file(options.system_file) if options.system_file else {}
 
     results, given_conformance = load_inputs(Path(options.results))
+    results, pooled = counted_results(results, sweep_phases(Path(options.results)))
     try:
         records, skipped = select_results(results, options)
+        skipped = pooled + skipped
         wrong = [r.run_id for r in records if r.model_fingerprint != RELEASED_MODEL_FINGERPRINT]
         if wrong:
             raise LlmbError(f"results made with a changed model definition cannot be submitted: {', '.join(wrong)}")
@@ -524,7 +563,7 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     except (KeyError, TypeError) as exc:
         raise LlmbError(f"a result or conformance record under {options.results} is incomplete ({exc!r})") from None
     check = options.check_plugin if options.run_conformance else None
-    conformance = gather_conformance(records, given_conformance, check)
+    conformance = gather_conformance(records, given_conformance, check, options.say)
     failed = [f"{c.plugin.name} {c.precision.requested}" for c in conformance if not c.passed]
     if failed and not options.include_debug:
         raise LlmbError(f"conformance failed for {', '.join(failed)}: the plugin does not preserve the model")

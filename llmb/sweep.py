@@ -27,15 +27,17 @@ from rich.table import Table
 from rich.text import Text
 
 from llmb import console as term
-from llmb import precision, runner
+from llmb import names, precision, runner
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
 from llmb.records import (
     RECORD_LIMIT,
     SPREAD_WARNING,
     SWEEP_LOG_SCHEMA,
+    SWEEP_SUMMARY_NAME,
     SWEEP_SUMMARY_SCHEMA,
     RecordError,
+    counted_runs,
     envelope,
     median_index,
     read_sweep_log,
@@ -46,7 +48,7 @@ from llmb.redact import REDACTED, is_secret
 from llmb.results import check_writable, read_result, write_json_atomic
 from llmb.settings import SECRET_OPTIONS_ENV, recorded
 
-SUMMARY_NAME = "sweep-summary.json"
+SUMMARY_NAME = SWEEP_SUMMARY_NAME
 # A doubling that gains less than this is a plateau: a larger batch only costs memory.
 PLATEAU_GAIN = 0.05
 # Trials of a batch size before it may end the search or be declared the best (its figure is their median).
@@ -74,8 +76,8 @@ class SweepOptions:
     precision: str = "all"
     batch_sizes: list[int] | None = None  # None: the automatic search
     repeats: int = 3
-    max_batch_size: int = 1024
-    trial_timeout: float = 600.0
+    max_batch_size: int | None = 1024  # None: names.SWEEP_DEVICE_DEFAULTS for the device, else SWEEP_DEFAULTS
+    trial_timeout: float | None = 600.0
     resume: bool = False
     secret: frozenset[str] = frozenset()  # settings kept off the trials' command lines (set by sweep())
 
@@ -119,7 +121,14 @@ def next_batch(points: Points, max_batch_size: int) -> tuple[int | None, str]:
                 return None, f"batch 1 failed ({failed.status})"
             lo, hi, failed_above, reason = previous, batch, True, f"{failed.status} at batch {batch}"
             break
-        if previous is not None and _tps(points, batch) < _tps(points, previous) * (1 + PLATEAU_GAIN):
+        # Where the search already grew past this size (a later confirmation lowered a median), the log's walk
+        # stands: a stop declared below sizes that ran would contradict the best batch it found up there.
+        grown_past = batch < max_batch_size and min(batch * 2, max_batch_size) in points
+        if (
+            previous is not None
+            and not grown_past
+            and _tps(points, batch) < _tps(points, previous) * (1 + PLATEAU_GAIN)
+        ):
             # Before a plateau is declared, both sides are measured again; the medians decide.
             again = _unconfirmed(points, [previous, batch])
             if again is not None:
@@ -195,12 +204,11 @@ def next_point(points: Points, search) -> tuple[int | None, str]:
 def headline_of(points: Points, repeats: list[Trial]) -> tuple[Trial, list[Trial]] | None:
     """(the headline trial, the trials its median is over): the re-runs of the best batch where any ran, else its
     search trials. The live best-so-far line and the summary both show this."""
-    measured = [t for t in repeats if t.ok]
-    if not measured:
-        best = best_batch(points)
-        if best is None:
-            return None
-        measured = points[best]
+    reran = [t for t in repeats if t.ok]
+    best = reran[0].batch_size if reran else best_batch(points)
+    if best is None:
+        return None
+    measured = counted_runs(reran or points[best], lambda t: t.phase)  # the rule the report and the bundle share
     return median_trial(measured), measured
 
 
@@ -360,12 +368,16 @@ class SweepLog:
         if not resume:
             raise UsageError(f"{out} already holds a sweep; use --resume to continue it or another --out")
         logged, trials = read_log(path)
-        for key in IDENTITY + IDENTITY_SEARCH:
-            if logged.get(key) != header.get(key):
-                raise UsageError(
-                    f"--resume: {path} was written for another sweep ({key} is {logged.get(key)!r} there, "
-                    f"{header.get(key)!r} here)"
-                )
+        wrong = [
+            f"{key} is {logged.get(key)!r} there, {header.get(key)!r} here"
+            for key in IDENTITY + IDENTITY_SEARCH
+            if logged.get(key) != header.get(key)
+        ]
+        if wrong:  # every mismatch at once: the user fixes them in one go
+            raise UsageError(
+                f"--resume: {path} was written for another sweep ({'; '.join(wrong)}); leave out an option to take "
+                "the log's value"
+            )
         with open(path, "rb+") as f:  # the sweep holds the folder's lock: cut a torn last line before appending
             data = f.read()
             if data and not data.endswith(b"\n"):
@@ -386,6 +398,32 @@ class SweepLog:
             os.fsync(f.fileno())
 
 
+def logged_options(out: Path, given: set[str]) -> dict:
+    """For --resume: the sweep command's options as its log's header recorded them, by parameter name, leaving out
+    those given again (SweepLog.open then checks they match) and secret settings (never logged: give them again).
+    Empty where there is no log yet."""
+    path = Path(out) / LOG_NAME
+    if not path.is_file():
+        return {}
+    header, _ = read_log(path)
+    # Only what the header holds (an older log lacks precision, repeats and trial_timeout): a missing or malformed
+    # entry is left to the option's own default, and SweepLog.open names any mismatch that follows.
+    names = {"precision": "precision_name", "repeats": "repeats", "trial_timeout": "trial_timeout"}
+    keys = ("plugin", "device", "mode", "preset", "steps", "warmup_steps", "seed", "max_batch_size", *names)
+    taken: dict = {names.get(k, k): header[k] for k in keys if header.get(k) is not None}
+    sizes = header.get("batch_sizes")
+    if isinstance(sizes, str) or (isinstance(sizes, list) and sizes):
+        taken["batch_sizes"] = sizes if isinstance(sizes, str) else ",".join(map(str, sizes))
+    settings, config = header.get("settings"), header.get("config")
+    if isinstance(settings, dict):
+        taken["options"] = tuple(
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items() if v != REDACTED
+        )
+    if isinstance(config, dict):
+        taken |= {k: v for k, v in config.items() if k in SHAPE_FIELDS}
+    return {k: v for k, v in taken.items() if k not in given}
+
+
 def read_log(path: Path) -> tuple[dict, list[Trial]]:
     """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched:
     a reader never writes; SweepLog.open repairs)."""
@@ -399,6 +437,11 @@ def read_log(path: Path) -> tuple[dict, list[Trial]]:
 
 
 class Display:
+    def note(self, text: str) -> None: ...
+
+    def plan(self, most: int) -> None:
+        """The most trials the sweep can take (trial_bound), for an estimate of the time left."""
+
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None: ...
 
     def finished(self, trial: Trial, reused: bool) -> None: ...
@@ -410,6 +453,7 @@ class Display:
 class LiveDisplay(Display):
     console: Console
     current: str = ""
+    most: int = 0
     started: float = 0.0
     rows: list[Trial] = field(default_factory=list)
     bests: dict[str, tuple[Trial, list[Trial]]] = field(default_factory=dict)
@@ -427,19 +471,34 @@ class LiveDisplay(Display):
         if self.live is not None:
             self.live.__exit__(*exc)
 
+    def note(self, text: str) -> None:
+        self.console.print(term.text(text), soft_wrap=True)
+
+    def plan(self, most: int) -> None:
+        self.most = most
+
+    def left(self) -> str:
+        """At most how long the trials not yet run take, at the median length of those so far ("" before any)."""
+        ran = sorted(t.seconds for t in self.rows if t.seconds)
+        if not ran or not self.most:
+            return ""
+        remaining = max(self.most - len(self.rows), 0)
+        return f"at most {remaining} trials left, ~{remaining * ran[len(ran) // 2] / 60:.0f} min at most"
+
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:
         what = ("search" if number == 1 else f"confirm {number}") if phase == "search" else f"repeat {number}"
         self.current = f"{precision_name}  batch {batch}  {what}  (trial {len(self.rows) + 1})"
         self.started = time.monotonic()
 
     def finished(self, trial: Trial, reused: bool) -> None:
-        done = replace(trial, detail=("from the log; " if reused else "") + trial.detail)
+        done = replace(trial, detail="; ".join(filter(None, ["from the log" if reused else "", trial.detail])))
         self.rows.append(done)
         self.current = ""
         if self.live is None:
             tps = f"{done.tokens_per_second:,.1f} tokens/s" if done.tokens_per_second else ""
             parts = [f"trial {len(self.rows)}: {done.precision} batch {done.batch_size} {_phase(done)} ", _status(done)]
             parts += [f" {tps} {done.seconds:.1f} s", f" {done.detail}" if done.detail else ""]
+            parts += [f" ({self.left()})" if self.left() else ""]
             self.console.print(term.line(*parts), soft_wrap=True)
 
     def best(self, precision_name: str, headline: tuple[Trial, list[Trial]] | None) -> None:
@@ -463,7 +522,8 @@ class LiveDisplay(Display):
         )
         parts = [table, f"best so far: {best or '-'}"]
         if self.current:
-            spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s")
+            left = f"  ({self.left()})" if self.left() else ""
+            spinner = Spinner("dots", text=f"{self.current}  {time.monotonic() - self.started:.0f} s{left}")
             parts.append(spinner)
         return Group(*parts)
 
@@ -521,8 +581,43 @@ def _folder_lock(out: Path):
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def trial_bound(options: SweepOptions, precisions: int) -> int:
+    """The most trials a sweep of this many precisions can take: each size of the search (a list's, or the doublings
+    up to the ceiling and the refinement's) measured at most CONFIRM_TRIALS times, then the re-runs."""
+    sizes = len(options.batch_sizes) if options.batch_sizes else options.max_batch_size.bit_length() + REFINE_POINTS
+    return precisions * (sizes * CONFIRM_TRIALS + options.repeats)
+
+
+def scaled_to_device(options: SweepOptions) -> tuple[SweepOptions, str]:
+    """The sweep's options with those not given (None) set for the device it runs on, and a line saying which."""
+    run = options.run
+    given = {
+        "steps": run.steps,
+        "warmup_steps": run.warmup_steps,
+        "max_batch_size": options.max_batch_size,
+        "trial_timeout": options.trial_timeout,
+    }
+    if all(value is not None for value in given.values()):
+        return options, ""
+    _, device, _ = runner.resolve(replace(run, steps=run.steps or 1, warmup_steps=run.warmup_steps or 1))
+    defaults = names.SWEEP_DEVICE_DEFAULTS.get(device.type, names.SWEEP_DEFAULTS)
+    chosen = {k: defaults[k] if v is None else v for k, v in given.items()}
+    taken = [k for k, v in given.items() if v is None]
+    line = (
+        f"sweep on {device.type}: {chosen['steps']} + {chosen['warmup_steps']} warmup steps a trial, batch sizes up "
+        f"to {chosen['max_batch_size']}, {chosen['trial_timeout']:g} s a trial at most (the {device.type} defaults "
+        f"of {', '.join('--' + k.replace('_', '-') for k in taken)})"
+    )
+    run = replace(run, steps=chosen["steps"], warmup_steps=chosen["warmup_steps"])
+    scaled = replace(options, run=run, max_batch_size=chosen["max_batch_size"], trial_timeout=chosen["trial_timeout"])
+    return scaled, line
+
+
 def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
     display = display or Display()
+    options, line = scaled_to_device(options)
+    if line:
+        display.note(line)
     for name, value, low in (("repeats", options.repeats, 0), ("max-batch-size", options.max_batch_size, 1)):
         if value < low:
             raise UsageError(f"--{name} must be at least {low}, got {value}")
@@ -530,6 +625,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         raise UsageError(f"--trial-timeout must be positive, got {options.trial_timeout}")
     plugin, device, settings = runner.resolve(options.run)
     names, unsupported = precisions_to_sweep(plugin, options.precision)
+    display.plan(trial_bound(options, len(names)))
     for name in names:  # every precision is checked before the first trial starts
         runner.resolve(replace(options.run, precision=name))
     run_options = replace(options.run, plugin=plugin.name, device=str(device))
@@ -546,6 +642,10 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         "seed": run_options.seed,
         "batch_sizes": options.batch_sizes or "auto",
         "max_batch_size": options.max_batch_size,
+        # Not identity (a resumed sweep may change them), but --resume takes them from here when not given again.
+        "precision": options.precision,
+        "repeats": options.repeats,
+        "trial_timeout": options.trial_timeout,
         "plateau_gain": PLATEAU_GAIN,
         "refine_points": REFINE_POINTS,
         "confirm_trials": CONFIRM_TRIALS,

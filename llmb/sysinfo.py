@@ -205,6 +205,48 @@ def load_average() -> list[float]:
         return []
 
 
+# CPU flags of native 16-bit matmuls; without them torch emulates the format, several times slower than FP32.
+NATIVE_16BIT_FLAGS = {"BF16": ("avx512_bf16", "amx_bf16"), "FP16": ("avx512_fp16", "amx_fp16")}
+
+
+def cpu_emulated_precisions() -> list[str]:
+    """The 16-bit precisions this CPU has no native matmul for (from /proc/cpuinfo's flags; none where unreadable)."""
+    flags = set(_cpuinfo().get("flags", "").split())
+    if not flags:
+        return []
+    return [name for name, native in NATIVE_16BIT_FLAGS.items() if not flags.intersection(native)]
+
+
+def free_cores() -> tuple[int, float, int]:
+    """(the CPUs this process may run on, the host's 1-minute load average, the CPUs that load leaves free: at
+    least 1). Read before a run, so its thread count can leave room for the work already on the host."""
+    cpus = len(cpu_affinity() or ()) or os.cpu_count() or 1
+    load = (load_average() or [0.0])[0]
+    return cpus, load, max(1, min(cpus, int(cpus - load + 0.5)))
+
+
+def threads_advice(settings: dict) -> str:
+    """What gives torch fewer threads with the plugin in use (its resolved settings): its threads setting where it
+    has one and is not at 1 already, else the environment torch reads at start."""
+    if "threads" not in settings:
+        return "rerun on an idle host (this plugin has no threads setting; OMP_NUM_THREADS=1 limits torch's threads)"
+    if settings["threads"] == 1:
+        return "rerun on an idle host (torch already runs one thread)"
+    return "rerun on an idle host, or give torch fewer threads (-O threads=1)"
+
+
+def busy_before_run(threads: int, settings: dict) -> str | None:
+    """Why the host is too busy for a CPU run about to start on `threads` threads (its load and those threads are
+    more than its CPUs), with advice for the plugin in use; None when there is room."""
+    cpus, load, _ = free_cores()
+    if load + threads <= cpus + 0.5:
+        return None
+    return (
+        f"load average {load:.1f} on {cpus} CPUs before the run, torch on {threads} thread(s): other work competes "
+        f"for the cores, so the figure will be low; {threads_advice(settings)}"
+    )
+
+
 def cpu_affinity() -> list[int] | None:
     """The CPUs this process may run on (None where the OS does not say)."""
     try:

@@ -209,7 +209,9 @@ def check_debug(b: Bundle) -> None:
     elif b.accept_debug:
         b.add("official bundle", [], f"DEBUG bundle ({', '.join(debug.get('reasons', []))}) accepted by --accept-debug")
     else:
-        b.add("official bundle", [f"DEBUG bundle ({', '.join(debug.get('reasons', []))}): not a valid submission"], "")
+        reasons = ", ".join(debug.get("reasons", []))
+        refused = f"DEBUG bundle ({reasons}): not a valid submission (--accept-debug checks the rest)"
+        b.add("official bundle", [refused], "")
 
 
 def _result_paths(b: Bundle) -> list[str]:

@@ -198,7 +198,7 @@ def test_settings_are_validated_and_parsed():
         ({"colour": "red"}, "plugin 'host' has no setting 'colour' (settings: fast, mode, threads)"),
         ({"mode": "turbo"}, "expected one of off, on"),
         ({"threads": "four"}, "setting threads='four'"),
-        ({"fast": "maybe"}, "expected true or false"),
+        ({"fast": "maybe"}, "expected one of true/false/yes/no/on/off/1/0"),
     ):
         with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
             resolve_settings(backend, given)
@@ -216,7 +216,7 @@ def refused_run(tmp_path, exit_code: int, *args: str) -> str:
     "option, message",
     [
         ("colour=red", "has no setting 'colour'"),
-        ("fast=maybe", "expected true or false"),
+        ("fast=maybe", "expected one of true/false/yes/no/on/off/1/0"),
         ("fast", "expects key=value"),
     ],
 )

@@ -67,7 +67,7 @@ def test_settings_extend_the_cuda_plugin():
         "hipblaslt": True,
     }
     assert resolve_settings(ROCM, {"tunableop": "on", "hipblaslt": "off"})["tunableop"] is True
-    with pytest.raises(UsageError, match="expected true or false"):
+    with pytest.raises(UsageError, match="expected one of true/false/yes/no/on/off/1/0"):
         resolve_settings(ROCM, {"tunableop": "sometimes"})
 
 

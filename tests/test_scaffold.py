@@ -47,7 +47,7 @@ def test_writes_an_installable_package_with_every_method_stubbed(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging folder left behind"
 
 
-def test_generated_module_registers_a_backend_overriding_every_method(tmp_path, register_backend):
+def test_generated_module_registers_a_backend_overriding_what_it_changes(tmp_path, register_backend):
     target = tmp_path / "pkg"
     assert new_plugin("acme_gpu", "--dir", str(target)).exit_code == 0
     spec = importlib.util.spec_from_file_location("llmb_acme_gpu", target / "llmb_acme_gpu.py")
@@ -58,7 +58,8 @@ def test_generated_module_registers_a_backend_overriding_every_method(tmp_path, 
     (backend,) = found
     register_backend(backend)
     assert get_backend("acme_gpu").backend is backend
-    assert overridden(backend) == public_methods()
+    # Only the stubs that change something count; the rest hand their arguments to llmb's default (super()).
+    assert overridden(backend) == ["device_types", "precisions", "available", "settings", "distributed_backend"]
     assert (backend.device_types(), backend.precisions(), backend.available()) == (["cpu"], ["FP32"], False)
     assert resolve_settings(backend, {"example": "true"}) == {"example": True}
 
