@@ -30,7 +30,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import bundle_io, codediff, manifest, peaks, sysinfo
+from llmb import bundle_io, codediff, manifest, peaks, record_files, sysinfo
+from llmb import console as term
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.precision import PRECISIONS
@@ -42,7 +43,6 @@ from llmb.records import (
     SUBMISSION_SCHEMA,
     Conformance,
     Headline,
-    RecordError,
     Result,
     envelope,
     group_runs,
@@ -132,7 +132,7 @@ SUMMARY_COLUMNS = (
 
 
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|")
+    return term.markdown(text)  # a record's text in summary.md: shown as written, never markup nor a row break
 
 
 def render_summary(submission: dict, records: list[Result]) -> str:
@@ -163,7 +163,7 @@ def render_summary(submission: dict, records: list[Result]) -> str:
         mfu = f"{r.mfu:.2%}" if r.mfu is not None else "n/a"
         if r.mfu is not None and peaks.declared(r):
             mfu += " (peak declared by plugin)"
-            declared_notes.append(f"- {label}: {peaks.peak_note(r)}")
+            declared_notes.append(f"- {label}: {_cell(peaks.peak_note(r))}")
         memory = f"{r.peak_memory_bytes / 2**30:.2f} GiB" if r.peak_memory_bytes else "n/a"
         cells = [
             label,
@@ -182,7 +182,7 @@ def render_summary(submission: dict, records: list[Result]) -> str:
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         warning = spread_warning(h)
         if warning:
-            warnings.append(f"- **Noisy:** {warning}")
+            warnings.append(f"- **Noisy:** {_cell(warning)}")
     lines += [
         "",
         "Each row is one group of runs (same plugin, settings, mode, shape, batch, device and job layout; groups are "
@@ -217,23 +217,28 @@ def read_json_file(path: Path) -> dict:
     return data
 
 
-def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance]]:
-    """Every result and conformance record under a directory, read strictly (a bad one names its file and field)."""
+def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance], list[str]]:
+    """Every result and conformance record under a directory, read strictly; a file that does not read as one is
+    left out and named (one line each, with why) in the third list."""
     if not results_dir.is_dir():
         raise UsageError(f"--results {results_dir} is not a directory")
-    results, conformance = [], []
+    results, conformance, skipped = [], [], []
+    kinds = {RESULT_SCHEMA: Result, CONFORMANCE_SCHEMA: Conformance}
     for path in sorted(results_dir.rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
             continue
-        data = read_json_file(path)
         try:
-            if data.get("schema") == RESULT_SCHEMA:
-                results.append(Result.from_dict(data))
-            elif data.get("schema") == CONFORMANCE_SCHEMA:
-                conformance.append(Conformance.from_dict(data))
-        except RecordError as exc:
-            raise UsageError(f"{path}: {exc}") from None
-    return results, conformance
+            data = record_files.read_object(path, 64 * 2**20)  # never waits on a FIFO
+            kind = kinds.get(data.get("schema"))
+            record = record_files.parse(kind, data) if kind else None
+        except record_files.Unreadable as exc:
+            skipped.append(record_files.skipped_line(path, exc))
+            continue
+        if isinstance(record, Result):
+            results.append(record)
+        elif isinstance(record, Conformance):
+            conformance.append(record)
+    return results, conformance, skipped
 
 
 def debug_reasons(record: Result) -> list[str]:
@@ -513,9 +518,13 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
         raise LlmbError(f"the release manifest shipped with llmb is broken: {refused[0]}")
     given_system = read_json_file(options.system_file) if options.system_file else {}
 
-    results, given_conformance = load_inputs(Path(options.results))
+    results, given_conformance, unread = load_inputs(Path(options.results))
     try:
-        records, skipped = select_results(results, options)
+        try:
+            records, skipped = select_results(results, options)
+        except UsageError as exc:  # nothing to submit: the files that did not read may be why
+            raise UsageError(f"{exc}{'; not read: ' + '; '.join(unread[:3]) if unread else ''}") from None
+        skipped = unread + skipped
         wrong = [r.run_id for r in records if r.model_fingerprint != RELEASED_MODEL_FINGERPRINT]
         if wrong:
             raise LlmbError(f"results made with a changed model definition cannot be submitted: {', '.join(wrong)}")

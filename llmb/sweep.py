@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmb import console as term
-from llmb import precision, runner
+from llmb import precision, record_files, runner
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
 from llmb.records import (
@@ -36,6 +36,7 @@ from llmb.records import (
     SWEEP_LOG_SCHEMA,
     SWEEP_SUMMARY_SCHEMA,
     RecordError,
+    Result,
     envelope,
     median_index,
     read_sweep_log,
@@ -359,7 +360,11 @@ class SweepLog:
             return log
         if not resume:
             raise UsageError(f"{out} already holds a sweep; use --resume to continue it or another --out")
-        logged, trials = read_log(path)
+        skipped: list[str] = []
+        logged, trials = read_log(path, skipped)
+        trials = [t for t in trials if _result_reads(out, t, skipped)]
+        for line in skipped:  # each point left out is named, with why, and measured again
+            term.warning("skipped: ", line, " (the point is run again)")
         for key in IDENTITY + IDENTITY_SEARCH:
             if logged.get(key) != header.get(key):
                 raise UsageError(
@@ -386,13 +391,30 @@ class SweepLog:
             os.fsync(f.fileno())
 
 
-def read_log(path: Path) -> tuple[dict, list[Trial]]:
+def read_log(path: Path, skipped: list[str] | None = None) -> tuple[dict, list[Trial]]:
     """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched:
-    a reader never writes; SweepLog.open repairs)."""
+    a reader never writes; SweepLog.open repairs). Given ``skipped``, a bad trial line is named there and left out."""
     try:
-        return read_sweep_log(path, RECORD_LIMIT)
-    except RecordError as exc:  # not a plain file, too large, not UTF-8, not a log line: named
+        return read_sweep_log(path, RECORD_LIMIT, skipped=skipped)
+    except RecordError as exc:  # not a plain file, too large, not UTF-8, no header: named
         raise LlmbError(str(exc)) from None
+
+
+def _result_reads(out: Path, trial: Trial, skipped: list[str]) -> bool:
+    """Whether a logged trial's result is a readable result file in the sweep folder (always, for a failed trial);
+    one that is not (cut short, replaced, named like a path) is named in ``skipped``."""
+    if not trial.ok:
+        return True
+    name = trial.result or ""
+    if not name or Path(name).name != name or name.startswith("."):  # a name from the log is never a path
+        skipped.append(f"{out / LOG_NAME}: trial {trial.key}: result {name!r} is not a file name in {out}")
+        return False
+    try:
+        record_files.parse(Result, record_files.read_object(out / name))
+    except record_files.Unreadable as exc:
+        skipped.append(record_files.skipped_line(out / name, exc))
+        return False
+    return True
 
 
 # Display: what a sweep reports while it works; the CLI draws it live, tests ignore it.

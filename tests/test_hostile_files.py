@@ -414,3 +414,144 @@ def test_check_plugin_refuses_an_unwritable_out_before_running(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     result = CliRunner().invoke(cli, ["check-plugin", "--plugin", "cpu", "--out", str(tmp_path / "file" / "c.json")])
     assert result.exit_code == 2 and "is not a writable folder" in result.stderr, result.output
+
+
+# One bad file among good ones: every reader of many records reads the rest, names each file it leaves out (one line,
+# with why) and says what it dropped. Each kind below is a class of its own (parsing, decoding, shape, range).
+
+
+def _good_result() -> tuple[Path, str]:
+    source = sorted((REFERENCE / "results" / "FP32").glob("*.json"))[0]
+    return source, source.read_text()
+
+
+def _with_value(text: str, key: str, raw: str) -> str:
+    """The record's text with one top-level field's value replaced by raw JSON text (numbers Python won't dump)."""
+    data = json.loads(text)
+    data[key] = "@@"
+    return json.dumps(data).replace('"@@"', raw)
+
+
+def _nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+HOSTILE_RECORDS = {
+    "deep-array": lambda good: ("[" * 100_000 + "]" * 100_000).encode(),
+    "deep-object": lambda good: _nested(100_000).encode(),
+    # Parses (under the recursion limit) but is nested far deeper than any record: later steps would recurse on it.
+    "deep-inside-a-result": lambda good: _with_value(good, "run_id", _nested(500)).encode(),
+    "huge-int": lambda good: _with_value(good, "tokens_per_second", str(10**400)).encode(),
+    "huge-int-nested": lambda good: _with_value(good, "seed", "-" + str(10**600)).encode(),
+    "too-many-digits": lambda good: _with_value(good, "batch_size", "9" * 5000).encode(),
+    "truncated": lambda good: good[: len(good) // 2].encode(),
+    "bad-utf8": lambda good: good.encode()[:40] + b"\xff\xfe\xc3" + good.encode()[40:],
+    "top-level-list": lambda good: b"[1, 2, 3]",
+    "top-level-string": lambda good: b'"llmb.result/1"',
+    "top-level-null": lambda good: b"null",
+    "empty": lambda good: b"",
+    "wrong-types": lambda good: _with_value(good, "plugin", '"cpu"').encode(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_RECORDS))
+def test_report_and_features_read_the_good_files_and_name_the_bad_one(tmp_path, kind):
+    source, good = _good_result()
+    (tmp_path / "good.json").write_text(good)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(HOSTILE_RECORDS[kind](good))
+    for args in (["report", str(tmp_path), "--format", "csv"], ["features", str(tmp_path), "--markdown"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (args, result.output)
+        named = [line for line in result.stderr.splitlines() if str(bad) in line]
+        assert len(named) == 1 and named[0].startswith("skipped: "), (args, result.stderr)
+        assert "Traceback" not in result.output and "Error:" not in named[0], named[0]  # a why, not an exception
+    report = CliRunner().invoke(cli, ["report", str(tmp_path), "--format", "csv"])
+    assert json.loads(good)["run_id"] in report.stdout  # the good result is reported
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_RECORDS))
+def test_package_submission_reads_the_good_files_and_names_the_bad_one(tmp_path, kind):
+    source, good = _good_result()
+    (tmp_path / "good.json").write_text(good)
+    (tmp_path / "bad.json").write_bytes(HOSTILE_RECORDS[kind](good))
+    found, conformance, skipped = submission.load_inputs(tmp_path)
+    assert [r.run_id for r in found] == [json.loads(good)["run_id"]]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{tmp_path / 'bad.json'}: "), skipped
+
+
+def test_a_report_alone_on_a_bad_file_names_it_and_why(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[" * 100_000 + "]" * 100_000)
+    result = CliRunner().invoke(cli, ["report", str(bad)])
+    assert result.exit_code == 1 and str(bad) in result.stderr and "nested deeper" in result.stderr, result.output
+
+
+def test_two_results_of_one_run_report_one_and_name_the_copy(tmp_path):
+    source, good = _good_result()
+    (tmp_path / "a.json").write_text(good)
+    (tmp_path / "b.json").write_text(good)
+    other = json.loads(sorted((REFERENCE / "results" / "FP32").glob("*.json"))[1].read_text())
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.strip().splitlines()) == 1 + 2  # the header, then one row per run
+    run_id = json.loads(good)["run_id"]
+    named = [line for line in result.stderr.splitlines() if str(tmp_path / "b.json") in line]
+    assert len(named) == 1 and run_id in named[0] and str(tmp_path / "a.json") in named[0], result.stderr
+    features = CliRunner().invoke(cli, ["features", str(tmp_path)])
+    assert str(tmp_path / "b.json") in features.stderr and run_id in features.stderr
+
+
+def _sweep_with_result(folder: Path, result_text: bytes, extra_line: str = "") -> dict:
+    folder.mkdir()
+    header = {"schema": "llmb.sweep/1", "plugin": "cpu", "device": "cpu", "settings": {}}
+    trial = {
+        "type": "trial",
+        "precision": "FP32",
+        "batch_size": 1,
+        "phase": "search",
+        "index": 0,
+        "status": "ok",
+        "tokens_per_second": 1.0,
+        "result": "r.json",
+        "run_id": "x",
+    }
+    failed = {**trial, "batch_size": 2, "status": "oom", "result": None, "tokens_per_second": None, "run_id": None}
+    lines = [json.dumps({"type": "sweep", **header}), json.dumps(trial), extra_line, json.dumps(failed)]
+    (folder / LOG_NAME).write_text("\n".join(line for line in lines if line) + "\n")
+    (folder / "r.json").write_bytes(result_text)
+    return header
+
+
+@pytest.mark.parametrize("kind", ["truncated", "deep-array", "huge-int", "bad-utf8", "top-level-list"])
+def test_a_resumed_sweep_names_a_logged_result_that_does_not_read_and_runs_it_again(tmp_path, kind, capsys):
+    source, good = _good_result()
+    header = _sweep_with_result(tmp_path / "sweep", HOSTILE_RECORDS[kind](good))
+    log = SweepLog.open(tmp_path / "sweep", header, resume=True)
+    assert log.find("FP32", "search", 1) is None  # measured again, not trusted
+    assert log.find("FP32", "search", 2) is not None  # the failed trial has no result to read: kept
+    err = capsys.readouterr().err
+    assert str(tmp_path / "sweep" / "r.json") in err and "run again" in err, err
+
+
+@pytest.mark.parametrize("line", ['{"type": "trial", "prec', "[1, 2]", "[" * 50_000, '{"type": "trial", "index": 1}'])
+def test_a_resumed_sweep_names_a_bad_log_line_and_keeps_the_others(tmp_path, line, capsys):
+    source, good = _good_result()
+    header = _sweep_with_result(tmp_path / "sweep", good.encode(), extra_line=line)
+    log = SweepLog.open(tmp_path / "sweep", header, resume=True)
+    assert log.find("FP32", "search", 1) is not None and log.find("FP32", "search", 2) is not None
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sweep' / LOG_NAME}:3" in err, err
+
+
+@pytest.mark.parametrize("name", ["../outside.json", "/etc/passwd", ".hidden.json", "sub/r.json"])
+def test_a_resumed_sweep_never_reads_a_logged_result_name_as_a_path(tmp_path, name, capsys):
+    source, good = _good_result()
+    header = _sweep_with_result(tmp_path / "sweep", good.encode())
+    log_path = tmp_path / "sweep" / LOG_NAME
+    log_path.write_text(log_path.read_text().replace('"r.json"', json.dumps(name)))
+    (tmp_path / "outside.json").write_text(good)
+    log = SweepLog.open(tmp_path / "sweep", header, resume=True)
+    assert log.find("FP32", "search", 1) is None
+    assert "is not a file name" in capsys.readouterr().err
