@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from llmb import __version__, flops, peaks, precision, record_files
+from llmb import __version__, flops, outputs, peaks, precision, record_files
 from llmb import console as term
 from llmb.errors import LlmbError, UsageError
 from llmb.names import PRECISIONS
@@ -128,7 +128,7 @@ def load(paths: list[Path]) -> Inputs:
     logs, log_files = [], []
     inputs = Inputs()
     for path in paths:
-        path = Path(path)
+        path = _usable(path)
         if not path.exists():
             raise UsageError(f"{path} does not exist")
         inputs.sources.append(str(path))
@@ -166,11 +166,23 @@ def load(paths: list[Path]) -> Inputs:
     return inputs
 
 
+def _usable(path: Path | str) -> Path:
+    """A path given on the command line, refused in one line when no file system takes it (too long, a NUL)."""
+    problem = outputs.path_problem(path)
+    if problem:
+        raise UsageError(f"{term.clean(path, limit=80)}: not a usable path ({problem})")
+    return Path(path)
+
+
 def mark_reference(inputs: Inputs, selector: str) -> None:
     """Mark the reference's points: a run id (or a unique start of one) among the inputs, or a result file, sweep
     directory or submission bundle, read and added to the inputs where its runs are not among them already."""
     if not selector.strip():
         raise UsageError("--reference is empty: give a run id, a result file, a sweep directory or a bundle")
+    problem = outputs.path_problem(selector)
+    if problem:  # a value no file system takes as a path (too long, a NUL) is no run id either
+        shown = selector if len(selector) <= 80 else f"{selector[:80]}... ({len(selector):,} characters)"
+        raise UsageError(f"--reference {shown!r} is no run id, and no path ({problem})")
     path = Path(selector)
     if path.exists():
         found = load([path])
@@ -1145,6 +1157,10 @@ def report(
             raise UsageError(f"cannot tell the format from {out.name!r}: give --format ({', '.join(FORMATS)})")
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
+    reference_path = [Path(reference)] if reference and os.path.exists(reference) else []
+    paths = [_usable(p) for p in paths]
+    # Before anything is read or written: the report and its plots never replace, enter or hold an input.
+    outputs.refuse_overlap({"--out": out, "--plot": plot_folder(fmt, out, plot_dir)}, [*paths, *reference_path])
     inputs = load(paths)
     if reference is not None:
         mark_reference(inputs, reference)

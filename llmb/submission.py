@@ -16,6 +16,7 @@ Layout of ``<out>/<ORG>/<NAME>/`` (the verifier in llmb/verify.py reads the same
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import bundle_io, codediff, manifest, peaks, record_files, sysinfo
+from llmb import bundle_io, codediff, manifest, outputs, peaks, record_files, sysinfo
 from llmb import console as term
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
@@ -487,8 +488,8 @@ def write_manifest(root: Path) -> None:
 
 
 def write_archive(root: Path, archive: Path, arcname: str) -> Path:
-    """A .tar.gz of the bundle: regular files and folders only, owner and mode normalised."""
-    tmp = archive.with_name(f".{archive.name}.tmp")
+    """A .tar.gz of the bundle: regular files and folders only, owner and mode normalised. Written whole or not at
+    all: a temporary file renamed into place, removed on any failure (a full disk leaves no .tmp behind)."""
 
     def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
@@ -496,15 +497,51 @@ def write_archive(root: Path, archive: Path, arcname: str) -> Path:
         info.mode = 0o755 if info.isdir() else 0o644
         return info
 
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(root, arcname=arcname, filter=normalise)
-    os.replace(tmp, archive)
+    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w:gz") as tar:
+                tar.add(root, arcname=arcname, filter=normalise)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, archive)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            why = exc.strerror or exc.__class__.__name__
+            raise LlmbError(f"--archive: {archive} not written ({why}); the bundle folder {root} is whole") from None
+        raise
     return archive
+
+
+def written_by_llmb(folder: Path) -> str | None:
+    """None when every file under ``folder`` is one its MANIFEST.sha256 lists (a bundle llmb wrote, which --force
+    may replace), else the first file that is not (something llmb did not write, which it never deletes)."""
+    try:
+        listed = {
+            line.split("  ", 1)[1]
+            for line in (folder / MANIFEST_FILE).read_text(encoding="utf-8").splitlines()
+            if "  " in line
+        }
+    except (OSError, UnicodeDecodeError):
+        return f"{MANIFEST_FILE} (missing or unreadable: not a bundle llmb wrote)"
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_symlink() or (not path.is_dir() and name != MANIFEST_FILE and name not in listed):
+            return name
+    return None
 
 
 def package(options: PackageOptions) -> tuple[Path, list[str]]:
     """Write the bundle; return its folder and one line for each result left out."""
     org, name = check_name(options.submitter, "--submitter"), check_name(options.system, "--system")
+    final = Path(options.out) / org / name
+    archive = final.parent / f"{name}.tar.gz"
+    sources = [Path(options.results), options.system_file, *map(Path, options.release_sources)]
+    # Before anything is read or written: the bundle and its archive never replace, enter or hold an input.
+    outputs.refuse_overlap({"--out": final, "--archive": archive if options.archive else None}, sources)
+    _check_replaceable(final, options.force)
     package_dir = Path(options.package_dir)
     model_hash = manifest.sha256_file(package_dir / "model.py")
     if model_hash != RELEASED_MODEL_FINGERPRINT:
@@ -538,9 +575,7 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     if failed and not options.include_debug:
         raise LlmbError(f"conformance failed for {', '.join(failed)}: the plugin does not preserve the model")
 
-    final = Path(options.out) / org / name
-    if final.exists() and not options.force:
-        raise UsageError(f"{final} exists: remove it or pass --force to replace it")
+    _check_replaceable(final, options.force)  # again: the check-plugin runs took a while
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=final.parent) as tmp:
         root = Path(tmp) / name
@@ -549,15 +584,29 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
             shutil.rmtree(final)
         os.replace(root, final)
     if options.archive:
-        write_archive(final, final.parent / f"{name}.tar.gz", f"{org}/{name}")
+        write_archive(final, archive, f"{org}/{name}")
     return final, skipped
+
+
+def _check_replaceable(final: Path, force: bool) -> None:
+    """A bundle folder in the way is replaced only with --force, and only when llmb wrote all of it."""
+    if not os.path.lexists(final):
+        return
+    if not force:
+        raise UsageError(f"{final} exists: remove it or pass --force to replace it")
+    foreign = written_by_llmb(final) if final.is_dir() and not final.is_symlink() else final.name
+    if foreign:
+        raise UsageError(
+            f"--force replaces only a bundle llmb wrote, and {final} holds {foreign}, which its manifest does not "
+            "list: move what you keep out of it, or give another --out or --system"
+        )
 
 
 def _write_bundle(root, org, name, options, records, conformance, plugins, released, status, diff, given_system):
     result_paths = []
     debug = []
     for record in records:
-        path = f"results/{record.precision.effective}/{result_filename(record)}"
+        path = f"results/{outputs.name_part(record.precision.effective)}/{result_filename(record)}"
         write_json_atomic(root / path, record.to_dict())
         result_paths.append(path)
         reasons = debug_reasons(record)
@@ -566,7 +615,8 @@ def _write_bundle(root, org, name, options, records, conformance, plugins, relea
     conformance_paths = []
     for index, record in enumerate(conformance):
         prec = record.precision
-        path = f"conformance/{record.plugin.name}-{prec.requested}-{prec.mode}-{index}.json"
+        parts = (record.plugin.name, prec.requested, prec.mode, index)  # a record's text: never a path
+        path = f"conformance/{'-'.join(outputs.name_part(p) for p in parts)}.json"
         write_json_atomic(root / path, record.to_dict())
         conformance_paths.append(path)
     for plugin in plugins:

@@ -520,6 +520,7 @@ def sweep(options: SweepOptions, display: Display | None = None) -> dict:
     created = not out.exists()
     try:
         check_writable(out)
+        out.mkdir(parents=True, exist_ok=True)  # the lock is taken on the folder; removed below if nothing ran
         with _folder_lock(out):
             return _sweep(options, display)
     except BaseException:

@@ -555,3 +555,141 @@ def test_a_resumed_sweep_never_reads_a_logged_result_name_as_a_path(tmp_path, na
     log = SweepLog.open(tmp_path / "sweep", header, resume=True)
     assert log.find("FP32", "search", 1) is None
     assert "is not a file name" in capsys.readouterr().err
+
+
+# Outputs never destroy inputs, never land where a record's text points, and a usage error leaves nothing on disk.
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _report_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for source in sorted((REFERENCE / "results" / "FP32").glob("*.json"))[:2]:
+        shutil.copy(source, folder / source.name)
+    return folder, sorted(folder.glob("*.json"))[0]
+
+
+REPORT_CLOBBERS = {
+    "out is an input result": lambda folder, first: ["--out", str(first), "--format", "json"],
+    "out is an input result, as csv": lambda folder, first: [str(first), "--out", str(first), "--format", "csv"],
+    "out inside the input folder": lambda folder, first: ["--out", str(folder / "report.json")],
+    "out deep inside the input folder": lambda folder, first: ["--out", str(folder / "new" / "report.md")],
+    "out via a symlink": lambda folder, first: ["--out", str(folder.parent / "link.json"), "--format", "md"],
+    # A hard link to a file of an input folder is replaced by the atomic write, never written through: no input is
+    # lost. A hard link to an input named on the command line is that input.
+    "out as a hard link": lambda folder, first: [str(first), "--out", str(folder.parent / "hard.json")],
+    "plot is the input folder": lambda folder, first: ["--plot", str(folder), "--format", "md"],
+    "plot holds the input folder": lambda folder, first: ["--plot", str(folder.parent), "--format", "md"],
+    "plot inside the input folder": lambda folder, first: ["--plot", str(folder / "plots"), "--format", "md"],
+    "markdown plots beside it land in the input": lambda folder, first: ["--out", str(folder / "r.md")],
+    "out is the reference": lambda folder, first: ["--reference", str(first), "--out", str(first), "--format", "csv"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPORT_CLOBBERS))
+def test_report_never_writes_over_into_or_around_its_inputs(tmp_path, case):
+    folder, first = _report_inputs(tmp_path)
+    (tmp_path / "link.json").symlink_to(first)
+    os.link(first, tmp_path / "hard.json")
+    before, listed = _snapshot(folder), sorted(tmp_path.rglob("*"))
+    args = REPORT_CLOBBERS[case](folder, first)
+    inputs = [] if str(first) in args[:1] else [str(folder)]
+    result = CliRunner().invoke(cli, ["report", *inputs, *args])
+    assert result.exit_code == 2, (case, result.output)
+    assert "never replaces, enters or holds" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert _snapshot(folder) == before and sorted(tmp_path.rglob("*")) == listed  # nothing lost, nothing added
+
+
+def test_report_out_beside_its_inputs_is_written(tmp_path):
+    folder, first = _report_inputs(tmp_path)
+    result = CliRunner().invoke(cli, ["report", str(folder), "--out", str(tmp_path / "report.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "report.json").read_text())["schema"] == "llmb.report/1"
+
+
+@pytest.mark.parametrize("value", ["r" * 120_000, "a/" * 3000 + "x", "x\x00y", "y" * 300])
+def test_an_over_long_or_impossible_reference_or_path_is_a_usage_message(tmp_path, value):
+    folder, first = _report_inputs(tmp_path)
+    # A NUL never reaches a command line (argv cannot hold one); the option's value is checked all the same.
+    paths = [] if "\x00" in value else [["report", value]]
+    for args in [["report", str(folder), "--reference", value], *paths]:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, (args[:2], result.output[-500:])
+        assert "Traceback" not in result.output and "OSError" not in result.output
+        assert len(result.stderr) < 1000  # the value is shown capped
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("run_id", "../../outside-0"),
+        ("run_id", "/etc/passwd"),
+        ("run_id", "a/b/../../../../c"),
+        ("run_id", ".."),
+        ("run_id", "x" * 10_000),
+        ("run_id", "nul\x00byte"),
+        ("plugin", "../../plugin"),
+        ("precision", "../.."),
+        ("created", "../../2026"),
+    ],
+)
+def test_a_records_text_never_makes_a_path(tmp_path, field, value):
+    from records_factory import make_result
+
+    record = make_result()
+    if field == "plugin":
+        record.plugin.name = value
+    elif field == "precision":
+        record.precision.effective = value
+    else:
+        setattr(record, field, value)
+    out = tmp_path / "deep" / "out"
+    name = results.result_filename(record)
+    assert "/" not in name and "\x00" not in name and not name.startswith(".") and len(name.encode()) <= 255
+    path = results.write_result(record, out)
+    assert path.parent == out and [p.name for p in tmp_path.rglob("*") if p.is_file()] == [path.name]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--precision", "fp64"],
+        ["run", "--device", "gpu!!"],
+        ["run", "-O", "foo"],
+        ["run", "-O", "nokey=1"],
+        ["run", "-O", "x[/]=1"],
+        ["run", "-O", "compile=[/bold]"],
+        ["run", "--plugin", "no-such-plugin"],
+        ["sweep", "--precision", "fp64"],
+        ["sweep", "-O", "threads=many"],
+        ["check-plugin", "--precision", "fp64", "--out", "checks/c.json"],
+        ["commbench", "--device", "gpu!!", "--out", "bench/c.json"],
+    ],
+)
+def test_a_usage_error_leaves_nothing_on_disk(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, [*command, "--preset", "tiny"] if command[0] != "commbench" else command)
+    assert result.exit_code == 2, (command, result.output)
+    assert list(tmp_path.iterdir()) == [], command  # no results/, sweep/ or any other folder made
+
+
+def test_an_archive_on_a_full_disk_leaves_no_temporary_file_and_keeps_the_old_archive(tmp_path, monkeypatch):
+    import tarfile
+
+    bundle = tmp_path / "Acme" / "box"
+    bundle.mkdir(parents=True)
+    (bundle / "a.json").write_text("{}")
+    archive = tmp_path / "Acme" / "box.tar.gz"
+    archive.write_bytes(b"the previous archive")
+
+    def full_disk(self, *args, **kwargs):  # a disk that fills cannot be made here: the write fails as one would
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", full_disk)
+    with pytest.raises(LlmbError, match="No space left on device"):
+        submission.write_archive(bundle, archive, "Acme/box")
+    assert sorted(p.name for p in archive.parent.iterdir()) == ["box", "box.tar.gz"]  # no .tmp left behind
+    assert archive.read_bytes() == b"the previous archive"
