@@ -223,11 +223,16 @@ def scan_folder(root: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, int]:
     return files
 
 
-def importable_names(folder: Path) -> list[str]:
-    """Entries of a folder that Python would import if the folder were the current one or on sys.path."""
+def importable_names(folder: Path, namespaces: bool = True) -> list[str]:
+    """Entries of a folder that Python would import if the folder were the current one or on sys.path; without
+    ``namespaces``, a folder with no __init__.py (a namespace package, which never wins over an installed one) is
+    not counted."""
     found = []
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         name = entry.name
+        namespace = entry.is_dir(follow_symlinks=False) and not os.path.lexists(os.path.join(entry.path, "__init__.py"))
+        if namespace and not namespaces:
+            continue
         if name in IMPORTABLE_NAMES or name.endswith(IMPORTABLE_SUFFIXES):
             found.append(name)
         elif entry.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(entry.path, "__init__.py")):
@@ -251,7 +256,9 @@ def _refuse_importable(top: Path, root: Path) -> None:
     """Every folder from the archive's top down to the bundle root: no name there may be importable."""
     folder = root
     while True:
-        names = importable_names(folder)
+        # Above the root (an archive's wrapper folders, e.g. the repository's llmb/cpu-reference/ layout) a folder
+        # named like a package is only a namespace: the bundle is unpacked in a folder of its own, never imported.
+        names = importable_names(folder, namespaces=folder == root)
         if names:
             where = folder.relative_to(top).as_posix()
             raise Refused(

@@ -1277,6 +1277,8 @@ def features_command(paths, markdown) -> None:
     from llmb import features
 
     records = features.load_records(paths)
+    for line in records.skipped:  # every file left out is named, with why
+        term.say("skipped: ", line, stderr=True)
     if markdown:
         click.echo(features.markdown(records), nl=False)
         return

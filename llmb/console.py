@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import unicodedata
 
 from rich.console import Console
 from rich.table import Table
@@ -25,12 +26,64 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _WIDE = 240
 
 
+# Beyond ASCII, what a terminal draws as nothing or uses to reorder or hide text: controls, format characters (the
+# bidi overrides and isolates U+202A-202E and U+2066-2069, zero-width ones, tags), line and paragraph separators,
+# surrogates, private-use and unassigned code points; and Unicode's other default-ignorable code points that are
+# letters or marks by category (Hangul fillers, variation selectors, the combining grapheme joiner).
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0000-\U000e0fff]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _escaped(c: str) -> str:
+    n = ord(c)
+    return f"\\x{n:02x}" if n <= 0xFF else f"\\u{n:04x}" if n <= 0xFFFF else f"\\U{n:08x}"
+
+
+def _shown(match: re.Match) -> str:
+    c = match.group()
+    hidden = unicodedata.category(c) in _HIDDEN_CATEGORIES or _IGNORABLE.match(c)
+    return _escaped(c) if hidden else c
+
+
 def clean(value: object, limit: int | None = DETAIL_LIMIT) -> str:
-    """``value`` as printable text: capped at ``limit`` characters (None: no cap), control characters as ``\\xNN``."""
+    """``value`` as printable text: capped at ``limit`` characters (None: no cap), control characters as ``\\xNN``
+    and invisible or reordering ones (bidi controls, zero-width characters, separators) as ``\\uNNNN``."""
     s = value if isinstance(value, str) else str(value)
     if limit is not None and len(s) > limit:
         s = f"{s[:limit]}... ({len(s) - limit:,} more characters)"
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+    s = _CONTROL.sub(lambda m: _escaped(m.group()), s)
+    return s if s.isascii() else _NON_ASCII.sub(_shown, s)
+
+
+# What Markdown (CommonMark, GitHub's tables) could read as markup in the records' text: each is backslash-escaped,
+# so a device named "<img src=x>" or "**fast**" is shown as written, never rendered. An underscore between two
+# letters or digits opens no emphasis, so setting names (oom_above_batch_size) stay readable.
+MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|&~#")
+# Line breaks and tabs are shown as \n and \t: text from a record never starts a line of its own (a heading, a rule,
+# a list, a table row of its own) nor ends a table's row.
+_MARKDOWN_BREAKS = {"\n": "\\n", "\t": "\\t"}
+# A spreadsheet evaluates a cell starting with one of these as a formula (OWASP's CSV injection rule).
+CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def markdown(value: object) -> str:
+    """Text from records as Markdown shows it literally, on one line: printable (``clean``), every markup character
+    escaped, line breaks shown as \\n."""
+    text = clean(value, limit=None)
+    out = []
+    for i, c in enumerate(text):
+        intraword = c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+        out.append(_MARKDOWN_BREAKS.get(c) or ("\\" + c if c in MARKDOWN_SPECIAL and not intraword else c))
+    return "".join(out)
+
+
+def csv_cell(value: str) -> str:
+    """Text from records as a CSV cell: printable (``clean``), and a leading formula character (after any blanks)
+    neutralised with a ``'`` so that a spreadsheet shows the text instead of evaluating it."""
+    text = clean(value, limit=None)
+    formula = value.startswith(CSV_FORMULA_START) or value.lstrip().startswith(CSV_FORMULA_START)
+    return "'" + text if formula else text
 
 
 def text(value: object, style: str = "", limit: int | None = DETAIL_LIMIT) -> Text:

@@ -16,11 +16,12 @@ This module reads records only; it never runs a plugin.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmb import console as term
+from llmb import record_files
 from llmb.records import ATTEMPT_SCHEMA
 
 # Feature key -> row label, in table order.
@@ -67,20 +68,53 @@ class Records:
     results: list[dict]
     conformance: list[dict]
     attempts: list[dict]
+    skipped: list[str] = field(default_factory=list)  # one line per file left out, with why
+
+
+def _check(record: dict, schema: str) -> None:
+    """Raise Unreadable when a record of a kind the matrix reads holds a field it reads in another shape (the
+    matrix reads old and partial records too, so only those fields are checked, not the whole record type)."""
+
+    def expect(ok: bool, where: str, what: str) -> None:
+        if not ok:
+            raise record_files.Unreadable(f"incomplete {schema} record ({where}: expected {what})")
+
+    def names(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    plugin, prec = record.get("plugin", {}), record.get("precision", {})
+    expect(isinstance(plugin, dict) and isinstance(plugin.get("settings", {}), dict), "plugin", "an object")
+    expect(isinstance(prec, dict), "precision", "an object")
+    expect(names(record.get("invalid_reasons", [])), "invalid_reasons", "a list of reasons")
+    checks = record.get("checks", [])
+    expect(isinstance(checks, list) and all(isinstance(c, dict) for c in checks), "checks", "a list of objects")
+    expect(isinstance(record.get("parallel", "none"), str), "parallel", "a name")
+    if schema == ATTEMPT_SCHEMA:
+        expect(names(record.get("features")), "features", "a list of names")
 
 
 def load_records(paths: Iterable[Path]) -> Records:
-    """Every llmb result, conformance and attempt record under the given files and folders (others are skipped)."""
+    """Every llmb result, conformance and attempt record under the given files and folders; every other file is
+    left out, and each that does not read as a record is named in ``skipped`` with why."""
     found = Records([], [], [])
+    seen: dict[str, Path] = {}
     for path in paths:
         files = sorted(Path(path).rglob("*.json")) if Path(path).is_dir() else [Path(path)]
         for file in files:
             try:
-                record = json.loads(file.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                record = record_files.read_object(file)
+                schema = str(record.get("schema", ""))
+                if schema.startswith(("llmb.result/", "llmb.conformance/")) or schema == ATTEMPT_SCHEMA:
+                    _check(record, schema)
+            except record_files.Unreadable as exc:
+                found.skipped.append(record_files.skipped_line(file, exc))
                 continue
-            schema = str(record.get("schema", "")) if isinstance(record, dict) else ""
             if schema.startswith("llmb.result/"):
+                run_id = str(record.get("run_id", ""))
+                if run_id and run_id in seen:  # a copy of one run must not count twice
+                    found.skipped.append(record_files.duplicate_line(file, run_id, seen[run_id]))
+                    continue
+                seen[run_id] = file
                 found.results.append(record)
             elif schema.startswith("llmb.conformance/"):
                 found.conformance.append(record)
@@ -137,13 +171,14 @@ def pair_table(records: Records, parallel: str) -> list[list[str]]:
 def markdown(records: Records) -> str:
     """Both tables as markdown, llm-train-bench's layout (one pair table per parallel mode)."""
 
-    def row(cells: list[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in cells) + " |"
+    def row(cells: list[str], escape: bool = True) -> str:  # reasons come from records: shown, never markup
+        return "| " + " | ".join(term.markdown(c) if escape else c for c in cells) + " |"
 
-    lines = ["### Feature support", "", row(["Feature", *PARALLEL.values()]), row([":-", *[":-:"] * len(PARALLEL)])]
+    lines = ["### Feature support", "", row(["Feature", *PARALLEL.values()])]
+    lines += [row([":-", *[":-:"] * len(PARALLEL)], escape=False)]
     lines += [row(r) for r in support_table(records)]
     for parallel, title in PARALLEL.items():
         lines += ["", f"### Feature compatibility: {title}", "", row(["", *FEATURES.values()])]
-        lines += [row(["-:", *[":-:"] * len(FEATURES)])]
+        lines += [row(["-:", *[":-:"] * len(FEATURES)], escape=False)]
         lines += [row(r) for r in pair_table(records, parallel)]
     return "\n".join(lines) + "\n"

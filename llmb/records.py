@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import math
 import types
 import typing
@@ -738,9 +737,12 @@ class SweepTrial(Typed):
         return (self.precision, self.phase, self.batch_size, self.index)
 
 
-def read_sweep_log(path, limit: int = RECORD_LIMIT) -> tuple[dict, list[SweepTrial]]:
+def read_sweep_log(path, limit: int = RECORD_LIMIT, skipped: list[str] | None = None) -> tuple[dict, list[SweepTrial]]:
     """The header and the trials of a sweep log (read only); a last line torn by a kill mid-write is left out.
-    Raises RecordError naming the line and field of anything else that is not a log line."""
+    Raises RecordError naming the line and field of anything else that is not a log line; given a ``skipped``
+    list, a bad trial line is named there instead (one line each, with why) and the others are read."""
+    from llmb import record_files  # it imports this module
+
     try:
         text = read_regular(path, limit).decode("utf-8")  # a FIFO or a giant file is refused, never waited on
     except ValueError as exc:  # not a plain file, too large, not UTF-8
@@ -751,19 +753,18 @@ def read_sweep_log(path, limit: int = RECORD_LIMIT) -> tuple[dict, list[SweepTri
     trials = []
     for number, line in enumerate(text.splitlines(), 1):
         try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            raise RecordError(f"{path}:{number}: not JSON") from None
-        if not isinstance(entry, dict):
-            raise RecordError(f"{path}:{number}: not a JSON object")
-        kind = entry.pop("type", None)
-        if kind == "sweep":
-            header = entry
-        elif kind == "trial":
-            try:
-                trials.append(SweepTrial.from_dict(entry))
-            except RecordError as exc:
+            entry = record_files.loads(line)
+            if not isinstance(entry, dict):
+                raise record_files.Unreadable("not a JSON object")
+            kind = entry.pop("type", None)
+            if kind == "sweep":
+                header = entry
+            elif kind == "trial":
+                trials.append(record_files.parse(SweepTrial, entry))
+        except record_files.Unreadable as exc:
+            if skipped is None or number == 1:  # the header is the log's identity: without it nothing reads
                 raise RecordError(f"{path}:{number}: {exc}") from None
+            skipped.append(record_files.skipped_line(f"{path}:{number}", exc))
     if header.get("schema") != SWEEP_LOG_SCHEMA:
         raise RecordError(f"{path}: not a sweep log (schema {header.get('schema')!r})")
     return header, trials

@@ -42,6 +42,17 @@ _TOKENS = re.compile(
     r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}"
     r"|xox[abpr]-[A-Za-z0-9-]{10,}|A[KS]IA[A-Z0-9]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+)"
 )
+_SECRET_NAME = rf"[A-Za-z0-9_.-]*(?:{'|'.join(SECRET_WORDS)})[A-Za-z0-9_.-]*"
+# A quoted pair ('"token": "abc"', "'password'='x y'"): the quoted value, spaces and all.
+_QUOTED_PAIR = re.compile(rf"(?P<key>[\"']{_SECRET_NAME}[\"']\s*[=:]\s*)(?:\"[^\"]*\"|'[^']*'|[^\s,;&}}]+)", re.I)
+# A flag named like a secret, its value the next word ("--xla_auth_token abc", "-password hunter2").
+_FLAG_VALUE = re.compile(rf"(?P<flag>(?<![^\s,;])-{{1,2}}{_SECRET_NAME}[ \t]+)[^\s-][^\s,;&]*", re.I)
+# user:password@host without a scheme, and an Authorization header's credentials ("Bearer abc...").
+_BARE_USERINFO = re.compile(r"(?<![\w/:@.%+-])[A-Za-z0-9._%+-]+:[^\s/@:,;<>]+@(?=[A-Za-z0-9.-])")
+_AUTH_SCHEME = re.compile(r"\b(?P<scheme>Bearer|Basic|Digest|Token)\s+[A-Za-z0-9._~+/=-]{8,}", re.I)
+# A long run of letters mixed with digits is what generated credentials look like (hex, base64, base62 keys); the
+# names in flags and settings are words joined by _ or -, and numbers are digits only, so neither is taken.
+_RANDOM_RUN = re.compile(r"[A-Za-z0-9+]{16,}")
 _HOME_PATTERN = re.compile(r"(?<![\w.-])(?:/home/[^/\s:;,]+|/Users/[^/\s:;,]+|/root)(?=/|\b|$)")
 
 
@@ -55,11 +66,20 @@ def _homes() -> list[str]:
     return sorted((h for h in found if h and h not in ("/", "~")), key=len, reverse=True)
 
 
+def _random(run: str) -> bool:
+    return any(c.isdigit() for c in run) and any(c.isalpha() for c in run)
+
+
 def scrub(value: str) -> str:
     """A value with URL credentials, secret-looking pairs, known token shapes and home folders taken out."""
     value = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", value)
+    value = _BARE_USERINFO.sub(f"{REDACTED}@", value)
+    value = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']} {REDACTED}", value)
+    value = _QUOTED_PAIR.sub(lambda m: f"{m['key']}{REDACTED}", value)
     value = _PAIR.sub(lambda m: f"{m['key']}{REDACTED}", value)
+    value = _FLAG_VALUE.sub(lambda m: f"{m['flag']}{REDACTED}", value)
     value = _TOKENS.sub(REDACTED, value)
+    value = _RANDOM_RUN.sub(lambda m: REDACTED if _random(m.group()) else m.group(), value)
     for home in _homes():
         value = value.replace(home, "~")
     return _HOME_PATTERN.sub("~", value)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from llmb import __version__, flops, peaks, precision
+from llmb import __version__, flops, outputs, peaks, precision, record_files
 from llmb import console as term
 from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
@@ -38,7 +38,6 @@ from llmb.records import (
     SWEEP_SUMMARY_NAME,
     SWEEP_SUMMARY_SCHEMA,
     PluginRef,
-    RecordError,
     Result,
     counted_runs,
     envelope,
@@ -135,7 +134,7 @@ def load(paths: list[Path]) -> Inputs:
     logs, log_files = [], []
     inputs = Inputs()
     for path in paths:
-        path = Path(path)
+        path = _usable(path)
         if not path.exists():
             raise UsageError(f"{path} does not exist")
         inputs.sources.append(str(path))
@@ -143,25 +142,20 @@ def load(paths: list[Path]) -> Inputs:
         for file in [path] if explicit else _files(path):
             try:
                 if file.suffix == ".jsonl":
-                    logs.append(read_sweep_log(file, RECORD_LIMIT))
+                    logs.append(read_sweep_log(file, RECORD_LIMIT, skipped=inputs.skipped))
                     log_files.append(file)
                     continue
-                data = json.loads(read_regular(file, RECORD_LIMIT))  # a FIFO or a giant file never hangs it
-            except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, not a plain file, a bad log line
-                if explicit:
-                    raise LlmbError(f"{file}: not readable ({exc})") from None
-                inputs.skipped.append(f"{file}: not readable ({exc})")
+                data = record_files.read_object(file, RECORD_LIMIT)  # FIFO, giant, deep, torn: named, skipped
+                schema = data.get("schema")
+                record = record_files.parse(Result, data) if schema == RESULT_SCHEMA else None
+            except ValueError as exc:  # Unreadable says why; RecordError: a log that is no sweep log
+                inputs.skipped.append(record_files.skipped_line(file, exc))
                 continue
-            schema = data.get("schema") if isinstance(data, dict) else None
-            if schema == RESULT_SCHEMA:
-                try:
-                    record = Result.from_dict(data)
-                except RecordError as exc:  # read strictly: the first bad field is named
-                    if explicit:
-                        raise LlmbError(f"{file}: incomplete llmb result ({exc})") from None
-                    inputs.skipped.append(f"{file}: incomplete llmb result ({exc})")
-                    continue
-                records.setdefault(record.run_id, (record, file))
+            if record is not None:
+                if record.run_id in records:  # one run read twice (a copy): the first read is kept, the copy named
+                    inputs.skipped.append(record_files.duplicate_line(file, record.run_id, records[record.run_id][1]))
+                else:
+                    records[record.run_id] = (record, file)
             elif explicit and schema != SWEEP_SUMMARY_SCHEMA:
                 raise UsageError(f"{file} is not an llmb result (schema {schema!r})")
     phases = {t.run_id: t.phase for _, trials in logs for t in trials if t.run_id}
@@ -194,11 +188,23 @@ def _finished_precisions(folder: Path) -> set[str]:
         return set()
 
 
+def _usable(path: Path | str) -> Path:
+    """A path given on the command line, refused in one line when no file system takes it (too long, a NUL)."""
+    problem = outputs.path_problem(path)
+    if problem:
+        raise UsageError(f"{term.clean(path, limit=80)}: not a usable path ({problem})")
+    return Path(path)
+
+
 def mark_reference(inputs: Inputs, selector: str) -> None:
     """Mark the reference's points: a run id (or a unique start of one) among the inputs, or a result file, sweep
     directory or submission bundle, read and added to the inputs where its runs are not among them already."""
     if not selector.strip():
         raise UsageError("--reference is empty: give a run id, a result file, a sweep directory or a bundle")
+    problem = outputs.path_problem(selector)
+    if problem:  # a value no file system takes as a path (too long, a NUL) is no run id either
+        shown = selector if len(selector) <= 80 else f"{selector[:80]}... ({len(selector):,} characters)"
+        raise UsageError(f"--reference {shown!r} is no run id, and no path ({problem})")
     path = Path(selector)
     if path.exists():
         found = load([path])
@@ -1041,20 +1047,7 @@ def make_plots(points: list[Point], tables: list[Table]) -> dict[str, bytes]:
 # Renderers
 
 
-# What Markdown (CommonMark, GitHub's tables) could read as markup in the records' text: each is backslash-escaped,
-# so a device named "<img src=x>" or "**fast**" is shown as written, never rendered. An underscore between two
-# letters or digits opens no emphasis, so setting names (oom_above_batch_size) stay readable.
-MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|&~#")
-
-
-def md(value: object) -> str:
-    """Text from records as Markdown shows it literally: printable (term.clean) and every markup character escaped."""
-    text = term.clean(value, limit=None)
-    out = []
-    for i, c in enumerate(text):
-        intraword = c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
-        out.append("\\" + c if c in MARKDOWN_SPECIAL and not intraword else c)
-    return "".join(out)
+md = term.markdown  # record text in a Markdown report: one helper for every Markdown llmb writes
 
 
 def to_markdown(tables: list[Table], plots: dict[str, str], missing_plots: str = "") -> str:
@@ -1148,8 +1141,8 @@ def to_csv(points: list[Point]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=POINT_FIELDS, lineterminator="\n")
     writer.writeheader()
-    for p in points:  # text fields as printable text: the CSV may go to a terminal
-        writer.writerow({k: term.clean(v, limit=None) if isinstance(v, str) else v for k, v in asdict(p).items()})
+    for p in points:  # text fields printable (the CSV may go to a terminal), never a formula (or a spreadsheet)
+        writer.writerow({k: term.csv_cell(v) if isinstance(v, str) else v for k, v in asdict(p).items()})
     return buffer.getvalue()
 
 
@@ -1206,6 +1199,10 @@ def report(
             raise UsageError(f"cannot tell the format from {out.name!r}: give --format ({', '.join(FORMATS)})")
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
+    reference_path = [Path(reference)] if reference and os.path.exists(reference) else []
+    paths = [_usable(p) for p in paths]
+    # Before anything is read or written: the report and its plots never replace, enter or hold an input.
+    outputs.refuse_overlap({"--out": out, "--plot": plot_folder(fmt, out, plot_dir)}, [*paths, *reference_path])
     inputs = load(paths)
     if reference is not None:
         mark_reference(inputs, reference)

@@ -10,12 +10,16 @@ import tempfile
 from pathlib import Path
 
 from llmb.errors import UsageError
+from llmb.outputs import name_part
 from llmb.records import Result
 
 
 def result_filename(record: Result) -> str:
+    """The file a result is written to; each part comes from the record, so each is made a plain name part (a run id
+    holding ``../`` or a separator never leaves the folder it is written into)."""
     stamp = record.created.replace(":", "").replace("-", "").split(".")[0]
-    return f"{stamp}-{record.plugin.name}-{record.precision.effective}-b{record.batch_size}-{record.run_id}.json"
+    parts = (stamp, record.plugin.name, record.precision.effective, f"b{record.batch_size}", record.run_id)
+    return "-".join(name_part(p) for p in parts) + ".json"
 
 
 def write_json_atomic(path: Path, data: dict) -> Path:
@@ -75,10 +79,15 @@ def write_result(record: Result, out_dir: Path) -> Path:
 
 
 def check_writable(out_dir: Path, what: str = "--out") -> None:
-    """Before anything is measured: the results folder exists (or can be made) and takes a file."""
+    """Before anything is measured: the results folder takes a file, or can be made. A folder that does not exist yet
+    is not made here (the first write makes it): a later usage error leaves nothing on disk."""
     out_dir = Path(out_dir)
+    if not os.path.exists(out_dir):  # os.path: a name too long for the file system is absent, not a traceback
+        parent = next((p for p in out_dir.absolute().parents if os.path.exists(p)), Path("/"))
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"{what} {out_dir} is not a writable folder ({parent} is not a writable folder)")
+        return
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".llmb-write-check-", dir=out_dir)
         try:
             with os.fdopen(fd, "wb") as f:

@@ -16,6 +16,7 @@ Layout of ``<out>/<ORG>/<NAME>/`` (the verifier in llmb/verify.py reads the same
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import bundle_io, codediff, manifest, peaks, sysinfo
+from llmb import bundle_io, codediff, manifest, outputs, peaks, record_files, sysinfo
+from llmb import console as term
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.precision import PRECISIONS
@@ -137,7 +139,7 @@ SUMMARY_COLUMNS = (
 
 
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|")
+    return term.markdown(text)  # a record's text in summary.md: shown as written, never markup nor a row break
 
 
 def render_summary(submission: dict, records: list[Result]) -> str:
@@ -168,7 +170,7 @@ def render_summary(submission: dict, records: list[Result]) -> str:
         mfu = f"{r.mfu:.2%}" if r.mfu is not None else "n/a"
         if r.mfu is not None and peaks.declared(r):
             mfu += " (peak declared by plugin)"
-            declared_notes.append(f"- {label}: {peaks.peak_note(r)}")
+            declared_notes.append(f"- {label}: {_cell(peaks.peak_note(r))}")
         memory = f"{r.peak_memory_bytes / 2**30:.2f} GiB" if r.peak_memory_bytes else "n/a"
         cells = [
             label,
@@ -187,7 +189,7 @@ def render_summary(submission: dict, records: list[Result]) -> str:
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         warning = spread_warning(h)
         if warning:
-            warnings.append(f"- **Noisy:** {warning}")
+            warnings.append(f"- **Noisy:** {_cell(warning)}")
     lines += [
         "",
         "Each row is one group of runs (same plugin, settings, mode, shape, batch, device and job layout; groups are "
@@ -222,23 +224,28 @@ def read_json_file(path: Path) -> dict:
     return data
 
 
-def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance]]:
-    """Every result and conformance record under a directory, read strictly (a bad one names its file and field)."""
+def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance], list[str]]:
+    """Every result and conformance record under a directory, read strictly; a file that does not read as one is
+    left out and named (one line each, with why) in the third list."""
     if not results_dir.is_dir():
         raise UsageError(f"--results {results_dir} is not a directory")
-    results, conformance = [], []
+    results, conformance, skipped = [], [], []
+    kinds = {RESULT_SCHEMA: Result, CONFORMANCE_SCHEMA: Conformance}
     for path in sorted(results_dir.rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
             continue
-        data = read_json_file(path)
         try:
-            if data.get("schema") == RESULT_SCHEMA:
-                results.append(Result.from_dict(data))
-            elif data.get("schema") == CONFORMANCE_SCHEMA:
-                conformance.append(Conformance.from_dict(data))
-        except RecordError as exc:
-            raise UsageError(f"{path}: {exc}") from None
-    return results, conformance
+            data = record_files.read_object(path, 64 * 2**20)  # never waits on a FIFO
+            kind = kinds.get(data.get("schema"))
+            record = record_files.parse(kind, data) if kind else None
+        except record_files.Unreadable as exc:
+            skipped.append(record_files.skipped_line(path, exc))
+            continue
+        if isinstance(record, Result):
+            results.append(record)
+        elif isinstance(record, Conformance):
+            conformance.append(record)
+    return results, conformance, skipped
 
 
 def sweep_phases(results_dir: Path) -> dict[str, str]:
@@ -519,8 +526,8 @@ def write_manifest(root: Path) -> None:
 
 
 def write_archive(root: Path, archive: Path, arcname: str) -> Path:
-    """A .tar.gz of the bundle: regular files and folders only, owner and mode normalised."""
-    tmp = archive.with_name(f".{archive.name}.tmp")
+    """A .tar.gz of the bundle: regular files and folders only, owner and mode normalised. Written whole or not at
+    all: a temporary file renamed into place, removed on any failure (a full disk leaves no .tmp behind)."""
 
     def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
@@ -528,15 +535,51 @@ def write_archive(root: Path, archive: Path, arcname: str) -> Path:
         info.mode = 0o755 if info.isdir() else 0o644
         return info
 
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(root, arcname=arcname, filter=normalise)
-    os.replace(tmp, archive)
+    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w:gz") as tar:
+                tar.add(root, arcname=arcname, filter=normalise)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, archive)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            why = exc.strerror or exc.__class__.__name__
+            raise LlmbError(f"--archive: {archive} not written ({why}); the bundle folder {root} is whole") from None
+        raise
     return archive
+
+
+def written_by_llmb(folder: Path) -> str | None:
+    """None when every file under ``folder`` is one its MANIFEST.sha256 lists (a bundle llmb wrote, which --force
+    may replace), else the first file that is not (something llmb did not write, which it never deletes)."""
+    try:
+        listed = {
+            line.split("  ", 1)[1]
+            for line in (folder / MANIFEST_FILE).read_text(encoding="utf-8").splitlines()
+            if "  " in line
+        }
+    except (OSError, UnicodeDecodeError):
+        return f"{MANIFEST_FILE} (missing or unreadable: not a bundle llmb wrote)"
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_symlink() or (not path.is_dir() and name != MANIFEST_FILE and name not in listed):
+            return name
+    return None
 
 
 def package(options: PackageOptions) -> tuple[Path, list[str]]:
     """Write the bundle; return its folder and one line for each result left out."""
     org, name = check_name(options.submitter, "--submitter"), check_name(options.system, "--system")
+    final = Path(options.out) / org / name
+    archive = final.parent / f"{name}.tar.gz"
+    sources = [Path(options.results), options.system_file, *map(Path, options.release_sources)]
+    # Before anything is read or written: the bundle and its archive never replace, enter or hold an input.
+    outputs.refuse_overlap({"--out": final, "--archive": archive if options.archive else None}, sources)
+    _check_replaceable(final, options.force)
     package_dir = Path(options.package_dir)
     model_hash = manifest.sha256_file(package_dir / "model.py")
     if model_hash != RELEASED_MODEL_FINGERPRINT:
@@ -550,11 +593,14 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
         raise LlmbError(f"the release manifest shipped with llmb is broken: {refused[0]}")
     given_system = read_json_file(options.system_file) if options.system_file else {}
 
-    results, given_conformance = load_inputs(Path(options.results))
+    results, given_conformance, unread = load_inputs(Path(options.results))
     results, pooled = counted_results(results, sweep_phases(Path(options.results)))
     try:
-        records, skipped = select_results(results, options)
-        skipped = pooled + skipped
+        try:
+            records, skipped = select_results(results, options)
+        except UsageError as exc:  # nothing to submit: the files that did not read may be why
+            raise UsageError(f"{exc}{'; not read: ' + '; '.join(unread[:3]) if unread else ''}") from None
+        skipped = unread + pooled + skipped
         wrong = [r.run_id for r in records if r.model_fingerprint != RELEASED_MODEL_FINGERPRINT]
         if wrong:
             raise LlmbError(f"results made with a changed model definition cannot be submitted: {', '.join(wrong)}")
@@ -568,9 +614,7 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     if failed and not options.include_debug:
         raise LlmbError(f"conformance failed for {', '.join(failed)}: the plugin does not preserve the model")
 
-    final = Path(options.out) / org / name
-    if final.exists() and not options.force:
-        raise UsageError(f"{final} exists: remove it or pass --force to replace it")
+    _check_replaceable(final, options.force)  # again: the check-plugin runs took a while
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=final.parent) as tmp:
         root = Path(tmp) / name
@@ -579,15 +623,29 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
             shutil.rmtree(final)
         os.replace(root, final)
     if options.archive:
-        write_archive(final, final.parent / f"{name}.tar.gz", f"{org}/{name}")
+        write_archive(final, archive, f"{org}/{name}")
     return final, skipped
+
+
+def _check_replaceable(final: Path, force: bool) -> None:
+    """A bundle folder in the way is replaced only with --force, and only when llmb wrote all of it."""
+    if not os.path.lexists(final):
+        return
+    if not force:
+        raise UsageError(f"{final} exists: remove it or pass --force to replace it")
+    foreign = written_by_llmb(final) if final.is_dir() and not final.is_symlink() else final.name
+    if foreign:
+        raise UsageError(
+            f"--force replaces only a bundle llmb wrote, and {final} holds {foreign}, which its manifest does not "
+            "list: move what you keep out of it, or give another --out or --system"
+        )
 
 
 def _write_bundle(root, org, name, options, records, conformance, plugins, released, status, diff, given_system):
     result_paths = []
     debug = []
     for record in records:
-        path = f"results/{record.precision.effective}/{result_filename(record)}"
+        path = f"results/{outputs.name_part(record.precision.effective)}/{result_filename(record)}"
         write_json_atomic(root / path, record.to_dict())
         result_paths.append(path)
         reasons = debug_reasons(record)
@@ -596,7 +654,8 @@ def _write_bundle(root, org, name, options, records, conformance, plugins, relea
     conformance_paths = []
     for index, record in enumerate(conformance):
         prec = record.precision
-        path = f"conformance/{record.plugin.name}-{prec.requested}-{prec.mode}-{index}.json"
+        parts = (record.plugin.name, prec.requested, prec.mode, index)  # a record's text: never a path
+        path = f"conformance/{'-'.join(outputs.name_part(p) for p in parts)}.json"
         write_json_atomic(root / path, record.to_dict())
         conformance_paths.append(path)
     for plugin in plugins:

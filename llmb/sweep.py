@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmb import console as term
-from llmb import names, precision, runner
+from llmb import names, precision, record_files, runner
 from llmb.config import PRESETS, SHAPE_FIELDS
 from llmb.errors import LlmbError, UsageError
 from llmb.records import (
@@ -37,6 +37,7 @@ from llmb.records import (
     SWEEP_SUMMARY_NAME,
     SWEEP_SUMMARY_SCHEMA,
     RecordError,
+    Result,
     counted_runs,
     envelope,
     median_index,
@@ -367,7 +368,11 @@ class SweepLog:
             return log
         if not resume:
             raise UsageError(f"{out} already holds a sweep; use --resume to continue it or another --out")
-        logged, trials = read_log(path)
+        skipped: list[str] = []
+        logged, trials = read_log(path, skipped)
+        trials = [t for t in trials if _result_reads(out, t, skipped)]
+        for line in skipped:  # each point left out is named, with why, and measured again
+            term.warning("skipped: ", line, " (the point is run again)")
         wrong = [
             f"{key} is {logged.get(key)!r} there, {header.get(key)!r} here"
             for key in IDENTITY + IDENTITY_SEARCH
@@ -424,13 +429,30 @@ def logged_options(out: Path, given: set[str]) -> dict:
     return {k: v for k, v in taken.items() if k not in given}
 
 
-def read_log(path: Path) -> tuple[dict, list[Trial]]:
+def read_log(path: Path, skipped: list[str] | None = None) -> tuple[dict, list[Trial]]:
     """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched:
-    a reader never writes; SweepLog.open repairs)."""
+    a reader never writes; SweepLog.open repairs). Given ``skipped``, a bad trial line is named there and left out."""
     try:
-        return read_sweep_log(path, RECORD_LIMIT)
-    except RecordError as exc:  # not a plain file, too large, not UTF-8, not a log line: named
+        return read_sweep_log(path, RECORD_LIMIT, skipped=skipped)
+    except RecordError as exc:  # not a plain file, too large, not UTF-8, no header: named
         raise LlmbError(str(exc)) from None
+
+
+def _result_reads(out: Path, trial: Trial, skipped: list[str]) -> bool:
+    """Whether a logged trial's result is a readable result file in the sweep folder (always, for a failed trial);
+    one that is not (cut short, replaced, named like a path) is named in ``skipped``."""
+    if not trial.ok:
+        return True
+    name = trial.result or ""
+    if not name or Path(name).name != name or name.startswith("."):  # a name from the log is never a path
+        skipped.append(f"{out / LOG_NAME}: trial {trial.key}: result {name!r} is not a file name in {out}")
+        return False
+    try:
+        record_files.parse(Result, record_files.read_object(out / name))
+    except record_files.Unreadable as exc:
+        skipped.append(record_files.skipped_line(out / name, exc))
+        return False
+    return True
 
 
 # Display: what a sweep reports while it works; the CLI draws it live, tests ignore it.
@@ -558,6 +580,7 @@ def sweep(options: SweepOptions, display: Display | None = None) -> dict:
     created = not out.exists()
     try:
         check_writable(out)
+        out.mkdir(parents=True, exist_ok=True)  # the lock is taken on the folder; removed below if nothing ran
         with _folder_lock(out):
             return _sweep(options, display)
     except BaseException:

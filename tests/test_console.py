@@ -247,3 +247,84 @@ def test_check_plugin_takes_precision_all(register_backend, tmp_path):
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["precision"]["requested"] == "FP32"
+
+
+# Issue 26: characters a terminal draws as nothing, or uses to reorder text, are shown escaped, whichever printer.
+
+HIDDEN = [
+    "\u200b",  # zero-width space
+    "\u200c",
+    "\u200d",
+    "\u200e",  # left-to-right mark
+    "\u200f",
+    "\u2028",  # line separator
+    "\u2029",  # paragraph separator
+    "\u202a",
+    "\u202b",
+    "\u202c",
+    "\u202d",
+    "\u202e",  # right-to-left override
+    "\u2060",  # word joiner
+    "\u2066",  # the isolates
+    "\u2067",
+    "\u2068",
+    "\u2069",
+    "\u061c",  # Arabic letter mark
+    "\u180e",
+    "\ufeff",  # zero-width no-break space
+    "\u00ad",  # soft hyphen
+    "\u3164",  # Hangul filler (a letter by category, drawn as nothing)
+    "\ufe0f",  # variation selector
+    "\U000e0041",  # a tag character (ASCII smuggled invisibly)
+    "\u0085",  # C1 controls
+    "\u009b",
+    "\x1b",
+    "\x7f",
+    "\r",
+    "\ue000",  # private use
+    "\u0378",  # unassigned
+]
+
+
+@pytest.mark.parametrize("char", HIDDEN, ids=[f"U+{ord(c):04X}" for c in HIDDEN])
+def test_clean_shows_hidden_and_bidi_characters_escaped(char):
+    shown = term.clean(f"a{char}b")
+    assert char not in shown and shown.startswith("a\\") and shown.endswith("b")
+    code = ord(char)
+    assert f"{code:02x}" in shown  # the code point is named (\xNN, \uNNNN or \UNNNNNNNN)
+
+
+def test_clean_keeps_visible_text_from_every_script():
+    visible = "Ryzen™ Ω ß é 中文 日本語 한국어 עברית العربية 😀 – “quoted”"
+    assert term.clean(visible) == visible
+
+
+@pytest.mark.parametrize("fmt", [None, "md", "csv", "html"])
+def test_report_shows_bidi_and_invisible_characters_escaped(tmp_path, fmt):
+    from records_factory import make_result
+
+    hidden = "".join(HIDDEN)
+    record = make_result(device_name=f"AMD EPYC{hidden}", run_id="bidi0001")
+    (tmp_path / "r.json").write_text(json.dumps(record.to_dict()))
+    args = ["report", str(tmp_path)] + (["--format", fmt] if fmt else [])
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    for char in HIDDEN:
+        assert char not in result.output, (fmt, hex(ord(char)))
+    assert "\\u202e" in result.output
+
+
+def test_verify_shows_a_bundles_bidi_and_invisible_characters_escaped(tmp_path):
+    bundle = tmp_path / "bundle"
+    (bundle / "results").mkdir(parents=True)
+    hidden = "".join(HIDDEN)
+    (bundle / "submission.json").write_text(
+        json.dumps({"schema": "nope", "submitter": f"org{hidden}", "system_name": hidden, "results": [hidden]})
+    )
+    (bundle / "system.json").write_text(json.dumps({"host_processor_model_name": hidden}))
+    (bundle / "results" / "r.json").write_text(json.dumps({"schema": hidden, "device": {"name": hidden}}))
+    result = CliRunner().invoke(cli, ["verify", str(bundle)])
+    assert result.exit_code == 1, result.output
+    for char in HIDDEN:
+        assert char not in result.output, hex(ord(char))
+    assert "\\u202e" in result.output

@@ -51,7 +51,7 @@ def test_sweep_report_and_summary_md_show_one_headline(tmp_path):
     inputs = report.load([tmp_path])
     best, runs = report.headline(inputs.points)
 
-    records, _ = submission.load_inputs(tmp_path)
+    records, _, _ = submission.load_inputs(tmp_path)
     counted, left_out = submission.counted_results(records, submission.sweep_phases(tmp_path))
     in_summary = submission.headlines(counted)["FP32"]
     assert shown.tokens_per_second == best.tokens_per_second == in_summary.run.tokens_per_second == 1000.0

