@@ -150,3 +150,13 @@ def rapl_counter(root: Path = RAPL_ROOT) -> EnergyCounter | str:
         return f"RAPL unreadable: {_first_line(exc)}"
     names = ", ".join(name for name, _ in packages)
     return EnergyCounter(counter.read, f"RAPL {names}: the whole CPU socket, every process on it")
+
+
+def energy_cell(section) -> str:
+    """A record's tokens per joule with its average power, or n/a and why: one wording for `llmb run`'s table,
+    summary.md and the leaderboard. ``section`` is a Result's energy (records.Energy) or None (an older record)."""
+    if section is None:
+        return "n/a (recorded before llmb measured energy)"
+    if section.tokens_per_joule is None or section.watts is None:
+        return f"n/a ({section.reason or 'no figure'})"
+    return f"{section.tokens_per_joule:,.4g} ({section.watts:,.1f} W)"
