@@ -160,3 +160,24 @@ def energy_cell(section) -> str:
     if section.tokens_per_joule is None or section.watts is None:
         return f"n/a ({section.reason or 'no figure'})"
     return f"{section.tokens_per_joule:,.4g} ({section.watts:,.1f} W)"
+
+
+def record_problems(result) -> list[str]:
+    """A result's energy figures against its own windows (`llmb verify`): the judge's sums and ratios recomputed from
+    each window's joules and the record's judged window times, with the same plausibility checks. A record with no
+    figure (an older one, or one that says why) claims nothing to check."""
+    section = result.energy
+    if section is None or section.joules is None:
+        return []
+    seconds = result.timing.repeat_window_seconds
+    if not section.scope or not section.window_joules or len(section.window_joules) != len(seconds):
+        return ["energy: figures without the counter's scope or one joule figure per measured window"]
+    world = max(1, result.world_size)
+    tokens = (result.global_batch_size or result.batch_size * world) * result.sequence_length * result.steps / world
+    counter = {"scope": section.scope, "limit_watts": section.limit_watts}
+    expected, problems = summarise(counter, [[0.0, joules] for joules in section.window_joules], seconds, tokens)
+    for key in ("joules", "seconds", "watts", "tokens_per_joule"):
+        recorded, value = getattr(section, key), expected.get(key)
+        if value is None or recorded is None or not math.isclose(recorded, value, rel_tol=1e-6):
+            problems.append(f"energy: {key} recorded {recorded!r}, recomputed {value!r}")
+    return problems

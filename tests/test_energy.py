@@ -5,6 +5,7 @@ mocks. The one real counter tested is the host's RAPL, where it is readable."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, run_record
+from conftest import TINY, invoke, run_record
 from records_factory import make_result
 
-from llmb import Backend, EnergyCounter, energy, records
+from llmb import Backend, EnergyCounter, energy, records, submission
 from llmb.cleanroom import JudgedWindow, finish
 
 
@@ -233,3 +234,55 @@ def test_the_rocm_plugin_reads_amdsmis_energy_accumulator(monkeypatch):
     start = counter.read()
     fake.count += 100_000
     assert counter.read() - start == pytest.approx(1.53)
+
+
+def with_energy(watts: float = 40.0, **fields) -> records.Result:
+    """A made-up result (records_factory) whose device drew `watts` over its one measured window."""
+    result = make_result(**fields)
+    seconds = result.timing.repeat_window_seconds
+    tokens = result.global_batch_size * result.sequence_length * result.steps / result.world_size
+    section, problems = energy.summarise(
+        {"scope": "mock counter (no hardware)", "limit_watts": None},
+        [[0.0, watts * s] for s in seconds],
+        seconds,
+        tokens,
+    )
+    assert not problems
+    return dataclasses.replace(result, energy=records.Energy.from_dict(section))
+
+
+def test_verify_recomputes_the_energy_figures_and_catches_a_forged_one():
+    honest = with_energy()
+    assert energy.record_problems(honest) == []
+    assert energy.record_problems(make_result()) == []  # an older record claims nothing
+    forged = dataclasses.replace(
+        honest, energy=dataclasses.replace(honest.energy, tokens_per_joule=honest.energy.tokens_per_joule * 2)
+    )
+    (problem,) = energy.record_problems(forged)
+    assert problem.startswith("energy: tokens_per_joule recorded")
+    hot = dataclasses.replace(honest, energy=dataclasses.replace(honest.energy, window_joules=[1e9]))
+    assert any("above the plausible" in p for p in energy.record_problems(hot))
+
+
+def test_report_and_summary_show_tokens_per_joule_beside_tokens_per_second(tmp_path):
+    result = with_energy(watts=40.0)
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "r.json").write_text(json.dumps(result.to_dict()))
+    shown = invoke("report", folder, "--format", "json")
+    assert shown.exit_code == 0, shown.output
+    (best,) = [t for t in json.loads(shown.output)["tables"] if t["name"] == "best"]
+    assert best["rows"][0]["tokens_per_joule"] == pytest.approx(result.energy.tokens_per_joule)
+    table = invoke("report", folder, "--format", "md").output
+    assert "| Tokens/s | Spread (min-max) | Tokens/J |" in table
+    assert f"{result.energy.tokens_per_joule:,.4g}" in table
+
+    sub = {"submitter": "t", "system_name": "s", "plugins": [{"name": "cpu", "precisions": ["FP32"]}]}
+    sub["debug"] = {"is_debug": False, "reasons": []}
+    summary = submission.render_summary(sub, [result])
+    header = next(line for line in summary.splitlines() if line.startswith("| Precision"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns.index("Tokens/J") == columns.index("Spread (min-max)") + 1
+    assert energy.energy_cell(result.energy) in summary and "(40.0 W)" in energy.energy_cell(result.energy)
+    # A bundle made before llmb measured energy keeps the summary it was sealed with.
+    assert "Tokens/J" not in submission.render_summary(sub, [make_result()])
