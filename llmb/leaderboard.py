@@ -25,6 +25,7 @@ from llmb.records import Conformance, Result
 from llmb.submission import CODE_DIFF, CODE_STATUS, SUBMISSION_JSON, SYSTEM_JSON, headlines
 
 VALID, DEBUG, FAILED = "valid", "debug", "failed"
+WHY_LIMIT = 100  # characters of each failing check's detail in the index
 
 
 def e(value: object) -> str:
@@ -66,9 +67,12 @@ class Entry:
 def judge(rows: list[verify.Row], is_debug: bool) -> tuple[str, str]:
     """The verdict from verify's rows (checked with debug accepted): failed with the failing checks, else debug or
     valid as the bundle (checked by verify's `debug` row) says."""
-    failed = [f"{row.check}: {row.detail}" for row in rows if not row.passed]
+    # The failing checks by name (one alone with the start of its detail): the page's verify table has the rest.
+    failed = [row for row in rows if not row.passed]
+    if len(failed) == 1:
+        return FAILED, f"{failed[0].check}: {term.clean(failed[0].detail, limit=WHY_LIMIT)}"
     if failed:
-        return FAILED, "; ".join(failed)
+        return FAILED, "failed checks: " + ", ".join(row.check for row in failed)
     return (DEBUG, "a debug bundle: not the official shape") if is_debug else (VALID, "")
 
 
@@ -279,7 +283,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; 
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; vertical-align: top; text-align: left; }
 th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-#board th { cursor: pointer; user-select: none; }
+#board th { cursor: pointer; user-select: none; } #board td { max-width: 24em; overflow-wrap: anywhere; }
 tr.bad td, p.bad, .verdict.failed { color: #b00; } .verdict.valid { color: #070; } .verdict.debug { color: #a60; }
 pre.diff { background: #f8f8f8; padding: 0.5em; overflow-x: auto; font-size: 0.85em; }
 pre.diff .add { color: #070; } pre.diff .del { color: #b00; } pre.diff .hunk { color: #06c; }
@@ -353,6 +357,8 @@ COLUMNS = (
 
 
 def _num_cell(value: float | None, text: str) -> str:
+    if text.startswith("n/a ("):  # the reason in a tooltip: the table stays narrow
+        return f"<td class='num' data-v='' title='{e(text)}'>n/a</td>"
     return f"<td class='num' data-v='{'' if value is None else repr(value)}'>{e(text)}</td>"
 
 
