@@ -286,3 +286,11 @@ def test_report_and_summary_show_tokens_per_joule_beside_tokens_per_second(tmp_p
     assert energy.energy_cell(result.energy) in summary and "(40.0 W)" in energy.energy_cell(result.energy)
     # A bundle made before llmb measured energy keeps the summary it was sealed with.
     assert "Tokens/J" not in submission.render_summary(sub, [make_result()])
+
+
+def test_the_xpu_plugin_never_reports_the_hosts_rapl_as_a_gpus_energy():
+    llmb_xpu = pytest.importorskip("llmb_xpu")
+    backend = llmb_xpu.XpuBackend()
+    assert backend.energy_counter(torch.device("xpu", 0)).startswith("no energy counter: torch.xpu exposes none")
+    on_cpu = backend.energy_counter(torch.device("cpu"))  # the IPEX path on the host: the cpu backend's RAPL
+    assert isinstance(on_cpu, EnergyCounter) or on_cpu == energy.rapl_counter()
