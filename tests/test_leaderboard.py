@@ -136,3 +136,11 @@ def test_the_command_builds_the_site_and_says_each_verdict(bundles, tmp_path):
     blocked.write_text("")
     refused = invoke("leaderboard", REFERENCE, "--out", blocked)
     assert refused.exit_code == 2 and "is not a writable folder" in refused.output
+
+
+@pytest.mark.slow
+def test_replay_replays_each_headline_window_as_verify_does(tmp_path):
+    result = invoke("leaderboard", REFERENCE, "--out", tmp_path, "--replay")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "submission-1.html").read_text()
+    assert re.search(r"<td>replay</td><td>pass</td><td>9 headline windows replayed here", page)
