@@ -147,6 +147,7 @@ def test_rapl_that_only_root_may_read_says_permission_denied(tmp_path):
     assert energy.rapl_counter(tmp_path).startswith("RAPL permission denied")
 
 
+@pytest.mark.slow
 def test_a_clean_cpu_run_records_rapl_energy_or_why_not(tmp_path):
     """The real counter: the clean room's record carries RAPL's figures where this host exposes them readable, and
     otherwise the same reason rapl_counter gives here."""

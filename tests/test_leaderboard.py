@@ -144,3 +144,22 @@ def test_replay_replays_each_headline_window_as_verify_does(tmp_path):
     assert result.exit_code == 0, result.output
     page = (tmp_path / "submission-1.html").read_text()
     assert re.search(r"<td>replay</td><td>pass</td><td>9 headline windows replayed here", page)
+
+
+def test_a_bundle_of_the_wrong_shapes_is_listed_as_failed_and_the_site_builds(tmp_path):
+    """Every JSON file a page reads, with the wrong types where llmb writes objects, lists and strings."""
+    bad = shutil.copytree(REFERENCE, tmp_path / "bad")
+    edit_json(
+        bad / submission.SUBMISSION_JSON,
+        lambda d: d.update(plugins="cpu", results={"a": 1}, conformance=[7, None], system_name=5, debug=[]),
+    )
+    (bad / submission.SYSTEM_JSON).write_text("[1, 2]")
+    (bad / submission.CODE_STATUS).write_text('{"files": "all"}')
+    (bad / submission.CODE_DIFF).write_bytes(b"\xff\xfe not utf-8")
+    submission.write_manifest(bad)
+    (entry,) = leaderboard.build([bad], tmp_path / "site")
+    assert entry.verdict == "failed" and "submission.json" in entry.why and not entry.headlines
+    page = (tmp_path / "site" / entry.page).read_text()
+    assert "system.json unreadable: system.json is not a JSON object" in page
+    assert "code/llmb.diff unreadable" in page and "No plot: no readable result." in page
+    assert (tmp_path / "site" / "index.html").read_text().count("<tr data-precision=") == 1
