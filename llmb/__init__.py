@@ -4,7 +4,7 @@ The public API for plugins is what this module exports. Importing it imports no 
 must not wait for torch); `llmb.CpuBackend` is loaded, with torch, on first use.
 """
 
-from llmb.backend import Backend, Peak, PrecisionFact
+from llmb.backend import Backend, EnergyCounter, Peak, PrecisionFact
 from llmb.errors import LlmbError, UsageError
 from llmb.hookspecs import hookimpl
 from llmb.settings import Setting
@@ -12,6 +12,7 @@ from llmb.settings import Setting
 __all__ = [
     "Backend",
     "CpuBackend",
+    "EnergyCounter",
     "LlmbError",
     "Peak",
     "PrecisionFact",

@@ -12,6 +12,7 @@ import ast
 import inspect
 import platform
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,18 @@ class Peak:
             raise ValueError(f"a peak must be a positive FLOP/s figure, got {self.flops!r}")
         if not self.source.strip():
             raise ValueError("a peak needs its public source: llmb never reports an MFU nobody can check")
+
+
+@dataclass(frozen=True)
+class EnergyCounter:
+    """A device's energy counter as a backend offers it (Backend.energy_counter): ``read()`` gives joules from any
+    origin, never decreasing (a hardware counter's wraparound already undone); ``scope`` says what it covers (one GPU,
+    a CPU socket with every process on it); ``limit_watts`` is the device's power limit where known, against which the
+    judge checks the window's average power."""
+
+    read: Callable[[], float]
+    scope: str
+    limit_watts: float | None = None
 
 
 class Backend:
@@ -125,6 +138,11 @@ class Backend:
     def peak_memory_bytes(self, device: torch.device) -> int | None:
         """The device's peak allocated memory in bytes since the last reset, or None when unknown."""
         return None
+
+    def energy_counter(self, device: torch.device) -> EnergyCounter | str:
+        """The device's energy counter, read at both edges of each measured window, or a sentence saying why there is
+        none (the record keeps it)."""
+        return f"backend {self.name!r} offers no energy counter"
 
     def device_name(self, device: torch.device) -> str:
         """The device's marketing name (e.g. "NVIDIA H100 80GB HBM3")."""

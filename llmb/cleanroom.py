@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Listener
 
-from llmb import evidence, flops
+from llmb import energy, evidence, flops
 from llmb.errors import LlmbError, UsageError
 from llmb.records import RecordError, Result, median_index
 
@@ -620,6 +620,15 @@ def finish(
             record["loss"] = {**record["loss"], "first": chosen[0], "last": chosen[-1]}
     else:
         headline = 0
+    # The energy over the judge's own windows, from the counter readings the worker answered at each close.
+    tokens = int(record.get("global_batch_size") or record["batch_size"]) * int(record["config"]["sequence_length"])
+    record["energy"], problems = energy.summarise(
+        record.get("energy"),
+        [w.answer.get("energy_joules") for w in closed],
+        [w.seconds for w in closed],
+        tokens * steps / int(record.get("world_size") or 1),
+    )
+    invalid += problems
     record["evidence"] = {
         "schema": evidence.SCHEMA,
         "digest": "per parameter, in the model's order: [sum, sum of squares] of its elements in float64",

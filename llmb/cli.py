@@ -549,6 +549,8 @@ def _compile_cell(record: Result) -> str:
 
 
 def _print_record(record: Result, path: Path) -> None:
+    from llmb import energy
+
     prec = record.precision
     table = term.table(f"llmb {record.plugin.name} on {record.device.label}", show_header=False)
     term.column(table, "what", style="bold")
@@ -561,6 +563,7 @@ def _print_record(record: Result, path: Path) -> None:
         ("settings", record.plugin.settings_label()),
         ("batch size", str(record.batch_size)),
         ("tokens/s", f"{record.tokens_per_second:,.1f}"),
+        ("tokens/J per device", energy.energy_cell(record.energy)),
         ("samples/s", f"{record.samples_per_second:,.2f}"),
         ("TFLOP/s per device", f"{record.tflops:.3f}"),
         ("MFU", f"{mfu:.1%} ({peaks.peak_note(record)})" if mfu is not None else "n/a (peak unknown)"),
@@ -1295,3 +1298,24 @@ def features_command(paths, markdown) -> None:
         for row in features.pair_table(records, parallel):
             term.row(pairs, *row)
         console.print(pairs)
+
+
+@cli.command(name="leaderboard")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="The site's folder (index.html and pages).")
+@click.option(
+    "--replay", is_flag=True, help="Also replay each result's headline window here, as `llmb verify --replay` does."
+)
+@handle_errors
+def leaderboard_command(bundles: tuple[Path, ...], out: Path, replay: bool) -> None:
+    """Verify submission bundles (folders or .tar.gz) and write a static site of them: a sortable index of systems by
+    precision and one page per submission with its evidence. A bundle that fails is listed as failed, with why."""
+    from llmb import leaderboard
+    from llmb.results import check_writable
+
+    check_writable(out)
+    entries = leaderboard.build(list(bundles), out, names.DEFAULT_REPLAY_STEPS if replay else 0)
+    for entry in entries:
+        style = {"valid": "green", "debug": "yellow"}.get(entry.verdict, "bold red")
+        term.say((entry.verdict, style), ": ", entry.system or entry.source)  # the bundle's name is text, not markup
+    term.say(f"{len(entries)} submission(s): {out / 'index.html'}")

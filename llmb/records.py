@@ -487,6 +487,21 @@ class JobLayout(Typed):
         return " ".join(parts)
 
 
+@dataclass(kw_only=True)
+class Energy(Typed):
+    """The device's energy over the measured windows (llmb.energy): the counter's scope, the joules, average watts
+    and tokens per joule of one device; or, with no figure, the reason."""
+
+    scope: str | None = None
+    reason: str | None = None
+    limit_watts: float | None = None
+    window_joules: list[float] | None = None
+    joules: float | None = None
+    seconds: float | None = None
+    watts: float | None = None
+    tokens_per_joule: float | None = None
+
+
 # The records
 
 
@@ -554,6 +569,8 @@ class Result(Record):
     measured_matmul_peak: float | None = None
     measured_model_gemm_flops: float | None = None
     matmul_peak_efficiency: float | None = None
+    # None in records written before llmb recorded energy.
+    energy: Energy | None = None
 
     def check(self, path: str) -> None:
         super().check(path)

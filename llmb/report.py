@@ -69,6 +69,7 @@ class Point:
     parallel: str | None = None
     tokens_per_second: float | None = None
     tokens_per_second_per_device: float | None = None
+    tokens_per_joule: float | None = None  # per device, over the measured windows (llmb.energy)
     tflops_per_device: float | None = None
     mfu: float | None = None  # None for a precision outside the closed four (FP8): no MFU against a BF16 peak
     matmul_peak_efficiency: float | None = None  # model GEMM FLOP/s against the matmul peak measured in the run
@@ -264,6 +265,7 @@ def point_from_record(record: Result, phase: str | None, source: str) -> Point:
         parallel=None if record.parallel == "none" else record.strategy,  # a layout (fsdp tp2 ...) is its own row
         tokens_per_second=record.tokens_per_second,
         tokens_per_second_per_device=per_device,
+        tokens_per_joule=record.energy.tokens_per_joule if record.energy else None,
         tflops_per_device=flops.achieved_tflops(per_device, record.model_flops_per_token),
         # The rules' lowest-bit principle: a run below the four precisions (FP8) has no MFU here, whatever peak a
         # plugin declared (as torchtitan: a BF16 datasheet peak is not an FP8 run's ceiling).
@@ -451,6 +453,7 @@ class Table:
 TOKENS = Column("tokens_per_second", "Tokens/s", _num(",.1f"), True)
 SPREAD = Column("spread", "Spread (min-max)", _range, True)
 TFLOPS = Column("tflops_per_device", "TFLOP/s", _num(".3g"), True)
+TOKENS_PER_JOULE = Column("tokens_per_joule", "Tokens/J", _num(",.4g"), True, "n/a")
 MFU = Column("mfu", "MFU", _percent, True, "n/a")
 MEMORY = Column("peak_memory_bytes", "Peak memory", _memory, True, missing="n/a")
 METHOD = Column("method", "Method")
@@ -536,6 +539,7 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
                 best_batch_size=best.batch_size,
                 tokens_per_second=best.tokens_per_second,
                 spread=[low, high],
+                tokens_per_joule=best.tokens_per_joule,
                 tflops_per_device=best.tflops_per_device,
                 mfu=best.mfu,
                 matmul_peak_efficiency=best.matmul_peak_efficiency,
@@ -561,7 +565,7 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
             Column("nodes", "Nodes", str, True),
             Column("parallel", "Strategy"),
         ]
-    columns += [Column("best_batch_size", "Best batch", str, True), TOKENS, SPREAD, TFLOPS]
+    columns += [Column("best_batch_size", "Best batch", str, True), TOKENS, SPREAD, TOKENS_PER_JOULE, TFLOPS]
     columns += [MEMORY] if outside else [MFU, EFFICIENCY, MEMORY]
     columns += [VERSUS_REFERENCE] if refs is not None else []
     columns += [Column("runs", "Runs", str, True), Column("status", "Result")]
@@ -587,6 +591,10 @@ def best_table(points: list[Point], refs: dict[tuple[str, str], Point] | None = 
             + efficiency
         )
         title = "Best batch size per precision"
+    note += (
+        " Tokens/J is the median run's tokens per joule of one device over its measured windows (llmb.energy), n/a "
+        "where the device has no energy counter (the result says why)."
+    )
     if refs is not None:
         note += reference_note(refs)
     return Table("outside" if outside else "best", title, columns, rows, note, warnings)

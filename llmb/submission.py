@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import bundle_io, codediff, manifest, outputs, peaks, record_files, sysinfo
+from llmb import bundle_io, codediff, energy, manifest, outputs, peaks, record_files, sysinfo
 from llmb import console as term
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
@@ -138,6 +138,19 @@ SUMMARY_COLUMNS = (
 )
 
 
+# Beside tokens/s where the bundle's results recorded energy: a bundle made before llmb measured it keeps the summary
+# it was sealed with, so it still verifies.
+ENERGY_COLUMN = "Tokens/J"
+
+
+def summary_columns(records: list[Result]) -> tuple[str, ...]:
+    """summary.md's columns for these results: SUMMARY_COLUMNS, and Tokens/J where any result has an energy section."""
+    if not any(r.energy is not None for r in records):
+        return SUMMARY_COLUMNS
+    at = SUMMARY_COLUMNS.index("Spread (min-max)") + 1
+    return (*SUMMARY_COLUMNS[:at], ENERGY_COLUMN, *SUMMARY_COLUMNS[at:])
+
+
 def _cell(text: str) -> str:
     return term.markdown(text)  # a record's text in summary.md: shown as written, never markup nor a row break
 
@@ -156,8 +169,9 @@ def render_summary(submission: dict, records: list[Result]) -> str:
         ]
     if submission.get("note"):
         lines += [submission["note"], ""]
-    lines += ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
-    blank = " |" * (len(SUMMARY_COLUMNS) - 2)
+    columns = summary_columns(records)
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    blank = " |" * (len(columns) - 2)
     warnings = []
     declared_notes: list[str] = []
     for label in PRECISIONS:
@@ -181,6 +195,7 @@ def render_summary(submission: dict, records: list[Result]) -> str:
             str(r.batch_size),
             f"{r.tokens_per_second:,.1f}",
             f"{h.low:,.1f}-{h.high:,.1f}",
+            *([energy.energy_cell(r.energy)] if ENERGY_COLUMN in columns else []),
             f"{r.tflops:.4f}",
             mfu,
             memory,

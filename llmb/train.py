@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmb import evidence
+from llmb import energy, evidence
 from llmb.backend import Backend
 from llmb.config import ADAMW_HYPERPARAMETERS
 from llmb.model import ModelConfig
@@ -86,6 +86,8 @@ class Measurement:
     digest_start: list[list[float]] = field(default_factory=list)
     digest_end: list[list[float]] = field(default_factory=list)
     moments_end: list[list[float]] = field(default_factory=list)
+    # The device's energy counter at the window's two edges in joules (llmb.energy), None without one.
+    energy_joules: list[float] | None = None
 
 
 class LocalJudge:
@@ -123,6 +125,7 @@ class Trainer:
         self.backend, self.device = backend, device
         # Asked once: a backend without device events is timed on the host with a sync after each step.
         self.has_events = backend.new_event(device) is not None
+        self.energy = energy.Meter(backend, device)
         # In a multi-process run, every rank waits for all the others at both window edges.
         self.barrier = barrier or (lambda: None)
         # A measured window trains on the batch drawn from the judge's challenge, handed over as its clock starts.
@@ -190,6 +193,8 @@ class Trainer:
         backend.synchronize(device)
         digest_start = evidence.as_list(evidence.digest(parameters))
         self.barrier()
+        # Read at the edge, the device idle: the one read before the judge's clock starts, the other inside it.
+        energy_start = self.energy.read()
         challenge = self.judge.open(digest_start)
         start = time.perf_counter()
         self.batch = self.window_batch(challenge)
@@ -209,7 +214,9 @@ class Trainer:
         step_losses = [float(v) for v in torch.stack(losses).float().cpu().tolist()]  # waits for every forward
         backend.synchronize(device)
         end = time.perf_counter()
+        energy_end = self.energy.read()
         own_window = end - start
+        readings = [energy_start, energy_end] if energy_start is not None and energy_end is not None else None
         self.barrier()
         window = time.perf_counter() - start
         self.judge.close(
@@ -218,6 +225,7 @@ class Trainer:
                 "worker_start": start,
                 "worker_end": end,
                 "worker_window_seconds": own_window,
+                "energy_joules": readings,
             }
         )
         # After every clock: the digest of what the window trained, for the replay and the window audit.
@@ -241,6 +249,7 @@ class Trainer:
             digest_start,
             digest_end,
             moments_end,
+            readings,
         )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from llmb import bundle_evidence, bundle_io, codediff, evidence, flops, manifest, peaks
+from llmb import bundle_evidence, bundle_io, codediff, energy, evidence, flops, manifest, peaks
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
 from llmb.config import ADAMW_HYPERPARAMETERS, official_reasons
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
@@ -438,6 +438,10 @@ def check_timing(b: Bundle) -> None:
     _per_result(b, "step times", timing_problems, "step times fit each window; windows are the repeats' medians")
 
 
+def check_energy(b: Bundle) -> None:
+    _per_result(b, "energy", lambda b, path, r: energy.record_problems(r), "{n} results: recomputed where recorded")
+
+
 def check_official_shape(b: Bundle) -> None:
     _per_result(
         b, "official shape", shape_problems, "{n} results" + (" (debug shapes accepted)" if b.accept_debug else "")
@@ -673,6 +677,7 @@ CHECKS = [
     check_peaks,
     check_optimizer,
     check_timing,
+    check_energy,
     check_official_shape,
     check_validity,
     check_fingerprint,

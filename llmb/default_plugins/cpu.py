@@ -10,7 +10,18 @@ import sys
 
 import torch
 
-from llmb import Backend, PrecisionFact, Setting, checkpointing, compilers, fp8, hookimpl, sysinfo
+from llmb import (
+    Backend,
+    EnergyCounter,
+    PrecisionFact,
+    Setting,
+    checkpointing,
+    compilers,
+    energy,
+    fp8,
+    hookimpl,
+    sysinfo,
+)
 
 COMPILE_MODES = ("none", "default", "max-autotune", compilers.THUNDER)
 
@@ -75,6 +86,9 @@ class CpuBackend(Backend):
         # a high-water mark that cannot be reset, so reset_peak_memory keeps the base class's no-op.
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return rss if sys.platform == "darwin" else rss * 1024
+
+    def energy_counter(self, device) -> EnergyCounter | str:
+        return energy.rapl_counter()
 
     def device_name(self, device) -> str:
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmb import Backend, Peak, PrecisionFact, Setting, checkpointing, compilers, fp8, hookimpl
+from llmb import Backend, EnergyCounter, Peak, PrecisionFact, Setting, checkpointing, compilers, fp8, hookimpl
 from llmb.errors import UsageError
 
 COMPILE_MODES = ("none", *compilers.INDUCTOR_MODES, compilers.THUNDER)
@@ -153,6 +153,40 @@ def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def smi_index(device: torch.device, mapping: str) -> int:
+    """The GPU's index in the vendor's management library (NVML, amdsmi), which numbers every GPU of the host where
+    torch numbers the visible ones (CUDA_/HIP_VISIBLE_DEVICES): torch's own ``torch.cuda.<mapping>``."""
+    try:
+        return getattr(torch.cuda, mapping)(device_index(device))
+    except Exception:  # no such mapping in this torch, or the visible list names UUIDs it cannot resolve
+        return device_index(device)
+
+
+def nvml_energy_counter(device: torch.device) -> EnergyCounter | str:
+    """The GPU's total energy since the driver loaded (NVML, millijoules, Volta and later) through nvidia-ml-py's
+    `pynvml`, the binding torch's own power and utilisation queries use; or why it cannot be read."""
+    try:
+        import pynvml
+    except ImportError:
+        return "no energy counter: nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    index = smi_index(device, "_get_nvml_device_index")
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # refused on GPUs without the counter: say so now
+    except Exception as exc:  # NVMLError_NotSupported, a missing driver: the run goes on without energy
+        return f"NVML has no energy counter for GPU {index}: {type(exc).__name__}: {exc}"
+    try:
+        limit = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
+    except Exception:
+        limit = None
+
+    def read() -> float:
+        return pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
+
+    return EnergyCounter(read, f"NVML total energy of GPU {index}", limit)
+
+
 def nccl_version() -> str | None:
     """NCCL's version (RCCL's on ROCm), or None for a torch built without it."""
     try:
@@ -233,6 +267,9 @@ class CudaBackend(Backend):
 
     def peak_memory_bytes(self, device) -> int | None:
         return torch.cuda.max_memory_allocated(device)
+
+    def energy_counter(self, device) -> EnergyCounter | str:
+        return nvml_energy_counter(device)
 
     def device_name(self, device) -> str:
         return torch.cuda.get_device_name(device_index(device))

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 
 import torch
-from llmb_cuda import CudaBackend, PeakEntry, device_index, nccl_version
+from llmb_cuda import CudaBackend, PeakEntry, device_index, nccl_version, smi_index
 
-from llmb import PrecisionFact, Setting, hookimpl
+from llmb import EnergyCounter, PrecisionFact, Setting, hookimpl
 
 SETTINGS = [
     *CudaBackend().settings(),
@@ -70,6 +70,34 @@ def amdgpu_driver_version() -> str | None:
         return None
 
 
+def amdsmi_energy_counter(device: torch.device) -> EnergyCounter | str:
+    """The GPU's energy accumulator through amdsmi (counter x counter_resolution microjoules), or why it cannot be
+    read."""
+    try:
+        import amdsmi
+    except ImportError:
+        return "no energy counter: amdsmi is not importable (it ships with ROCm: pip install amdsmi)"
+    index = smi_index(device, "_get_amdsmi_device_index")
+    try:
+        amdsmi.amdsmi_init()
+        handle = amdsmi.amdsmi_get_processor_handles()[index]
+        amdsmi.amdsmi_get_energy_count(handle)
+    except Exception as exc:  # no such GPU, a driver without the counter: the run goes on without energy
+        return f"amdsmi has no energy counter for GPU {index}: {type(exc).__name__}: {exc}"
+    try:
+        limit = amdsmi.amdsmi_get_power_cap_info(handle)["power_cap"] / 1e6
+    except Exception:
+        limit = None
+
+    def read() -> float:
+        count = amdsmi.amdsmi_get_energy_count(handle)
+        # "energy_accumulator" since ROCm 6.2; "power" before it (the same counter under a misleading name).
+        value = count["energy_accumulator"] if "energy_accumulator" in count else count["power"]
+        return value * count["counter_resolution"] / 1e6
+
+    return EnergyCounter(read, f"amdsmi energy accumulator of GPU {index}", limit)
+
+
 class RocmBackend(CudaBackend):
     name = "rocm"
     peaks = PEAKS
@@ -88,6 +116,9 @@ class RocmBackend(CudaBackend):
             torch.cuda.tunable.enable(bool(settings.get("tunableop")))
             torch.backends.cuda.preferred_blas_library("hipblaslt" if settings.get("hipblaslt", True) else "cublas")
         super().setup(device, precision, settings)  # the device, and the compiler and FP8 checks
+
+    def energy_counter(self, device) -> EnergyCounter | str:
+        return amdsmi_energy_counter(device)
 
     def fp8_unsupported(self, device) -> str | None:
         # HIP reports no CUDA compute capability that says float8 (MI250X answers 9.0): the GPU architecture does.

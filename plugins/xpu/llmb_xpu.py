@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from llmb import CpuBackend, LlmbError, Peak, PrecisionFact, Setting, hookimpl
+from llmb import CpuBackend, EnergyCounter, LlmbError, Peak, PrecisionFact, Setting, hookimpl
 
 # Dense peak FLOP/s per torch device, only for figures confirmed against a vendor datasheet. None so far: Intel
 # publishes no per-precision matrix peak for the Data Center GPU Max series that we could confirm (torchtitan
@@ -116,6 +116,12 @@ class XpuBackend(CpuBackend):
         if device.type == "cpu":
             return super().peak_memory_bytes(device)
         return torch.xpu.max_memory_allocated(device)
+
+    def energy_counter(self, device) -> EnergyCounter | str:
+        if device.type == "cpu":
+            return super().energy_counter(device)
+        # The host's RAPL would be the CPU's energy, not the GPU's: say there is none rather than misattribute it.
+        return "no energy counter: torch.xpu exposes none for Intel GPUs (Level Zero Sysman is not read here)"
 
     def device_name(self, device) -> str:
         if device.type == "cpu":
