@@ -522,7 +522,7 @@ def oversubscribed(record: Result) -> str | None:
 
         return (
             f"load average {load:.1f} with torch on {threads} thread(s) and {cpus} CPUs: other processes competed "
-            f"for the cores, so this figure is low; {sysinfo.threads_advice(record.plugin.settings)}"
+            f"for the cores, so this figure is low; {sysinfo.threads_advice(record.plugin.settings, threads)}"
         )
     return None
 

@@ -225,12 +225,13 @@ def free_cores() -> tuple[int, float, int]:
     return cpus, load, max(1, min(cpus, int(cpus - load + 0.5)))
 
 
-def threads_advice(settings: dict) -> str:
-    """What gives torch fewer threads with the plugin in use (its resolved settings): its threads setting where it
-    has one and is not at 1 already, else the environment torch reads at start."""
+def threads_advice(settings: dict, threads: int) -> str:
+    """What gives torch fewer threads with the plugin in use (its resolved settings), judged by the `threads` torch
+    really ran (a `threads=0` setting may already have given it one): its threads setting where it has one and torch
+    ran more than one, else the environment torch reads at start."""
     if "threads" not in settings:
         return "rerun on an idle host (this plugin has no threads setting; OMP_NUM_THREADS=1 limits torch's threads)"
-    if settings["threads"] == 1:
+    if threads <= 1:
         return "rerun on an idle host (torch already runs one thread)"
     return "rerun on an idle host, or give torch fewer threads (-O threads=1)"
 
@@ -243,7 +244,7 @@ def busy_before_run(threads: int, settings: dict) -> str | None:
         return None
     return (
         f"load average {load:.1f} on {cpus} CPUs before the run, torch on {threads} thread(s): other work competes "
-        f"for the cores, so the figure will be low; {threads_advice(settings)}"
+        f"for the cores, so the figure will be low; {threads_advice(settings, threads)}"
     )
 
 

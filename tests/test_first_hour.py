@@ -280,20 +280,22 @@ def test_the_cpu_plugin_leaves_the_busy_cores_to_their_work(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "settings, advised, not_advised",
+    "settings, threads, advised, not_advised",
     [
-        ({"threads": 0}, "-O threads=1", None),
-        ({"threads": 1}, "already runs one thread", "-O threads"),
-        ({"example": "x"}, "OMP_NUM_THREADS=1", "-O threads"),  # a scaffolded plugin: no threads setting
+        ({"threads": 0}, 2, "-O threads=1", None),
+        # threads=0 already gave torch one thread on the busy host: advising -O threads=1 would change nothing.
+        ({"threads": 0}, 1, "already runs one thread", "-O threads"),
+        ({"threads": 1}, 1, "already runs one thread", "-O threads"),
+        ({"example": "x"}, 2, "OMP_NUM_THREADS=1", "-O threads"),  # a scaffolded plugin: no threads setting
     ],
 )
-def test_busy_host_advice_works_for_the_plugin_in_use(monkeypatch, settings, advised, not_advised):
+def test_busy_host_advice_works_for_the_plugin_in_use(monkeypatch, settings, threads, advised, not_advised):
     from llmb import sysinfo
     from llmb.cli import oversubscribed
 
     busy_host(monkeypatch, load=3.0, cpus=2)
-    before = sysinfo.busy_before_run(1, settings)
-    record = make_result(plugin="acme", settings=settings, defaults={}, load_average=3.0, threads_per_rank=[2])
+    before = sysinfo.busy_before_run(threads, settings)
+    record = make_result(plugin="acme", settings=settings, defaults={}, load_average=3.0, threads_per_rank=[threads])
     after = oversubscribed(record)
     for line in (before, after):
         assert line is not None and advised in line
