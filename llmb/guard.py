@@ -94,9 +94,13 @@ class Baseline:
     def watch(self, name: str, holder: object, key: str) -> None:
         self.bindings[name] = (holder, key, vars(holder).get(key, _MISSING))
 
-    def watch_class(self, name: str, cls: type) -> None:
-        for key in vars(cls):
-            if key not in _SKIPPED_CLASS_KEYS:
+    def watch_class(self, name: str, cls: type, state_too: bool = True) -> None:
+        """Every name of the class; with `state_too` False (llmb's own classes) only its code and its upper-case
+        constants, as for a module: other class attributes are state a run sets (a job's one heartbeat)."""
+        for key, value in vars(cls).items():
+            if key in _SKIPPED_CLASS_KEYS:
+                continue
+            if state_too or _is_code(value) or isinstance(value, types.ModuleType) or key.isupper():
                 self.watch(f"{name}.{key}", cls, key)
         self.class_keys[name] = (cls, frozenset(vars(cls)))
 
@@ -204,7 +208,7 @@ def capture() -> Baseline:
             if isinstance(value, types.ModuleType) or _is_code(value):
                 baseline.watch(qualified, module, key)
                 if isinstance(value, type) and value.__module__ == module.__name__:
-                    baseline.watch_class(qualified, value)
+                    baseline.watch_class(qualified, value, state_too=False)
             elif key.isupper():
                 baseline.watch(qualified, module, key)
                 baseline.constants[qualified] = repr(value)

@@ -61,6 +61,15 @@ def test_every_module_of_the_package_is_watched_without_a_list(baseline, monkeyp
         monkeypatch.undo()
 
 
+def test_state_a_run_sets_on_an_llmb_class_is_not_a_change_but_its_code_is(baseline, monkeypatch):
+    from llmb import distributed
+
+    monkeypatch.setattr(distributed.Heartbeat, "_current", object())  # a job's one heartbeat, set while it runs
+    assert guard.compare(baseline) == []
+    monkeypatch.setattr(distributed.Heartbeat, "stop", lambda *args: None)
+    assert "llmb.distributed.Heartbeat.stop was replaced" in "\n".join(guard.compare(baseline))
+
+
 def test_a_method_added_to_tensor_shadowing_a_c_method_is_named(baseline, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "mm", lambda self, other: other, raising=False)
     assert "torch.Tensor.mm was added" in guard.compare(baseline)
