@@ -34,6 +34,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmb.manifest import sha256_file
+
 
 @dataclass(frozen=True)
 class VendorLibrary:
@@ -73,14 +75,6 @@ def pins_path(library: VendorLibrary, version: str) -> Path:
     return RELEASES_DIR / f"{library.distribution}-{version}.json"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:  # in blocks: a library's shared objects run to hundreds of MB
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _package_files(root: Path, module: str) -> dict[str, Path]:
     """The installed package's files by their path in a wheel ("module/sub/file.py"), byte code caches aside."""
     return {
@@ -100,7 +94,7 @@ def _wheel_difference(pinned: dict[str, str], files: dict[str, Path]) -> str | N
         return f"{added[0]} is in no official wheel"
     for name, path in files.items():
         try:
-            if _sha256(path) != pinned[name]:
+            if sha256_file(path) != pinned[name]:
                 return f"{name} differs from the official wheel's"
         except OSError as error:
             return f"{name} cannot be read ({error.strerror})"
@@ -151,7 +145,7 @@ def pin(wheels: list[Path]) -> dict[Path, dict]:
                 for item in archive.infolist()
                 if item.filename.startswith(f"{library.module}/") and not item.is_dir()
             }
-        target["wheels"][wheel_path.name] = {"sha256": _sha256(wheel_path), "files": dict(sorted(files.items()))}
+        target["wheels"][wheel_path.name] = {"sha256": sha256_file(wheel_path), "files": dict(sorted(files.items()))}
     return out
 
 
