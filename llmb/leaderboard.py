@@ -81,8 +81,9 @@ def load(path: Path, page: str, replay_steps: int = 0, limits: Limits = DEFAULT_
     entry = Entry(source=str(path), page=page)
     try:
         with bundle_io.open_bundle(path, limits) as root:
-            entry.rows = verify.verify_folder(root, accept_debug=True, limits=limits, replay_steps=replay_steps)
-            _read(entry, verify.Bundle(root, accept_debug=True, limits=limits))
+            checked = verify.check_bundle(root, accept_debug=True, limits=limits, replay_steps=replay_steps)
+            entry.rows = checked.rows
+            _read(entry, checked)
     except Refused as exc:  # as `llmb verify` words it
         entry.rows = [verify.Row("bundle" if path.is_dir() else "archive", False, f"refused: {exc}")]
         entry.verdict, entry.why = judge(entry.rows, False)
@@ -125,11 +126,15 @@ def _list(value) -> list:
 
 
 def _results(b: verify.Bundle, submission: dict) -> dict[str, Result]:
-    """The bundle's results that read as results (verify names the others)."""
+    """The results submission.json lists that read as results (verify names the others): those verify read, as it
+    read them; a listed file verify did not read (outside results/) read here."""
     results = {}
-    for path in _list(submission.get("results")):
+    for path in map(str, _list(submission.get("results"))):
+        if path in b.results:
+            results[path] = b.results[path]
+            continue
         try:
-            results[str(path)] = Result.from_dict(b.json(str(path)))
+            results[path] = Result.from_dict(b.json(path))
         except Exception:
             continue
     return results

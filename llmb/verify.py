@@ -109,6 +109,14 @@ def verify(path: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMI
 def verify_folder(
     root: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS, replay_steps: int = 0
 ) -> list[Row]:
+    return check_bundle(root, accept_debug, limits, replay_steps).rows
+
+
+def check_bundle(
+    root: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS, replay_steps: int = 0
+) -> Bundle:
+    """Every check on a bundle folder; the Bundle keeps its rows and the results it read (the leaderboard's pages
+    show them without reading them again)."""
     bundle = Bundle(Path(root), accept_debug, limits=limits, replay_steps=replay_steps)
     for check in CHECKS + ([check_replay] if replay_steps > 0 else []):
         try:
@@ -117,7 +125,7 @@ def verify_folder(
             bundle.rows.append(
                 Row(check.__name__.removeprefix("check_").replace("_", " "), False, f"malformed: {exc!r}")
             )
-    return bundle.rows
+    return bundle
 
 
 # The checks, in the order of the table.
