@@ -17,6 +17,9 @@ SHAPE_FIELDS = (
     "num_attention_heads",
     "vocab_size",
 )
+# The first-party hardware plugins, each its own distribution in the llmb checkout's plugins/<name> folder
+# (tests/test_first_hour.py checks this against the folders): llmb names their install command for an unknown name.
+FIRST_PARTY_PLUGINS = ("cuda", "rocm", "xla", "xpu")
 PARALLEL = ("ddp", "fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b")  # the pipeline schedules llmb.mesh builds
 # How long a collective may wait for a peer before the group fails it: long enough for a slow first step (compile),

@@ -14,7 +14,6 @@ import difflib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pluggy
@@ -22,6 +21,7 @@ import pluggy
 from llmb import __version__, hookspecs
 from llmb.backend import Backend
 from llmb.errors import LlmbError, PluginError, UsageError
+from llmb.names import FIRST_PARTY_PLUGINS
 
 GROUP = "llmb"
 BUILTIN = {"cpu": "llmb.default_plugins.cpu"}
@@ -184,15 +184,11 @@ def unknown_plugin(name: str, known: list[str]) -> str:
     return f"no plugin named {name!r} (installed: {', '.join(known)}){_install_hint(name, known)}"
 
 
-# The first-party plugins live beside llmb in a checkout (plugins/<name>), each its own distribution to install.
-SHIPPED_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
-
-
 def _install_hint(name: str, installed_names: list[str]) -> str:
     """What fixes an unknown plugin name: the install command of a plugin shipped in the checkout, else the
     closest installed names."""
-    shipped = SHIPPED_PLUGINS / name
-    if name.isidentifier() and (shipped / "pyproject.toml").is_file():
+    # A fact, not a look at the disk: an installed llmb (not an editable checkout) has no plugins/ folder beside it.
+    if name in FIRST_PARTY_PLUGINS:
         return f"; it ships with llmb: pip install -e plugins/{name} (from the llmb checkout)"
     close = difflib.get_close_matches(name, installed_names, n=3)
     return f"; did you mean {' or '.join(close)}?" if close else ""
