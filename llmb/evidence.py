@@ -241,12 +241,12 @@ def accumulated_loss(model: LlamaModel, batch: torch.Tensor, backward: bool) -> 
     losses within 1e-6 relative, tests/test_fidelity.py)."""
     total = 0.0  # a Python float: the weighted sum in float64
     for micro in batch.split(micro_rows(model.config)):
-        loss, _ = model(micro, labels=micro)
+        loss = model(micro, labels=micro)[0]  # the logits dropped before the backward (llmb.train.Trainer.loss_of)
         weighted = loss * (micro.shape[0] / batch.shape[0])
         if backward:
             weighted.backward()
         total += float(weighted.detach())
-        del loss, weighted  # the micro-batch's graph and logits go before the next one is built
+        del loss, weighted  # the micro-batch's graph goes before the next one is built
     return total
 
 

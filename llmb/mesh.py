@@ -364,7 +364,7 @@ class AccumulatingTrainer(Trainer):
             last = index == len(slices) - 1
             with contextlib.nullcontext() if last else no_gradient_sync(self.model):
                 with self._autocast():
-                    loss, _ = self.model(micro, labels=micro)
+                    loss = self.loss_of(micro)
                 scaled = loss / self.accumulation  # the mean over the slices, as one pass over the whole batch
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             total = loss.detach() if total is None else total + loss.detach()

@@ -14,12 +14,15 @@ from test_redteam_plugins import SKIP_LAYERS
 # The layer skip of test_redteam_plugins.SKIP_LAYERS (caught there from the plugin's own file), moved into the
 # look-alike's optimize(): what changes is only whose file the swap comes from.
 SWAP = "llmb.model.LlamaModel.forward = _forward\n"
-LOOKALIKE = textwrap.dedent(SKIP_LAYERS.code).replace(SWAP, "") + f"""
+LOOKALIKE = (
+    textwrap.dedent(SKIP_LAYERS.code).replace(SWAP, "")
+    + f"""
 
 def optimize(model, optimizer=None, **kwargs):
     {SWAP.strip()}
     return model, optimizer
 """
+)
 
 PLUGIN = """
 def _process_model(model, optimizer, device, precision, settings):
