@@ -647,7 +647,8 @@ def finish(
             on_pending(_sealed(result, pending, [*invalid, REPLAY_PENDING]))
         # Drawn now, after the worker answered for every step of every window: any step may be checked.
         depth, whole = evidence.draw_replay_steps(replay_steps, steps, replay_whole)
-        replayed = evidence.replay_record(record, depth)
+        # On the run's own accelerator where torch drives it without a plugin (evidence.replay_device), else the CPU.
+        replayed = evidence.replay_record(record, depth, device=(record.get("device") or {}).get("spec"))
         replayed["drawn"] = {"floor_steps": replay_steps, "whole_window_probability": replay_whole, "whole": whole}
         record["evidence"]["replay"] = replayed
         invalid += [f"replay: {detail}" for detail in evidence.failed(replayed)]

@@ -77,6 +77,34 @@ def test_a_record_made_before_the_moments_were_sealed_still_replays():
     assert replayed["passed"] and "replay-moments" not in [c["name"] for c in replayed["checks"]]
 
 
+def test_the_replay_runs_on_the_runs_own_accelerator_only_where_torch_drives_it(monkeypatch):
+    cpu = torch.device("cpu")
+    assert evidence.replay_device(None) == cpu
+    assert evidence.replay_device("cpu") == cpu
+    assert evidence.replay_device("xla:0") == cpu  # torch-xla is a plugin's library: never loaded by the judge
+    assert evidence.replay_device("not a device!") == cpu
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert evidence.replay_device("cuda:1") == cpu
+    # Mocked, since this host has no GPU: where torch sees the run's device, the replay goes there, index kept.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert evidence.replay_device("cuda:1") == torch.device("cuda", 1)
+
+
+def test_a_device_that_fails_the_replay_leaves_it_to_the_cpu(monkeypatch):
+    """The meta device stands in for an accelerator that fails mid-replay (no GPU here): no loss it computes can
+    reach the host. The replay goes on on the CPU, says so, and judges exactly as a CPU replay does."""
+    record = runner.run(
+        runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=1)
+    ).to_dict()
+    on_cpu = evidence.replay_record(record, steps=2)
+    assert on_cpu["device"] == "cpu" and "device_fallback" not in on_cpu
+    monkeypatch.setattr(evidence, "replay_device", lambda spec: torch.device("meta"))
+    replayed = evidence.replay_record(record, steps=2, device="cuda:0")
+    assert replayed["device"] == "cpu"
+    assert replayed["device_fallback"] == "meta failed the replay (RuntimeError); replayed on the CPU"
+    assert replayed["passed"] and replayed["checks"] == on_cpu["checks"]
+
+
 def test_the_judge_draws_the_replay_depth_whole_window_or_prefix():
     assert evidence.draw_replay_steps(2, 50, 1.0) == (50, True)
     assert evidence.draw_replay_steps(2, 50, 0.0) == (2, False)

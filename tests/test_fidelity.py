@@ -85,6 +85,12 @@ def test_the_replay_in_micro_batches_equals_one_whole_batch():
     model.zero_grad(set_to_none=True)
     accumulated = evidence.accumulated_loss(model, batch, backward=True)
     assert abs(accumulated - whole.item()) <= 1e-6 * abs(whole.item())
+    # An accelerator's larger micro-batches (evidence.REPLAY_DEVICE_MICRO_TOKENS) give the same loss.
+    device_rows = evidence.micro_rows(config, evidence.REPLAY_DEVICE_MICRO_TOKENS)
+    assert device_rows > evidence.micro_rows(config)
+    with torch.no_grad():
+        larger = evidence.accumulated_loss(model, batch, backward=False, rows=device_rows)
+    assert abs(larger - whole.item()) <= 1e-6 * abs(whole.item())
     for p, expected in zip(model.parameters(), whole_grads, strict=True):
         torch.testing.assert_close(p.grad, expected, rtol=1e-4, atol=1e-7)
 
