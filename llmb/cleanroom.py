@@ -501,7 +501,19 @@ def judge_figures(options, requested: str | None, world_size: int, nodes: int, j
         "parallel": (options.parallel if options.parallel not in (None, "none") else "ddp") if job else "none",
         "precision": requested,
         "mode": options.mode,
+        # The FLOPs a token costs, from the shape the judge asked for (flops.parameter_count, tested against the
+        # model itself): the record's TFLOP/s, MFU and matmul-peak efficiency never rest on the worker's count.
+        "model_flops_per_token": flops.model_flops_per_token(options.config),
     }
+
+
+# The record's fields that the judge's own figures replace once compared (figure_problems): the headline, its FLOPs
+# and the replay are made of these. The layout's are replaced inside the record's layout too.
+JUDGED_LAYOUT = ("world_size", "tp", "pp", "dp", "grad_accum", "microbatches", "nodes")
+JUDGED_FIELDS = (
+    *("steps", "repeats", "batch_size", "seed", "global_batch_size", "parallel", "model_flops_per_token"),
+    *JUDGED_LAYOUT,
+)
 
 
 def figure_problems(record: dict, asked: dict) -> list[str]:
@@ -511,14 +523,14 @@ def figure_problems(record: dict, asked: dict) -> list[str]:
         **{key: record.get(key) for key in ("steps", "repeats", "warmup_steps", "batch_size", "seed", "preset")},
         "config": record.get("config"),
         "official": record.get("official"),
-        "world_size": record.get("world_size"),
         "global_batch_size": record.get("global_batch_size"),
-        **{key: record.get(key) for key in ("tp", "pp", "dp", "grad_accum", "microbatches")},
+        **{key: record.get(key) for key in JUDGED_LAYOUT},
         "parallel": record.get("parallel"),
         "precision": (record.get("precision") or {}).get("requested"),
         "mode": (record.get("precision") or {}).get("mode"),
+        "model_flops_per_token": record.get("model_flops_per_token"),
     }
-    for key in ("world_size", "tp", "pp", "dp", "grad_accum", "microbatches"):
+    for key in JUDGED_LAYOUT:
         if key in layout:
             said[f"layout.{key}"] = layout[key]
             asked = {**asked, f"layout.{key}": asked[key]}
@@ -568,9 +580,9 @@ def finish(
     if asked is not None:
         invalid += figure_problems(record, asked)
         # From here on the record carries the judge's figures: what the headline and the replay are made of.
-        record.update(
-            {key: asked[key] for key in ("steps", "repeats", "batch_size", "seed", "world_size", "global_batch_size")}
-        )
+        record.update({key: asked[key] for key in JUDGED_FIELDS})
+        if isinstance(record.get("layout"), dict):
+            record["layout"] = {**record["layout"], **{k: asked[k] for k in JUDGED_LAYOUT if k in record["layout"]}}
         record["config"] = asked["config"]
         record["sequence_length"] = asked["config"]["sequence_length"]
         if not asked["official"]:

@@ -6,6 +6,13 @@ for. Stage: run; reason: "judge: the worker's record says <field> ...; the judge
 import pytest
 from redteam_kit import install, reasons, run
 
+from llmb.flops import model_flops_per_token
+from llmb.model import ModelConfig
+
+
+def flops_per_token(config: dict) -> int:
+    return model_flops_per_token(ModelConfig(**config))
+
 FORGE_THE_LINK = """
 import multiprocessing.connection as _connection
 
@@ -54,6 +61,19 @@ def _forge_record(record):
     return record
 """
 
+# The FLOPs a token costs, ten times: TFLOP/s, MFU and the matmul-peak efficiency would follow it.
+TEN_TIMES_THE_FLOPS = """
+def _forge_record(record):
+    record["model_flops_per_token"] *= 10
+    return record
+"""
+# A job of two nodes where one process ran on one.
+TWO_NODES = """
+def _forge_record(record):
+    record["nodes"] = 2
+    return record
+"""
+
 
 @pytest.mark.parametrize(
     "name, forge, field",
@@ -61,6 +81,8 @@ def _forge_record(record):
         ("steps", TEN_TIMES_THE_STEPS, "steps"),
         ("batch", TWICE_THE_BATCH, "batch_size"),
         ("job", A_JOB_IT_NEVER_RAN, "world_size"),
+        ("flops", TEN_TIMES_THE_FLOPS, "model_flops_per_token"),
+        ("nodes", TWO_NODES, "nodes"),
     ],
 )
 def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path, name, forge, field):
@@ -74,3 +96,7 @@ def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path
     tokens = 1 * record["config"]["sequence_length"] * 3 / record["timing"]["window_seconds"]
     assert record["steps"] == 3 and record["batch_size"] == 1 and record["world_size"] == 1
     assert record["tokens_per_second"] == pytest.approx(tokens, rel=1e-9)
+    # Its FLOPs too: the shape's count, whatever the worker said.
+    flops = flops_per_token(record["config"])
+    assert record["model_flops_per_token"] == flops and record["nodes"] == 1
+    assert record["tflops"] == pytest.approx(record["tokens_per_second"] * flops / 1e12, rel=1e-9)
