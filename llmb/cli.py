@@ -1310,9 +1310,10 @@ def features_command(paths, markdown) -> None:
 def leaderboard_command(bundles: tuple[Path, ...], out: Path, replay: bool) -> None:
     """Verify submission bundles (folders or .tar.gz) and write a static site of them: a sortable index of systems by
     precision and one page per submission with its evidence. A bundle that fails is listed as failed, with why."""
-    from llmb import leaderboard
+    from llmb import leaderboard, outputs
     from llmb.results import check_writable
 
+    outputs.refuse_overlap({"--out": out}, bundles)  # before anything is made: the site never enters a bundle
     check_writable(out)
     entries = leaderboard.build(list(bundles), out, names.DEFAULT_REPLAY_STEPS if replay else 0)
     for entry in entries:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmb import bundle_io, energy, report, verify
+from llmb import bundle_io, energy, outputs, report, verify
 from llmb import console as term
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
 from llmb.precision import PRECISIONS
@@ -438,7 +438,9 @@ def submission_html(entry: Entry) -> str:
 
 
 def build(paths: list[Path], out: Path, replay_steps: int = 0, limits: Limits = DEFAULT_LIMITS) -> list[Entry]:
-    """Verify each bundle and write the site into ``out``: index.html and submission-N.html for the N-th bundle."""
+    """Verify each bundle and write the site into ``out``: index.html and submission-N.html for the N-th bundle.
+    ``out`` may not be, hold or sit inside a bundle (a page written into one would break its manifest)."""
+    outputs.refuse_overlap({"--out": out}, paths)
     entries = [load(Path(p), f"submission-{n}.html", replay_steps, limits) for n, p in enumerate(paths, start=1)]
     out.mkdir(parents=True, exist_ok=True)
     for entry in entries:

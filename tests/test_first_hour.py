@@ -4,6 +4,7 @@ defaults that suit the device, output a log can read. Fast tests: records from t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -489,7 +490,10 @@ def test_every_output_path_of_the_readmes_commands_is_ignored_by_git():
             written.add(str(default))
         if argv[1] == "new-plugin" and "--dir" not in given:
             written.add(f"llmb-{argv[2]}")
-    assert {"results", "sweep/", "report.html", "plots/", "llmb-acme"} <= written
+    # Usage lines ("llmb leaderboard BUNDLE... --out site/") name outputs too, where their value is a concrete path.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    written.update(v for v in re.findall(r"^llmb .*?--(?:out|plot|dir) ([\w./-]+)", readme, re.M) if v.islower())
+    assert {"results", "sweep/", "report.html", "plots/", "llmb-acme", "site/"} <= written
     root = Path(__file__).resolve().parent.parent
     for path in sorted(written):
         ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path.rstrip("/") + "/x"], cwd=root)

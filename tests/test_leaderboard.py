@@ -163,3 +163,17 @@ def test_a_bundle_of_the_wrong_shapes_is_listed_as_failed_and_the_site_builds(tm
     assert "system.json unreadable: system.json is not a JSON object" in page
     assert "code/llmb.diff unreadable" in page and "No plot: no readable result." in page
     assert (tmp_path / "site" / "index.html").read_text().count("<tr data-precision=") == 1
+
+
+@pytest.mark.parametrize("where", ["inside", "same", "holds"])
+def test_the_site_never_enters_replaces_or_holds_a_bundle(tmp_path, where):
+    """A page written into a bundle breaks its manifest: `--out` inside a bundle, equal to it, or a folder that holds
+    it is a one-line usage error, and nothing on disk changes."""
+    bundle = shutil.copytree(REFERENCE, tmp_path / "bundles" / "reference")
+    out = {"inside": bundle / "site", "same": bundle, "holds": tmp_path / "bundles"}[where]
+    listed = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    result = invoke("leaderboard", bundle, "--out", out)
+    assert result.exit_code == 2, result.output
+    assert "never replaces, enters or holds" in result.output
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == listed
+    assert not (bundle / "site").exists()
