@@ -40,7 +40,8 @@ ARMS = [
 
 
 def train(base: LlamaModel, name: str, mode: str, fused: bool | None, batch: torch.Tensor, steps: int) -> tuple:
-    """The losses of `steps` steps on one batch, and the parameter digest before and after, as a run records them."""
+    """The losses of `steps` steps on one batch, the parameter digest before and after, and AdamW's first-moment
+    digest after, as a run records them."""
     device = batch.device
     precision.apply_backend_recipe(name)
     recipe = precision.recipe(name, mode)
@@ -51,7 +52,8 @@ def train(base: LlamaModel, name: str, mode: str, fused: bool | None, batch: tor
     parameters = list(model.parameters())
     start = evidence.as_list(evidence.digest(parameters))
     losses = [float(step()) for _ in range(steps)]
-    return losses, start, evidence.as_list(evidence.digest(parameters))
+    moments = evidence.as_list(evidence.moment_digest(parameters, optimizer))
+    return losses, start, evidence.as_list(evidence.digest(parameters)), moments
 
 
 @click.command()
@@ -72,19 +74,21 @@ def main(device: str, preset: str, seeds: str, batch_sizes: str, steps: int, out
                 batch = synthetic_batch(config, batch_size, 1000 + seed, where)
                 reference = None
                 for name, mode, fused in ARMS:
-                    losses, start, end = train(base, name, mode, fused, batch, steps)
+                    losses, start, end, moments = train(base, name, mode, fused, batch, steps)
                     if reference is None:
-                        reference = evidence.Replayed(losses, start, end, 0.0, None)
+                        reference = evidence.Replayed(losses, start, end, 0.0, None, moments)
                     row = {"seed": seed, "batch": batch_size, "precision": name, "mode": mode, "fused": fused}
                     row["losses"] = losses
                     fp32_master = mode == "amp" or name in ("FP32", "TF32")
-                    window = {"losses": losses, "digest_start": start, "digest_end": end}
-                    # The default replay (2 losses, no digest) and a whole-window one (every loss and the digest).
+                    window = {"losses": losses, "digest_start": start, "digest_end": end, "moments_end": moments}
+                    # The default replay (2 losses, no digest) and a whole-window one (every loss, the digest and
+                    # AdamW's first moments: evidence.MOMENT_TOLERANCES).
                     for replayed_steps in (2, steps):
                         whole = replayed_steps == steps
                         replayed = evidence.Replayed(
                             reference.losses[:replayed_steps], reference.digest_start,
                             reference.digest_end if whole else None, 0.0, None,
+                            reference.moments_end if whole else None,
                         )  # fmt: skip
                         checks = evidence.compare(window, replayed, name, mode, fp32_master, fused)
                         row[f"checks_{replayed_steps}"] = {c.name: [c.measured, c.tolerance, c.passed] for c in checks}

@@ -77,6 +77,23 @@ def test_a_record_made_before_the_moments_were_sealed_still_replays():
     assert replayed["passed"] and "replay-moments" not in [c["name"] for c in replayed["checks"]]
 
 
+@pytest.mark.parametrize("precision", ["BF16", "FP16"])
+def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_with_its_moments(precision):
+    """The honest twin of the red team's step-skipping attack on pure 16-bit runs: every loss, the digest and
+    AdamW's first moments of a 4-step window, replayed whole in FP32, pass; the moments are within half their
+    tolerance (an attack that skips steps moves them by O(1): tests/redteam/test_redteam_steps_at_risk.py)."""
+    record = runner.run(
+        runner.RunOptions(
+            config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=4, warmup_steps=1, precision=precision
+        )
+    ).to_dict()
+    replayed = evidence.replay_record(record, steps=4)
+    assert replayed["whole_window"] and replayed["moments_compared"], replayed
+    assert replayed["passed"], [c for c in replayed["checks"] if not c["passed"]]
+    moments = next(c for c in replayed["checks"] if c["name"] == "replay-moments")
+    assert 0 < moments["measured"] <= moments["tolerance"] / 2, moments
+
+
 def test_the_replay_runs_on_the_runs_own_accelerator_only_where_torch_drives_it(monkeypatch):
     cpu = torch.device("cpu")
     assert evidence.replay_device(None) == cpu

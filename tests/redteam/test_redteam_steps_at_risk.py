@@ -55,7 +55,7 @@ def attack(first_window_step: int) -> str:
         # The draw fell on the prefix: nothing replayed sees it (probability 1 - q per run).
         ("FP32", 3, "0", None),
         # Class 3: pure BF16 from step 2, where later losses are only bracketed: AdamW's moments see it.
-        ("BF16", 2, "1", "replay: "),
+        ("BF16", 2, "1", "replay: AdamW's first-moment digest"),
     ],
 )
 def test_skipped_work_on_any_step_is_at_risk_of_the_whole_window_replay(tmp_path, precision, first, whole, caught):
