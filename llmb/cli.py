@@ -18,7 +18,7 @@ from rich.text import Text
 # import it are imported inside the commands that train, so `llmb --help` and `llmb CMD --help` answer at once.
 from llmb import bounds, names, peaks
 from llmb import console as term
-from llmb.errors import LlmbError
+from llmb.errors import LlmbError, UsageError
 from llmb.settings import parse_options
 
 if TYPE_CHECKING:  # annotations only: records and the runner import the model, and so torch
@@ -1033,6 +1033,12 @@ def sweep(
     from llmb import sweep as sweeps
     from llmb.config import build_config
 
+    if resume and not (out / sweeps.LOG_NAME).is_file():
+        # Nothing to continue: starting a sweep here would run whatever the defaults are (the official shape, every
+        # precision) where the user meant to resume one.
+        raise UsageError(
+            f"--resume: {out} holds no sweep to continue (no {sweeps.LOG_NAME}); leave out --resume to start one there"
+        )
     if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
         logged = sweeps.logged_options(out, given=_given_on_command_line())
         plugin, device = logged.get("plugin", plugin), logged.get("device", device)

@@ -46,6 +46,7 @@ class Headline:
     tokens_per_joule: float | None
     energy: str
     runs: int
+    over_peak: str | None = None  # Result.matmul_peak_warning: an "efficiency" over 100% is no efficiency
 
 
 @dataclass
@@ -159,6 +160,7 @@ def _headlines(results: dict[str, Result]) -> list[Headline]:
                 tokens_per_joule=_number(r.energy.tokens_per_joule) if r.energy else None,
                 energy=energy.energy_cell(r.energy),
                 runs=len(h.runs),
+                over_peak=r.matmul_peak_warning(),
             )
         )
     return rows
@@ -371,6 +373,15 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def _efficiency_cell(h: Headline) -> str:
+    """The matmul-peak efficiency; over 100% the peak was measured low: shown struck through with why, and never
+    sorted as an efficiency (as the report does not plot it as one)."""
+    if h.over_peak:
+        shown = e(_percent(h.matmul_peak_efficiency))
+        return f"<td class='num over-peak' data-v='' title='{e(h.over_peak)}'><s>{shown}</s> over peak</td>"
+    return _num_cell(h.matmul_peak_efficiency, _percent(h.matmul_peak_efficiency))
+
+
 def _index_rows(entry: Entry) -> list[str]:
     link = f"<a href='{e(entry.page)}'>{e(entry.system or entry.source)}</a>"
     common = f"<td>{link}</td><td>{e(entry.submitter)}</td><td>{e(entry.plugins)}</td>"
@@ -387,7 +398,7 @@ def _index_rows(entry: Entry) -> list[str]:
                 + _num_cell(h.tokens_per_second, "" if h.tokens_per_second is None else f"{h.tokens_per_second:,.1f}")
                 + _num_cell(h.per_device, "" if h.per_device is None else f"{h.per_device:,.1f}")
                 + _num_cell(h.mfu, _percent(h.mfu))
-                + _num_cell(h.matmul_peak_efficiency, _percent(h.matmul_peak_efficiency))
+                + _efficiency_cell(h)
                 + _num_cell(h.tokens_per_joule, h.energy)
                 + _num_cell(float(h.runs), str(h.runs))
             )

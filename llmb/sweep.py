@@ -361,7 +361,7 @@ class SweepLog:
     @classmethod
     def open(cls, out: Path, header: dict, resume: bool) -> SweepLog:
         path = out / LOG_NAME
-        if not path.exists():  # --resume with nothing to resume starts the sweep
+        if not path.exists():  # a new sweep (the command refuses --resume where there is no log)
             out.mkdir(parents=True, exist_ok=True)
             log = cls(path, header, [])
             log._append({"type": "sweep", **header})

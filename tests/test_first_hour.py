@@ -167,6 +167,11 @@ def test_resume_takes_the_logs_options_and_names_every_mismatch_at_once(tmp_path
     assert again.exit_code == 0, again.output
     assert (out / sweep.LOG_NAME).read_text().splitlines() == lines  # its finished point reused, nothing re-run
 
+    # --resume where no sweep was started is refused, touching nothing: never a default (official) sweep.
+    elsewhere = out.parent / "never-swept"
+    nothing = runner.invoke(cli_main(), ["sweep", "--resume", "--out", str(elsewhere)])
+    assert nothing.exit_code == 2 and "holds no sweep to continue" in nothing.output and not elsewhere.exists()
+
     wrong = runner.invoke(cli_main(), ["sweep", "--resume", "--out", str(out), "--steps", "3", "--seed", "5"])
     assert wrong.exit_code == 2
     assert "steps is 2 there, 3 here" in wrong.output and "seed is 0 there, 5 here" in wrong.output

@@ -177,3 +177,20 @@ def test_the_site_never_enters_replaces_or_holds_a_bundle(tmp_path, where):
     assert "never replaces, enters or holds" in result.output
     assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == listed
     assert not (bundle / "site").exists()
+
+
+def test_an_efficiency_over_the_measured_matmul_peak_is_struck_through_with_why_and_not_sorted():
+    from llmb.records import over_peak_warning
+
+    def row(efficiency: float) -> str:
+        headline = leaderboard.Headline(
+            precision="FP32", device="cpu", tokens_per_second=1.0, per_device=1.0, mfu=None,
+            matmul_peak_efficiency=efficiency, tokens_per_joule=None, energy="n/a", runs=3,
+            over_peak=over_peak_warning(efficiency, "3.10"),
+        )  # fmt: skip
+        entry = leaderboard.Entry(source="x", page="submission-1.html", headlines=[headline])
+        return leaderboard._index_rows(entry)[0]
+
+    over, under = row(1.18), row(0.62)
+    assert "<s>118.0%</s> over peak" in over and "data-v=''" in over and "load average 3.10" in over
+    assert "62.0%" in under and "over peak" not in under and "data-v='0.62'" in under

@@ -11,9 +11,12 @@ import pytest
 from redteam_kit import install, reasons, run
 
 SKIP_FROM_STEP = """
+import os
+
 import torch
 
 _calls = [0]
+_rank = int(os.environ.get("RANK", "0"))
 _last = [None, None]
 _noise = {}
 
@@ -23,7 +26,7 @@ def _process_model(model, optimizer, device, precision, settings):
 
     def skipping(input_ids, labels=None):
         _calls[0] += labels is not None  # training steps only (the audit's census forward has no labels)
-        if _calls[0] < FIRST_SKIPPED or labels is None:
+        if _calls[0] < FIRST_SKIPPED or labels is None or _rank not in SKIPPING_RANKS:
             loss, logits = forward(input_ids, labels)
             if loss is not None:
                 _last[0], _last[1] = float(loss.detach()), loss.dtype
@@ -43,8 +46,11 @@ def _process_model(model, optimizer, device, precision, settings):
 WARMUP = 2  # redteam_kit.TINY's --warmup-steps: the window's step k is the (WARMUP + k)-th training forward
 
 
-def attack(first_window_step: int) -> str:
-    return SKIP_FROM_STEP.replace("FIRST_SKIPPED", str(WARMUP + first_window_step))
+def attack(first_window_step: int, ranks: tuple[int, ...] = (0,)) -> str:
+    """Skip from the window's step `first_window_step` on, on the job's ranks `ranks` (one process: rank 0)."""
+    return SKIP_FROM_STEP.replace("FIRST_SKIPPED", str(WARMUP + first_window_step)).replace(
+        "SKIPPING_RANKS", repr(tuple(ranks))
+    )
 
 
 @pytest.mark.parametrize(
@@ -69,3 +75,15 @@ def test_skipped_work_on_any_step_is_at_risk_of_the_whole_window_replay(tmp_path
         assert replay["passed"] is True, replay
         return
     assert replay["passed"] is False and reasons(record, caught), record["invalid_reasons"]
+
+
+def test_one_rank_of_a_job_that_skips_work_is_at_risk_as_one_process_is(tmp_path):
+    """Every rank at risk: in a 2-process DDP job only rank 1 skips from step 3 on. The judge replays the job's
+    global batch (both ranks' sequences) in one process, so the job's mean loss of step 3 is off."""
+    site = install(tmp_path / "site", "skiprank1", attack(3, ranks=(1,)))
+    args = ["--plugin", "skiprank1", "--steps", "4", "--replay-whole", "1", "--nproc-per-node", "2"]
+    proc, record = run(site, tmp_path, *args, "--dist-timeout", "120")
+    assert record is not None, proc.stderr[-2000:]
+    assert record["world_size"] == 2 and record["evidence"]["replay"]["drawn"]["whole"] is True
+    assert reasons(record, "replay: step 3: recorded loss"), record["invalid_reasons"]
+    assert not reasons(record, "replay: step 2:"), record["invalid_reasons"]  # the steps before were honest
