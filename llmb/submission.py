@@ -159,16 +159,17 @@ def render_summary(submission: dict, records: list[Result]) -> str:
     """summary.md: one row per benchmark precision, from the bundle's results and its plugins' capabilities."""
     best = headlines(records)
     supported = {p for plugin in submission["plugins"] for p in plugin.get("precisions") or []}
-    plugin_names = ", ".join(p["name"] for p in submission["plugins"])
-    lines = [f"# llmb submission: {submission['submitter']} / {submission['system_name']}", ""]
+    plugin_names = _cell(", ".join(str(p["name"]) for p in submission["plugins"]))
+    lines = [f"# llmb submission: {_cell(submission['submitter'])} / {_cell(submission['system_name'])}", ""]
     if submission["debug"]["is_debug"]:
         lines += [
             "**DEBUG BUNDLE: not a valid submission.** It holds results that are not valid official runs "
-            f"({', '.join(submission['debug']['reasons'])}); `llmb verify` fails it unless given --accept-debug.",
+            f"({_cell(', '.join(map(str, submission['debug']['reasons'])))}); `llmb verify` fails it unless given "
+            "--accept-debug.",
             "",
         ]
     if submission.get("note"):
-        lines += [submission["note"], ""]
+        lines += [_cell(submission["note"]), ""]
     columns = summary_columns(records)
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     blank = " |" * (len(columns) - 2)

@@ -405,6 +405,9 @@ def test_the_reference_bundle_archived_in_the_repositorys_layout_verifies(tmp_pa
         tar.add(reference, arcname="llmb/cpu-reference")
     with bundle_io.open_bundle(archive) as root:
         assert (root / "MANIFEST.sha256").is_file() and root.name == "cpu-reference"
+    rows = verify.verify(archive, accept_debug=True)  # and every check passes on it, as on the folder
+    assert all(row.passed for row in rows), [row for row in rows if not row.passed]
+    assert [r.check for r in rows[1:]] == [r.check for r in verify.verify(reference, accept_debug=True)[1:]]
     package = tmp_path / "pkg.tar.gz"  # a real package above the root is still refused
     with tarfile.open(package, "w:gz") as tar:
         tar.add(reference, arcname="wrap/cpu-reference")

@@ -20,6 +20,7 @@ from llmb.cli import cli
 from llmb.config import build_config
 from llmb.conformance import check_plugin
 from llmb.errors import LlmbError, UsageError
+from llmb.records import Result
 from llmb.submission import PackageOptions
 
 SECRET = "hunter2-do-not-record"
@@ -688,3 +689,23 @@ def test_a_run_id_never_makes_a_path_in_the_bundle(made, tmp_path, run_id):
     listed = json.loads((root / "submission.json").read_text())["results"]
     for name in listed:  # results/<precision>/<one file name>
         assert (root / name).is_file() and len(Path(name).parts) == 3 and ".." not in Path(name).parts, name
+
+
+@pytest.mark.parametrize("field", ["submitter", "system_name", "note", "plugin", "debug reason"])
+def test_summary_md_shows_a_bundles_text_literally_on_its_own_line(field):
+    """Text a bundle brings lands in summary.md as data: no heading, rule, list, table row or markup of its own."""
+    reference = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
+    sub = json.loads((reference / submission.SUBMISSION_JSON).read_text())
+    records = [Result.from_dict(json.loads((reference / p).read_text())) for p in sub["results"]]
+    hostile = "x\n\n## owned\n---\n| a | b |\n- item <script>alert(1)</script> **bold** [link](http://evil)"
+    if field == "plugin":
+        sub["plugins"] = [{**sub["plugins"][0], "name": hostile, "precisions": ["FP32"]}]
+    elif field == "debug reason":
+        sub["debug"] = {**sub["debug"], "reasons": [hostile]}
+    else:
+        sub[field] = hostile
+    text = submission.render_summary(sub, records)
+    lines = text.splitlines()
+    assert not [line for line in lines if line.startswith(("## owned", "---", "| a", "- item"))], text
+    assert "<script>" not in text and "**bold**" not in text and "[link](" not in text
+    assert any("\\#\\# owned" in line for line in lines), text  # shown, escaped, in its place
