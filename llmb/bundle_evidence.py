@@ -9,8 +9,10 @@ challenge). No bundle check can prove a recorded time: a consistently rescaled w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from collections.abc import Iterable
 
 from llmb import evidence
 
@@ -62,18 +64,20 @@ def evidence_problems(record: dict) -> list[str]:
     return problems
 
 
-def clone_problems(records: dict[str, dict]) -> list[str]:
-    """Across results: a challenge, or a window's loss curve, seen twice is a copied run."""
+def clone_problems(records: Iterable[tuple[str, dict]]) -> list[str]:
+    """Across results, read one at a time: a challenge, or a window's loss curve, seen twice is a copied run. What
+    is kept of each is its challenges and a hash of each curve."""
     seen_challenges: dict[int, str] = {}
     seen_losses: dict[str, str] = {}
     problems = []
-    for path, record in records.items():
+    for path, record in records:
         try:
             windows = _windows(record)
         except ValueError:
             continue
         for window in windows:
-            challenge, curve = window.get("challenge"), json.dumps(window.get("losses"))
+            challenge = window.get("challenge")
+            curve = hashlib.sha256(json.dumps(window.get("losses")).encode()).hexdigest()
             if challenge in seen_challenges:
                 problems.append(f"{path} repeats the challenge {challenge} of {seen_challenges[challenge]}")
             elif curve in seen_losses and window.get("losses"):

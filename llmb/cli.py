@@ -22,6 +22,8 @@ from llmb.errors import LlmbError, UsageError
 from llmb.settings import parse_options
 
 if TYPE_CHECKING:  # annotations only: records and the runner import the model, and so torch
+    from rich.progress import Progress
+
     from llmb import runner
     from llmb.records import Result
 
@@ -214,6 +216,15 @@ def launch_spec(nproc_per_node, nnodes, node_rank, master_addr, master_port, tim
     return spec
 
 
+def run_progress() -> Progress:
+    """The progress display of a command that times steps. Drawn when a step or phase ends, never by rich's timer
+    (10 renders a second from a thread of the judging process, which on a CPU host shares the cores the timed
+    steps run on: nothing llmb does may change the speed of what it times)."""
+    from rich.progress import Progress
+
+    return Progress(*progress_columns(), console=err_console, transient=True, auto_refresh=False)
+
+
 def progress_columns() -> tuple:
     """rich's progress columns for a long command: what it does, how far, the time taken and rich's estimate of the
     time left (from the rate of the steps so far)."""
@@ -239,9 +250,11 @@ class RichProgress:
         if self.task is not None:
             self.progress.remove_task(self.task)
         self.task = self.progress.add_task(f"{self.label} {name}", total=total)
+        self.progress.refresh()
 
     def advance(self) -> None:
         self.progress.advance(self.task)
+        self.progress.refresh()
 
     def note(self, text: str) -> None:
         self.progress.console.print(term.text(text, "bold yellow"), soft_wrap=True)
@@ -388,8 +401,6 @@ def _run_clean(
     base: runner.RunOptions, requested: str, launch, replay: tuple[int, float], out: Path, unsaved: list[Path]
 ) -> list[dict]:
     """Judged from this process, which imports no plugin: the worker it starts runs the plugin (llmb.cleanroom)."""
-    from rich.progress import Progress
-
     from llmb import cleanroom, distributed, runner
 
     # Under --nproc-per-node the parallel strategy is the job's; this process is not in it.
@@ -402,7 +413,7 @@ def _run_clean(
     if launch is not None:
         runner.check_layout(runs[0], launch.nproc_per_node * launch.nnodes, launch.nnodes)
     world = distributed.current_world()
-    with Progress(*progress_columns(), console=err_console, transient=True) as progress:
+    with run_progress() as progress:
         shown = RichProgress(progress, "") if world is None or world.rank == 0 else None
         # Each record is saved as soon as it is judged, before the next precision runs: nothing measured is lost
         # to a later failure or a signal.
@@ -494,14 +505,12 @@ def _save_quietly(record: Result, out: Path) -> None:
 
 def _run_one(options):
     """A run with rich's progress bars (a runner.Result, or None on ranks other than 0)."""
-    from rich.progress import Progress
-
     from llmb import distributed, runner
 
     world = distributed.current_world()
     if world is not None and world.rank != 0:
         return runner.run(options)
-    with Progress(*progress_columns(), console=err_console, transient=True) as progress:
+    with run_progress() as progress:
         return runner.run(options, RichProgress(progress, options.precision))
 
 

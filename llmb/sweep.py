@@ -484,7 +484,9 @@ class LiveDisplay(Display):
     def __enter__(self) -> LiveDisplay:
         # Off a terminal (nohup, CI, Slurm) a live table draws nothing until the end: a line per trial instead.
         if self.console.is_terminal:
-            self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4, transient=False)
+            # Once a second: the sweep's process shares the host with the trial it times (each render builds the
+            # whole table), and a spinner needs no more.
+            self.live = Live(get_renderable=self.render, console=self.console, refresh_per_second=1, transient=False)
             self.live.__enter__()
         return self
 

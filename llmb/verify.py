@@ -7,11 +7,12 @@ never a crash. Every figure of every result is recomputed from what the run reco
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from llmb import bundle_evidence, bundle_io, codediff, energy, evidence, flops, manifest, peaks
@@ -50,6 +51,59 @@ from llmb.submission import (
 REL_TOLERANCE = 1e-6
 MIN_STEP_SHARE_OF_WINDOW = evidence.MIN_STEP_SHARE_OF_WINDOW
 DTYPE_NAMES = {str(dtype).replace("torch.", ""): label for dtype, label in DTYPE_FORMAT.items()}
+# Parsed results verify keeps at once, by the size of their files: past it a result is read again from the bundle
+# each time a check needs it, so verify's memory is bounded by what it checks, not by the bundle's size (a bundle
+# within every limit may hold 60 results of 4 MiB, which parsed all at once passed 1 GiB resident; a typical
+# bundle's dozen 15 kB results are read once).
+RESULT_CACHE_BYTES = 32 * 2**20
+
+
+class ResultFiles(Mapping):
+    """The bundle's results that read as a Result, by path: parsed on demand, kept parsed up to RESULT_CACHE_BYTES
+    of their files (in the order they were first read)."""
+
+    def __init__(self, read: Callable[[str], Result], budget: int | None = None) -> None:
+        self._read, self._budget = read, RESULT_CACHE_BYTES if budget is None else budget
+        self._sizes: dict[str, int] = {}
+        self._kept: dict[str, Result] = {}
+
+    def add(self, path: str, result: Result, size: int) -> None:
+        self._sizes[path] = size
+        if sum(self._sizes[p] for p in self._kept) + size <= self._budget:
+            self._kept[path] = result
+
+    def __getitem__(self, path: str) -> Result:
+        if path in self._kept:
+            return self._kept[path]
+        if path not in self._sizes:
+            raise KeyError(path)
+        return self._read(path)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sizes)
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+
+def headline_view(r: Result) -> Result:
+    """A result as the headline rule and summary.md read it, without its bulk (evidence, per-step and per-rank
+    figures, facts, host): what verify holds of every result at once to find the headlines."""
+    timing = replace(
+        r.timing, step_seconds=[], repeat_window_seconds=[], worker_repeat_window_seconds=None, warmup_step_seconds=[]
+    )
+    return replace(
+        r,
+        evidence=None,
+        judge=None,
+        facts={},
+        host=None,
+        per_rank=None,
+        per_rank_busy_seconds=None,
+        per_rank_step_seconds=None,
+        timing=timing,
+        invalid_reasons=r.invalid_reasons[:1],  # the headline rule asks only whether there are any
+    )
 
 
 @dataclass
@@ -64,10 +118,21 @@ class Bundle:
     root: Path
     accept_debug: bool
     rows: list[Row] = field(default_factory=list)
-    results: dict[str, Result] = field(default_factory=dict)  # path -> record, the ones that read as a Result
     submission: dict | None = None
     limits: Limits = field(default_factory=Limits)
     replay_steps: int = 0  # --replay: steps of each headline window replayed here (0: none)
+    # path -> record, the ones that read as a Result (check_results_schema), read again past a memory budget
+    results: ResultFiles = field(init=False)
+    _views: list[Result] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.results = ResultFiles(lambda path: Result.from_dict(self.json(path)))
+
+    def headline_views(self) -> list[Result]:
+        """Every result as headline_view shows it, made once (check_runs, check_summary and the leaderboard)."""
+        if self._views is None:
+            self._views = [headline_view(r) for r in self.results.values()]
+        return self._views
 
     def add(self, check: str, problems: list[str], passed_detail: str) -> None:
         shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
@@ -239,7 +304,7 @@ def check_results_schema(b: Bundle) -> None:
             problems.append(str(exc))
             continue
         try:
-            b.results[path] = Result.from_dict(record)
+            b.results.add(path, Result.from_dict(record), (b.root / path).stat().st_size)
         except RecordError as exc:
             problems.append(f"{path}: {exc}")
     listed = set((b.submission or {}).get("results") or [])
@@ -473,15 +538,14 @@ def check_losses(b: Bundle) -> None:
 
 
 def check_runs(b: Bundle) -> None:
-    records = list(b.results.values())
     problems = []
-    best = headlines(records)
+    best = headlines(b.headline_views())
     for label, h in best.items():
         if len(h.runs) < MIN_RUNS:
             problems.append(f"{label}: {len(h.runs)} runs at batch {h.run.batch_size}, at least {MIN_RUNS} needed")
     seen_ids, seen_times = {}, {}
     for path, record in b.results.items():
-        times = json.dumps(record.timing.step_seconds)
+        times = hashlib.sha256(json.dumps(record.timing.step_seconds).encode()).hexdigest()
         for seen, key, what in ((seen_ids, record.run_id, "run id"), (seen_times, times, "step times")):
             if key in seen:
                 problems.append(f"{path} repeats the {what} of {seen[key]}")
@@ -605,7 +669,12 @@ def check_conformance(b: Bundle) -> None:
                 records.append(Conformance.from_dict(data))
         except ValueError as exc:  # RecordError is one: it names the bad field
             problems.append(f"{name}: {exc}")
-    keys = sorted({conformance_key(r) for r in b.results.values()})
+    ran: dict[tuple, tuple[set, set]] = {}  # per key, the device types and audited precisions its results ran at
+    for r in b.results.values():  # one pass, one result at a time (ResultFiles)
+        device_types, effective = ran.setdefault(conformance_key(r), (set(), set()))
+        device_types.add(r.device.type)
+        effective.add(r.precision.effective)
+    keys = sorted(ran)
     for key in keys:
         name, version, requested, mode, _ = key
         matching = [c for c in records if conformance_key(c) == key]
@@ -619,9 +688,7 @@ def check_conformance(b: Bundle) -> None:
         if c.model_fingerprint != RELEASED_MODEL_FINGERPRINT:
             problems.append(f"{name} {requested} {mode}: conformance ran on a changed model")
         # The check must have run where and as the results did: same device type, same audited precision.
-        runs = [r for r in b.results.values() if conformance_key(r) == key]
-        device_types = {r.device.type for r in runs}
-        effective = {r.precision.effective for r in runs}
+        device_types, effective = ran[key]
         if {c.device.type} != device_types:
             problems.append(f"{name} {requested} {mode}: checked on {c.device.type}, ran on {device_types}")
         if {c.precision.effective} != effective:
@@ -639,7 +706,7 @@ def check_evidence(b: Bundle) -> None:
 
 
 def check_clones(b: Bundle) -> None:
-    found = bundle_evidence.clone_problems({path: r.to_dict() for path, r in b.results.items()})
+    found = bundle_evidence.clone_problems((path, r.to_dict()) for path, r in b.results.items())
     b.add("distinct runs", found, "every window its own challenge and losses")
 
 
@@ -661,7 +728,7 @@ def check_summary(b: Bundle) -> None:
     except ValueError as exc:
         b.add("summary.md", [str(exc)], "")
         return
-    expected = render_summary(b.submission, list(b.results.values()))
+    expected = render_summary(b.submission, b.headline_views())
     if text == expected:
         b.add("summary.md", [], "agrees with the results")
         return

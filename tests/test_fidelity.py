@@ -148,3 +148,19 @@ def test_the_harness_step_holds_no_more_memory_than_a_step_by_hand(grad_accum):
     step_peak_bytes(by_hand)  # the profiler's first recording counts extra (benchmarks/arms.py)
     harness, hand = step_peak_bytes(trainer.step), step_peak_bytes(by_hand)
     assert harness <= hand + logits // 8, f"harness step peak {harness:,} B, by hand {hand:,} B, logits {logits:,} B"
+
+
+def test_the_run_progress_draws_no_frames_of_its_own():
+    """`llmb run`'s progress is drawn when a step or phase ends, never by rich's 10-a-second timer thread in the
+    judging process, which on a CPU host would share the cores the timed steps run on (about 1% of a core,
+    measured as the judge's own CPU time)."""
+    import threading
+
+    from llmb import cli
+
+    with cli.run_progress() as progress:
+        shown = cli.RichProgress(progress, "FP32")
+        shown.phase("measure", 2)
+        shown.advance()
+        assert not [t for t in threading.enumerate() if type(t).__name__ == "_RefreshThread"]
+        assert progress.tasks[0].completed == 1

@@ -414,3 +414,46 @@ def test_the_reference_bundle_archived_in_the_repositorys_layout_verifies(tmp_pa
         info = tarfile.TarInfo("wrap/llmb/__init__.py")
         tar.addfile(info)
     assert "importable names" in refused(package)
+
+
+VERIFY_PEAK = """
+import json, sys
+from llmb import verify
+verify.RESULT_CACHE_BYTES = 2**20  # a small budget, so that this test's bundles are read as the largest would be
+rows = verify.verify(sys.argv[1], accept_debug=True)
+with open("/proc/self/status") as status:
+    peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+print(json.dumps({"peak": peak, "rows": len(rows)}))
+"""
+
+
+def _bundle_of_large_results(folder: Path, count: int) -> Path:
+    """The reference bundle with `count` results, each padded to about 1 MiB of nested numbers in its facts (what a
+    parsed record holds most of per byte), all within the bundle limits."""
+    shutil.copytree(REFERENCE, folder)
+    sources = sorted((folder / "results").rglob("*.json"))
+    pad = [[0.1234567 + i, 0.7654321 - i] for i in range(30_000)]
+    for index in range(count):
+        source = sources[index % len(sources)]
+        record = json.loads(source.read_text())
+        record["facts"] = {**record["facts"], "pad": pad}
+        (source.parent / f"padded-{index:03d}.json").write_text(json.dumps(record))
+    for source in sources:
+        source.unlink()
+    return folder
+
+
+@pytest.mark.slow
+def test_verify_memory_does_not_grow_with_the_bundles_results(tmp_path):
+    """Issue 26: verify reads a bundle's results one at a time past a budget (verify.RESULT_CACHE_BYTES); its peak
+    memory over 32 results of 1 MiB is within 40 MiB of its peak over 8 (all 32 held parsed: about 200 MiB more)."""
+    peaks = {}
+    for count in (8, 32):
+        folder = _bundle_of_large_results(tmp_path / f"b{count}", count)
+        assert sum(p.stat().st_size for p in (folder / "results").rglob("*.json")) > count * 2**20 * 0.9
+        proc = subprocess.run(
+            [sys.executable, "-c", VERIFY_PEAK, str(folder)], capture_output=True, text=True, timeout=900, check=True
+        )
+        peaks[count] = json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
+    grown = peaks[32] - peaks[8]
+    assert grown < 40 * 2**20, {n: f"{p / 2**20:.0f} MiB" for n, p in peaks.items()}
