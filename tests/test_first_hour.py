@@ -525,3 +525,20 @@ def test_a_sweep_estimates_what_is_left_from_its_trial_bound(tmp_path):
     display.plan(most)
     display.finished(sweep.Trial("FP32", 1, "search", 0, "ok", tokens_per_second=10.0, seconds=30.0), reused=False)
     assert f"at most {most - 1} trials left" in stream.getvalue() and "min at most" in stream.getvalue()
+
+
+def test_a_cpu_sweep_names_the_precisions_this_cpu_emulates_before_its_trials(monkeypatch, capsys):
+    # Which precisions a CPU emulates depends on its flags (AMX or AVX512 here or not): both cases are set here.
+    from llmb import cli as cli_module
+    from llmb import sysinfo
+
+    monkeypatch.setattr(sysinfo, "cpu_emulated_precisions", lambda: ["BF16", "FP16"])
+    cli_module._say_emulated("cpu", None, "all")
+    err = capsys.readouterr().err
+    assert "FP16, BF16 emulated on this CPU" in err and "several times slower" in err
+    for quiet in (("cpu", None, "FP32"), ("acme", None, "BF16"), (None, "cuda:0", "BF16")):
+        cli_module._say_emulated(*quiet)
+        assert capsys.readouterr().err == "", quiet
+    monkeypatch.setattr(sysinfo, "cpu_emulated_precisions", lambda: [])
+    cli_module._say_emulated(None, "cpu", "all")
+    assert capsys.readouterr().err == ""
