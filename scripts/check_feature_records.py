@@ -66,7 +66,7 @@ def conformance_problems(record: dict, fp8: bool) -> list[str]:
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def main(folder: Path) -> None:
     records = load_records([folder])
-    clones = bundle_evidence.clone_problems({str(i): r for i, r in enumerate(records.results)})
+    clones = bundle_evidence.clone_problems((str(i), r) for i, r in enumerate(records.results))
     for problem in clones:
         click.echo(f"clone: {problem}")
     combos = sorted({features_of(r) for r in records.results + records.conformance}, key=lambda c: (len(c), sorted(c)))
