@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,19 @@ def invoke(*args, **kwargs):
 
     kwargs.setdefault("catch_exceptions", False)
     return CliRunner().invoke(cli, [str(a) for a in args], **kwargs)
+
+
+def markdown_table_widths(lines: list[str]) -> list[list[int]]:
+    """Per Markdown table (consecutive lines starting with |), each row's count of unescaped cell boundaries: a
+    record's text that broke out of its cell shows as a row of another width."""
+    blocks, block = [], []
+    for line in [*lines, ""]:
+        if line.startswith("|"):
+            block.append(len(re.findall(r"(?<!\\)\|", line)))
+        elif block:
+            blocks.append(block)
+            block = []
+    return blocks
 
 
 def only_record(out: Path) -> dict:

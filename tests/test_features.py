@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from conftest import markdown_table_widths
 
 from llmb import features
 from llmb.cli import cli
@@ -128,19 +129,12 @@ def test_the_checker_refuses_a_yes_backed_only_by_a_record_s_own_word(tmp_path):
 def test_a_records_reason_stays_inside_its_markdown_cell():
     """Issue 26: a failure reason from a record lands in the matrix as text: no heading, rule or row of its own, no
     cell boundary, no markup."""
-    import re
 
     hostile = "x | y\n\n## owned\n---\n| a | b |\n<script>alert(1)</script> **bold**"
     text = features.markdown(records(result(invalid=[hostile], activation_checkpointing="selective-ops")))
     lines = text.splitlines()
     assert not [line for line in lines if line.startswith(("## owned", "---", "| a |"))], text
     assert "<script>" not in text and "**bold**" not in text and "owned" in text
-    blocks, block = [], []
-    for line in [*lines, ""]:  # each table: consecutive lines starting with |, all with its header's cell count
-        if line.startswith("|"):
-            block.append(len(re.findall(r"(?<!\\)\|", line)))
-        elif block:
-            blocks.append(block)
-            block = []
+    blocks = markdown_table_widths(lines)  # each table's rows all with its header's cell count
     assert len(blocks) == 4 and all(len(set(b)) == 1 for b in blocks), blocks
     assert any("fails: x \\| y\\n" in line for line in lines), text  # the reason itself, escaped, in its cell

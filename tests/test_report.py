@@ -12,6 +12,7 @@ import struct
 
 import pytest
 from click.testing import CliRunner
+from conftest import markdown_table_widths
 from records_factory import make_result
 
 from llmb import runner
@@ -397,13 +398,7 @@ def test_markdown_rows_hold_record_text_on_their_own_line(tmp_path, name):
     lines = result.stdout.splitlines()
     assert not [line for line in lines if "Owned" in line and not line.startswith("|")]
     assert not [line for line in lines if line.startswith("## heading") or line.strip() in ("---", "| a | b |")]
-    blocks, block = [], []
-    for line in [*lines, ""]:  # each table: consecutive lines starting with |, all with its header's cell count
-        if line.startswith("|"):
-            block.append(len(re.findall(r"(?<!\\)\|", line)))
-        elif block:
-            blocks.append(block)
-            block = []
+    blocks = markdown_table_widths(lines)  # each table's rows all with its header's cell count
     assert blocks and all(len(set(b)) == 1 for b in blocks), blocks
     assert "<script>" not in result.stdout and "**bold**" not in result.stdout
 
