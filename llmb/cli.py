@@ -1080,7 +1080,6 @@ def sweep(
         trial_timeout=trial_timeout,
         resume=resume,
     )
-    _say_emulated(plugin, device, precision_name)
     searched = grid.parse_search(search_items, run_options.settings)
     if searched:
         with sweeps.LiveDisplay(err_console) as display:
@@ -1092,22 +1091,6 @@ def sweep(
         summary = sweeps.sweep(sweep_options, display)
     sweeps.print_summary(summary, console)
     term.say(f"sweep written to {out} (llmb report {out})")
-
-
-def _say_emulated(plugin: str | None, device: str | None, precision_name: str) -> None:
-    """A sweep on the host CPU names, before its first trial, the 16-bit precisions this CPU only emulates: their
-    trials take several times FP32's (issue 27)."""
-    from llmb import sysinfo
-
-    on_cpu = (device or "").split(":")[0] == "cpu" or (device is None and plugin in (None, "cpu"))
-    asked = names.PRECISIONS if precision_name.upper() == "ALL" else (precision_name.upper(),)
-    emulated = [p for p in asked if p in sysinfo.cpu_emulated_precisions()] if on_cpu else []
-    if emulated:
-        them = "them" if len(emulated) > 1 else "it"
-        term.warning(
-            f"{', '.join(emulated)} emulated on this CPU (no native matmul for {them}): its trials run several times "
-            "slower than FP32's"
-        )
 
 
 @cli.command(name="report")

@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -48,6 +49,9 @@ from llmb.records import SweepTrial as Trial
 from llmb.redact import REDACTED, is_secret
 from llmb.results import check_writable, read_result, write_json_atomic
 from llmb.settings import SECRET_OPTIONS_ENV, recorded
+
+if TYPE_CHECKING:
+    import torch
 
 SUMMARY_NAME = SWEEP_SUMMARY_NAME
 # A doubling that gains less than this is a plateau: a larger batch only costs memory.
@@ -480,6 +484,7 @@ class LiveDisplay(Display):
     rows: list[Trial] = field(default_factory=list)
     bests: dict[str, tuple[Trial, list[Trial]]] = field(default_factory=dict)
     live: Live | None = None
+    said: set[str] = field(default_factory=set)
 
     def __enter__(self) -> LiveDisplay:
         # Off a terminal (nohup, CI, Slurm) a live table draws nothing until the end: a line per trial instead.
@@ -496,6 +501,9 @@ class LiveDisplay(Display):
             self.live.__exit__(*exc)
 
     def note(self, text: str) -> None:
+        if text in self.said:  # a search's sweeps share one display: each of its notes is said once
+            return
+        self.said.add(text)
         self.console.print(term.text(text), soft_wrap=True)
 
     def plan(self, most: int) -> None:
@@ -575,6 +583,21 @@ def precisions_to_sweep(plugin, requested: str) -> tuple[list[str], list[str]]:
     return [requested.upper()], []
 
 
+def emulated_note(device: torch.device, names: list[str]) -> str | None:
+    """The warning a sweep on the host CPU gives before its first trial for the 16-bit precisions this CPU only
+    emulates (from its flags): their trials take several times FP32's (issue 27). None elsewhere."""
+    from llmb import sysinfo
+
+    emulated = [p for p in names if p in sysinfo.cpu_emulated_precisions()] if device.type == "cpu" else []
+    if not emulated:
+        return None
+    them = "them" if len(emulated) > 1 else "it"
+    return (
+        f"warning: {', '.join(emulated)} emulated on this CPU (no native matmul for {them}): their trials run several "
+        "times slower than FP32's"
+    )
+
+
 def sweep(options: SweepOptions, display: Display | None = None) -> dict:
     """Run (or resume) a sweep; return its summary, which is also written to SUMMARY_NAME in the out directory.
     The sweep holds an exclusive lock on its folder for its whole life: a second sweep there is refused."""
@@ -650,6 +673,9 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         raise UsageError(f"--trial-timeout must be positive, got {options.trial_timeout}")
     plugin, device, settings = runner.resolve(options.run)
     names, unsupported = precisions_to_sweep(plugin, options.precision)
+    line = emulated_note(device, names)
+    if line:  # said once the folder's lock is held: a refused sweep says one line, the refusal
+        display.note(line)
     display.plan(trial_bound(options, len(names)))
     for name in names:  # every precision is checked before the first trial starts
         runner.resolve(replace(options.run, precision=name))

@@ -3,6 +3,7 @@ defaults that suit the device, output a log can read. Fast tests: records from t
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -226,7 +227,6 @@ def test_an_efficiency_over_the_measured_matmul_peak_is_warned_not_plotted(tmp_p
 
 
 def test_resumed_trial_lines_end_without_dangling_text():
-    import io
 
     from rich.console import Console
 
@@ -509,7 +509,6 @@ def test_every_output_path_of_the_readmes_commands_is_ignored_by_git():
 
 
 def test_a_sweep_estimates_what_is_left_from_its_trial_bound(tmp_path):
-    import io
 
     from rich.console import Console
 
@@ -527,18 +526,29 @@ def test_a_sweep_estimates_what_is_left_from_its_trial_bound(tmp_path):
     assert f"at most {most - 1} trials left" in stream.getvalue() and "min at most" in stream.getvalue()
 
 
-def test_a_cpu_sweep_names_the_precisions_this_cpu_emulates_before_its_trials(monkeypatch, capsys):
+def test_a_cpu_sweep_names_the_precisions_this_cpu_emulates_before_its_trials(monkeypatch):
     # Which precisions a CPU emulates depends on its flags (AMX or AVX512 here or not): both cases are set here.
-    from llmb import cli as cli_module
-    from llmb import sysinfo
+    import torch
+
+    from llmb import sweep, sysinfo
 
     monkeypatch.setattr(sysinfo, "cpu_emulated_precisions", lambda: ["BF16", "FP16"])
-    cli_module._say_emulated("cpu", None, "all")
-    err = capsys.readouterr().err
-    assert "FP16, BF16 emulated on this CPU" in err and "several times slower" in err
-    for quiet in (("cpu", None, "FP32"), ("acme", None, "BF16"), (None, "cuda:0", "BF16")):
-        cli_module._say_emulated(*quiet)
-        assert capsys.readouterr().err == "", quiet
+    line = sweep.emulated_note(torch.device("cpu"), ["FP32", "TF32", "FP16", "BF16"])
+    assert "FP16, BF16 emulated on this CPU" in line and "several times slower" in line
+    for quiet in (("cpu", ["FP32"]), ("meta", ["BF16"])):  # meta stands in for an accelerator: never emulated here
+        assert sweep.emulated_note(torch.device(quiet[0]), quiet[1]) is None, quiet
     monkeypatch.setattr(sysinfo, "cpu_emulated_precisions", lambda: [])
-    cli_module._say_emulated(None, "cpu", "all")
-    assert capsys.readouterr().err == ""
+    assert sweep.emulated_note(torch.device("cpu"), ["FP16", "BF16"]) is None
+
+
+def test_a_search_says_each_note_once_on_its_shared_display():
+    from rich.console import Console
+
+    from llmb import sweep
+
+    stream = io.StringIO()
+    display = sweep.LiveDisplay(Console(file=stream, width=200))
+    for _ in range(3):  # one per combination's sweep
+        display.note("warning: BF16 emulated on this CPU")
+    display.note("another")
+    assert stream.getvalue().count("BF16 emulated") == 1 and "another" in stream.getvalue()

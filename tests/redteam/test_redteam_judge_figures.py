@@ -13,6 +13,7 @@ from llmb.model import ModelConfig
 def flops_per_token(config: dict) -> int:
     return model_flops_per_token(ModelConfig(**config))
 
+
 FORGE_THE_LINK = """
 import multiprocessing.connection as _connection
 
