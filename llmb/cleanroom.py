@@ -315,20 +315,18 @@ def expand_all(runs: list, link: Link | None) -> list:
     """`--precision all` becomes one run per precision the plugin supports (asked here, in the worker)."""
     from dataclasses import replace
 
-    from llmb import precision
+    from llmb.names import ALL_PRECISIONS, expand_precision
     from llmb.plugins import select_backend
 
     expanded = []
     for options in runs:
-        if options.precision != "ALL":
+        if options.precision != ALL_PRECISIONS:
             expanded.append(options)
             continue
-        supported = select_backend(options.plugin).backend.precisions()
-        for name in precision.PRECISIONS:
-            if name in supported:
-                expanded.append(replace(options, precision=name))
-            elif link is not None:
-                link.send("note", f"{name}: unsupported by this plugin")
+        wanted, unsupported = expand_precision(options.precision, select_backend(options.plugin).backend.precisions())
+        for name in unsupported if link is not None else []:
+            link.send("note", f"{name}: unsupported by this plugin")
+        expanded += [replace(options, precision=name) for name in wanted]
     return expanded
 
 

@@ -437,15 +437,13 @@ def _run_clean(
 
 def _run_in_process(base: runner.RunOptions, requested: str, launch, out: Path, unsaved: list[Path]) -> list[dict]:
     """Library and test use (LLMB_IN_PROCESS=1): the plugin's own process judges, and no record is valid."""
-    from llmb import precision, runner
+    from llmb import runner
     from llmb.plugins import call, select_backend
 
-    if requested == "ALL":
-        supported = call(select_backend(base.plugin).backend.precisions)
-        wanted = [p for p in precision.PRECISIONS if p in supported]
-        for p in precision.PRECISIONS:
-            if p not in supported:
-                term.say((f"{p}: unsupported by this plugin", "yellow"))
+    if requested == names.ALL_PRECISIONS:
+        wanted, unsupported = names.expand_precision(requested, call(select_backend(base.plugin).backend.precisions))
+        for name in unsupported:
+            term.say((f"{name}: unsupported by this plugin", "yellow"))
     else:
         wanted = [requested]
     records = []
@@ -1193,8 +1191,9 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
         if record is None:
             break
         name = record.precision.requested
-        several = len([p for p in names.PRECISIONS if p in (record.plugin.precisions or [])]) > 1
-        target = out.with_name(f"{out.stem}-{name.lower()}{out.suffix}") if requested == "ALL" and several else out
+        several = len(names.expand_precision(names.ALL_PRECISIONS, record.plugin.precisions or [])[0]) > 1
+        all_asked = requested == names.ALL_PRECISIONS
+        target = out.with_name(f"{out.stem}-{name.lower()}{out.suffix}") if all_asked and several else out
         path = conformance.write(record, target)
         conformance.print_table(record, console)
         term.say(f"conformance record written to {path}")

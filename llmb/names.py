@@ -5,7 +5,11 @@ Each is defined here once; the modules that use them (precision, config, distrib
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 PRECISIONS = ("FP32", "TF32", "FP16", "BF16")
+# The value of --precision that asks for every precision the plugin supports (run, sweep and check-plugin).
+ALL_PRECISIONS = "ALL"
 MODES = ("pure", "amp")
 # The shapes llmb.config builds: the official one and two debug shapes (tests/test_layers.py checks they agree).
 PRESET_NAMES = ("official", "small", "tiny")
@@ -41,3 +45,15 @@ PEAK_DEVICE_PRESETS = {"cpu": "tiny"}
 CONFORMANCE_PRESETS = ("tiny", "small")
 CONFORMANCE_STEPS = 5
 CONFORMANCE_BATCH_SIZE = 2
+
+
+def expand_precision(requested: str, supported: Container[str]) -> tuple[list[str], list[str]]:
+    """A --precision value as (the precisions to run, in llmb's order; the precisions the plugin does not support).
+
+    `all` is every precision of PRECISIONS in ``supported`` (the plugin's `precisions()`); any other value is itself,
+    upper-cased, and unchecked here (the backend refuses one it lacks). The one `--precision all` expansion: the run,
+    the clean room's worker and the sweep all call it.
+    """
+    if requested.upper() != ALL_PRECISIONS:
+        return [requested.upper()], []
+    return [p for p in PRECISIONS if p in supported], [p for p in PRECISIONS if p not in supported]

@@ -39,7 +39,7 @@ from llmb.records import (
     SWEEP_SUMMARY_SCHEMA,
     RecordError,
     Result,
-    counted_runs,
+    best_batch_runs,
     envelope,
     median_index,
     read_sweep_log,
@@ -207,14 +207,12 @@ def next_point(points: Points, search) -> tuple[int | None, str]:
 
 
 def headline_of(points: Points, repeats: list[Trial]) -> tuple[Trial, list[Trial]] | None:
-    """(the headline trial, the trials its median is over): the re-runs of the best batch where any ran, else its
-    search trials. The live best-so-far line and the summary both show this."""
-    reran = [t for t in repeats if t.ok]
-    best = reran[0].batch_size if reran else best_batch(points)
-    if best is None:
-        return None
-    measured = counted_runs(reran or points[best], lambda t: t.phase)  # the rule the report and the bundle share
-    return median_trial(measured), measured
+    """(the headline trial, the trials its median is over) by the headline rule the report and summary.md share
+    (records.best_batch_runs): the re-runs of the best batch where any ran, else the search trials of a size that
+    ran. The live best-so-far line and the summary both show this."""
+    # A size with a failed trial does not reliably run (failure), so none of its trials may head the sweep.
+    ran = [t for trials in points.values() if failure(trials) is None for t in trials]
+    return best_batch_runs(ran + [t for t in repeats if t.ok], lambda t: t.phase)
 
 
 # Trials: a subprocess each, classified from its exit code, stderr and result JSON.
@@ -575,12 +573,7 @@ def _status(t: Trial) -> Text:
 
 def precisions_to_sweep(plugin, requested: str) -> tuple[list[str], list[str]]:
     """(precisions to sweep, precisions the plugin does not support) for a --precision value."""
-    supported = plugin.backend.precisions()
-    if requested.upper() == "ALL":
-        return [p for p in precision.PRECISIONS if p in supported], [
-            p for p in precision.PRECISIONS if p not in supported
-        ]
-    return [requested.upper()], []
+    return names.expand_precision(requested, plugin.backend.precisions())
 
 
 def emulated_note(device: torch.device, names: list[str]) -> str | None:
