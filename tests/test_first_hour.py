@@ -388,8 +388,8 @@ def test_new_plugin_prints_an_install_command_with_the_test_extra(tmp_path):
     result = CliRunner().invoke(cli_main(), ["new-plugin", "acme", "--dir", str(target)])
     assert result.exit_code == 0, result.output
     assert f"pip install -e '{target}[test]'" in result.output
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert "pip install -e 'llmb-acme[test]'" in readme  # the main README's line for the same step
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "vendors" / "writing-a-plugin.md").read_text()
+    assert "pip install -e 'llmb-acme[test]'" in guide  # the vendor guide's line for the same step
 
 
 def test_stubs_that_only_call_the_base_class_are_not_counted_as_overridden():
@@ -432,16 +432,16 @@ def test_the_scaffolds_readme_runs_what_the_main_readme_runs(tmp_path):
     from llmb.scaffold import write_plugin
 
     scaffold = (write_plugin("acme", tmp_path / "llmb-acme") / "README.md").read_text()
-    main = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    main = (Path(__file__).resolve().parent.parent / "docs" / "vendors" / "writing-a-plugin.md").read_text()
     runs = [line.split("#")[0].strip() for line in scaffold.splitlines() if line.startswith("llmb run")]
     assert runs and all(run in main for run in runs), runs  # same options (no --steps 5 beside a default 50)
 
 
 def readme_conformance_checks() -> set[str]:
-    """The check names in the README's conformance table (rows like "| `forward-loss`, `forward-logits` | ...")."""
+    """The check names in the conformance page's table (rows like "| `forward-loss`, `forward-logits` | ...")."""
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "vendors" / "conformance.md").read_text()
     table = readme.split("| check | what must hold |", 1)[1].split("\n\n", 1)[0]
     return {name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z-]+)`", row.split("|")[1])}
 
@@ -466,12 +466,19 @@ def test_the_readme_lists_every_check_check_plugin_prints_and_one_device_name(tm
     assert record.device.label in result.output and record.device.label in shown.output
 
 
+def documentation() -> str:
+    """The README and every docs page, where the commands a newcomer copies are written."""
+    root = Path(__file__).resolve().parent.parent
+    return "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))])
+
+
 def readme_commands() -> list[list[str]]:
-    """Every concrete llmb command in the README's bash blocks (usage lines with [OPTIONS] or ... left out)."""
+    """Every concrete llmb command in the bash blocks of the README and the docs pages (usage lines with [OPTIONS]
+    or ... left out)."""
     import re
     import shlex
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = documentation()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", readme, re.S):
         for line in block.splitlines():
@@ -497,7 +504,7 @@ def test_every_output_path_of_the_readmes_commands_is_ignored_by_git():
             written.add(f"llmb-{argv[2]}")
     # Usage lines ("llmb leaderboard BUNDLE... --out site/") name outputs too, where their value is a concrete path;
     # submissions/ is where bundles are kept in git on purpose.
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = documentation()
     usage = re.findall(r"^llmb .*?--(?:out|plot|dir) ([\w./-]+)", readme, re.M)
     written.update(v for v in usage if v.islower() and v != "submissions/")
     assert {"results", "sweep/", "report.html", "plots/", "llmb-acme", "site/"} <= written

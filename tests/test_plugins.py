@@ -332,19 +332,18 @@ def test_all_first_party_plugins_are_listed_when_installed():
     assert described["rocm"]["methods_overridden"] == described["cuda"]["methods_overridden"]  # inherited
 
 
-def test_readme_documents_every_backend_method_with_its_parameters_and_an_example():
+def test_the_docs_document_every_backend_method_with_its_parameters_and_an_example():
     import inspect
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("\n## Plugins\n", 1)[1].split("\n## ", 1)[0]
-    documented = re.findall(r"^#### `(\w+)\(([^)]*)\)`$", section, re.MULTILINE)
+    section = (Path(__file__).parent.parent / "docs" / "vendors" / "backend-methods.md").read_text()
+    documented = re.findall(r"^### `(\w+)\(([^)]*)\)`$", section, re.MULTILINE)
     assert [name for name, _ in documented] == public_methods()
     for name, params in documented:
         expected = [p for p in inspect.signature(getattr(Backend, name)).parameters if p != "self"]
         assert [p.strip() for p in params.split(",") if p.strip()] == expected, name
-        body = section.split(f"#### `{name}(", 1)[1].split("\n#### ", 1)[0]
+        body = section.split(f"### `{name}(", 1)[1].split("\n### ", 1)[0]
         prose, _, rest = body.partition("```python\n")
         assert prose.count("\n") >= 2 and rest, f"{name}: a description and then an example"
         assert f"def {name}(self" in rest.split("```", 1)[0], f"{name}: the example overrides the method"

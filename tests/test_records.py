@@ -66,9 +66,10 @@ def test_from_dict_refuses_what_is_not_a_record(data):
         Result.from_dict(data)
 
 
-def test_the_readme_lists_exactly_the_declared_fields():
-    """The README's field lists are the types' (one source of truth: records.py; `python -m llmb.records`)."""
-    text = (Path(__file__).parents[1] / "README.md").read_text()
+def test_the_schema_page_lists_exactly_the_declared_fields():
+    """The results schema page's field lists are the types' (one source of truth: records.py, from which
+    scripts/gen_docs.py makes the page; `python -m llmb.records`)."""
+    text = (Path(__file__).parents[1] / "docs" / "reference" / "records.md").read_text()
     for cls in (Result, Conformance, Commbench):
         block = text.split(f"<!-- fields:{cls.__name__} -->")[1].split("<!-- /fields -->")[0]
         assert " ".join(block.split()) == f"`{records.describe(cls)}`", cls.__name__

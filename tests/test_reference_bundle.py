@@ -1,4 +1,5 @@
-"""The committed reference CPU bundle verifies (as a debug bundle: it uses a debug preset, see README)."""
+"""The committed reference CPU bundle verifies (as a debug bundle: it uses a debug preset, see
+docs/reviewers/submitting.md)."""
 
 from pathlib import Path
 
