@@ -24,16 +24,11 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Loaded on first use (PEP 562): the reference backend imports torch, and importlib.metadata costs a few hundred
-    # ms on a loaded machine, which `llmb --help` must not pay.
+    # Loaded on first use (PEP 562): the reference backend imports torch, and importlib.metadata (llmb.version) costs
+    # a few hundred ms on a loaded machine, which `llmb --help` must not pay.
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from llmb.version import __version__
 
-        global __version__
-        try:
-            __version__ = version("llmb")
-        except PackageNotFoundError:  # running from a source tree that was never installed
-            __version__ = "0.0.0"
         return __version__
     if name == "CpuBackend":
         from llmb.default_plugins.cpu import CpuBackend

@@ -14,8 +14,6 @@ import json
 import math
 from collections.abc import Iterable
 
-from llmb import evidence
-
 
 def _windows(record: dict) -> list[dict]:
     windows = (record.get("evidence") or {}).get("windows")
@@ -131,6 +129,8 @@ def replay_problems(record: dict, steps: int) -> list[str]:
     refused = replay_refusal(record)
     if refused:
         return [refused]
+    from llmb import evidence  # here: the replay is the one check of verify's that needs torch (--replay only)
+
     replayed = evidence.replay_record(record, steps)
     return [f"replay: {detail}" for detail in evidence.failed(replayed)]
 

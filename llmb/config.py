@@ -6,8 +6,8 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from llmb.errors import UsageError
-from llmb.model import OFFICIAL_CONFIG, ModelConfig
 from llmb.names import SHAPE_FIELDS
+from llmb.spec.shape import OFFICIAL_CONFIG, ModelConfig
 
 # The benchmark's optimizer, fixed: torch.optim.AdamW with these hyperparameters (no decay on 1-D parameters).
 # Read-only; llmb.guard compares it before and after a plugin ran, and verify re-checks every recorded run against it.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmb.model import ModelConfig, embedding_parameters
+from llmb.spec.shape import ModelConfig, embedding_parameters
 
 
 def parameter_count(config: ModelConfig) -> int:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from llmb import bundle_io, energy, outputs, report, verify
 from llmb import console as term
+from llmb.bundle_format import CODE_DIFF, CODE_STATUS, SUBMISSION_JSON, SYSTEM_JSON, headlines
 from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
-from llmb.precision import PRECISIONS
+from llmb.names import PRECISIONS
 from llmb.records import Conformance, Result
-from llmb.submission import CODE_DIFF, CODE_STATUS, SUBMISSION_JSON, SYSTEM_JSON, headlines
 
 VALID, DEBUG, FAILED = "valid", "debug", "failed"
 WHY_LIMIT = 100  # characters of each failing check's detail in the index

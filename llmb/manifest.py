@@ -22,15 +22,17 @@ import json
 import sys
 from pathlib import Path
 
-from llmb import __version__
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.records import RELEASE_MANIFEST_SCHEMA
+from llmb.version import __version__
 
 MANIFEST_NAME = "release_manifest.json"
 RELEASES_NAME = "releases.json"
 RELEASES_SCHEMA = "llmb.releases/1"
 PACKAGE_DIR = Path(__file__).resolve().parent
 MODEL_PATH = "llmb/model.py"
+# The model's shape, part of its definition since release 4 (torch-free, so records read without torch).
+SHAPE_PATH = "llmb/spec/shape.py"
 LOOP_PATH = "llmb/train.py"
 REGENERATE = "python -m llmb.manifest --write"
 

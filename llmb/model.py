@@ -1,40 +1,18 @@
 """The fixed llmb model: a LLaMA-style decoder with the semantics of HF transformers' LlamaForCausalLM.
 
-This file is the benchmark's model definition. Its sha256 is the model fingerprint: any edit makes every run
-invalid ("model definition changed"). Hardware plugins post-process the *instance*, never this source.
+This file is the benchmark's model definition, with its shape (llmb/spec/shape.py, torch-free since release 4). Its
+sha256 is the model fingerprint: any edit makes every run invalid ("model definition changed"); `llmb verify` checks
+the shape's file as released. Hardware plugins post-process the *instance*, never this source.
 """
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int = 32000
-    hidden_size: int = 3200
-    intermediate_size: int = 6400
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 32
-    sequence_length: int = 256
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    initializer_range: float = 0.02
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# The official benchmark shape, the only one a valid result may use (1,433,680,000 parameters).
-OFFICIAL_CONFIG = ModelConfig()
+# The shape is torch-free, so records read without torch (release 4 moved it out of this file).
+from llmb.spec.shape import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -183,8 +161,3 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def embedding_parameters(config: ModelConfig) -> int:
-    """Parameters of the input embedding table (excluded from FLOPs, as torchtitan does)."""
-    return config.vocab_size * config.hidden_size

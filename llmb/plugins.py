@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 
 import pluggy
 
-from llmb import __version__, hookspecs
+from llmb import hookspecs
 from llmb.backend import Backend
 from llmb.errors import LlmbError, PluginError, UsageError
 from llmb.names import FIRST_PARTY_PLUGINS
+from llmb.version import __version__
 
 GROUP = "llmb"
 BUILTIN = {"cpu": "llmb.default_plugins.cpu"}

@@ -1,9 +1,8 @@
 """Precision recipes, and the audit that finds which numeric format really ran.
 
-The rules: a run that mixes formats counts as its lowest-bit format. Formats are ranked by mantissa bits, most
-first: FP32 (24) > TF32 (11) > FP16 (11, narrow range) > BF16 (8) > FP8. A run is labelled with the lowest rank
-that any piece of evidence shows: tensor dtypes, backend flags, the autocast dtype, the plugin's own facts, and a
-matmul probe run on the device in the run's real backend state.
+The rules: a run that mixes formats counts as its lowest-bit format (ranked in llmb.spec.formats). A run is
+labelled with the lowest rank that any piece of evidence shows: tensor dtypes, backend flags, the autocast dtype,
+the plugin's own facts, and a matmul probe run on the device in the run's real backend state.
 """
 
 from __future__ import annotations
@@ -18,22 +17,14 @@ import torch
 # PrecisionFact and PRECISIONS live in torch-free modules; importable from here as before.
 from llmb.backend import PrecisionFact  # noqa: F401
 from llmb.names import MODES, PRECISIONS  # noqa: F401
+from llmb.spec.formats import DTYPE_NAME_FORMAT, RANK, lowest  # noqa: F401 - the rules, torch-free
 
-# Lowest format last. FP8 is not a benchmark precision: a run that shows it cannot be labelled with any of the four.
-RANK = MappingProxyType({"FP32": 0, "TF32": 1, "FP16": 2, "BF16": 3, "FP8": 4})
 HALF_DTYPES = MappingProxyType({"FP16": torch.float16, "BF16": torch.bfloat16})
-_DTYPE_FORMAT = {
-    torch.float64: "FP32",
-    torch.float32: "FP32",
-    torch.float16: "FP16",
-    torch.bfloat16: "BF16",
-}
-for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
-    if hasattr(torch, _name):
-        _DTYPE_FORMAT[getattr(torch, _name)] = "FP8"
-# Read-only, like every constant that judges a run (llmb.guard also compares their values).
-DTYPE_FORMAT = MappingProxyType(_DTYPE_FORMAT)
-del _DTYPE_FORMAT
+# Read-only, like every constant that judges a run (llmb.guard also compares their values). From the torch-free
+# table of names: the dtypes this torch has.
+DTYPE_FORMAT = MappingProxyType(
+    {getattr(torch, name): label for name, label in DTYPE_NAME_FORMAT.items() if hasattr(torch, name)}
+)
 
 # Relative Frobenius error of a 256x256x256 FP32 matmul against float64, measured on this project's CPU:
 # IEEE FP32 ~3e-7, BF16 inputs ~2.3e-3 to 2.9e-3, FP16 inputs ~4e-4; TF32 has FP16's 10-bit mantissa, so ~4e-4.
@@ -50,12 +41,6 @@ class Recipe:
     param_dtype: torch.dtype
     autocast_dtype: torch.dtype | None
     grad_scaler: bool
-
-
-def lowest(formats: list[str | None]) -> str:
-    """The lowest-bit format among the given ones (FP32 if none)."""
-    present = [f for f in formats if f]
-    return max(present, key=RANK.__getitem__) if present else "FP32"
 
 
 def recipe(precision: str, mode: str) -> Recipe:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from llmb import flops
 from llmb.errors import UsageError
-from llmb.model import OFFICIAL_CONFIG
+from llmb.spec.shape import OFFICIAL_CONFIG
 
 
 @dataclass(frozen=True)

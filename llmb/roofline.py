@@ -18,9 +18,9 @@ from llmb import precision as precisions
 from llmb.backend import Backend, overridden
 from llmb.device import check_device_present, parse_device
 from llmb.errors import UsageError
-from llmb.model import ModelConfig
 from llmb.plugins import call, resolve_settings, select_backend
 from llmb.records import ROOFLINE_SCHEMA
+from llmb.spec.shape import ModelConfig
 
 SCHEMA = ROOFLINE_SCHEMA  # each roofline entry names its kind
 # The dtype each benchmark precision multiplies in (TF32 is FP32 tensors with the TF32 switches on).

@@ -31,11 +31,30 @@ from pathlib import Path
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from llmb import bundle_io, codediff, energy, manifest, outputs, peaks, record_files, sysinfo
-from llmb import console as term
+from llmb import bundle_io, codediff, manifest, outputs, record_files, sysinfo
+
+# What the bundle holds (file names, headlines, summary.md), shared with the verifier; importable from here as before.
+from llmb.bundle_format import (  # noqa: F401
+    CODE_DIFF,
+    CODE_STATUS,
+    ENERGY_COLUMN,
+    MANIFEST_FILE,
+    MIN_RUNS,
+    NAME_PATTERN,
+    RELEASE_MANIFEST,
+    SUBMISSION_JSON,
+    SUMMARY_COLUMNS,
+    SUMMARY_MD,
+    SYSTEM_JSON,
+    conformance_key,
+    headlines,
+    render_summary,
+    settings_as_options,
+    summary_columns,
+)
 from llmb.errors import LlmbError, UsageError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
-from llmb.precision import PRECISIONS
+from llmb.names import PRECISIONS
 from llmb.records import (
     CODE_SCHEMA,
     CONFORMANCE_SCHEMA,
@@ -44,20 +63,15 @@ from llmb.records import (
     SUBMISSION_SCHEMA,
     SWEEP_LOG_NAME,
     Conformance,
-    Headline,
     RecordError,
     Result,
     counted_runs,
     envelope,
     group_runs,
-    headline,
     read_sweep_log,
-    spread_warning,
 )
 from llmb.results import result_filename, write_json_atomic
 
-MIN_RUNS = 3
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 PLUGIN_SOURCE_LIMIT = 64 * 2**20
 PLUGIN_SOURCE_FILES = 1_500  # of the 2,000 entries llmb/bundle_io.py lets a bundle hold
 SKIP_PARTS = {"__pycache__", "build", "dist", ".git", ".tox", ".venv", "venv", "node_modules"}
@@ -72,14 +86,6 @@ SECRET_FILE = re.compile(
     r"|(^|[/_.-])(credentials?|secrets?|passwords?|tokens?)([/_.-]|$)",
     re.IGNORECASE,
 )
-# File names in a bundle, shared with the verifier.
-SUBMISSION_JSON, SYSTEM_JSON, SUMMARY_MD, MANIFEST_FILE = (
-    "submission.json",
-    "system.json",
-    "summary.md",
-    "MANIFEST.sha256",
-)
-RELEASE_MANIFEST, CODE_STATUS, CODE_DIFF = "code/release_manifest.json", "code/llmb.json", "code/llmb.diff"
 
 
 @dataclass
@@ -102,123 +108,6 @@ class PackageOptions:
     check_plugin: Callable[..., Conformance] | None = None
     # Told a line before each slow step (a conformance check takes tens of seconds), so the console is never silent.
     say: Callable[[str], None] = lambda line: None
-
-
-# Headlines and the summary (used by both the packager and the verifier, so they agree by construction)
-
-
-def headlines(records: list[Result]) -> dict[str, Headline]:
-    """Per effective precision, the headline of the group with the best median tokens/s over its valid runs, among
-    the groups with at least MIN_RUNS runs where there are any. Runs differing in plugin, settings, mode, shape,
-    batch, device or job layout are separate groups, never pooled."""
-    best: dict[str, Headline] = {}
-    for group, runs in group_runs([r for r in records if not r.invalid_reasons]).items():
-        h = headline(runs)
-        # A group with enough runs for a median beats a faster one without (a sweep's single search trials).
-        rank = (len(runs) >= MIN_RUNS, h.run.tokens_per_second)
-        held = best.get(group.precision)
-        if held is None or rank > (len(held.runs) >= MIN_RUNS, held.run.tokens_per_second):
-            best[group.precision] = h
-    return best
-
-
-SUMMARY_COLUMNS = (
-    "Precision",
-    "Plugin",
-    "Settings",
-    "Mode",
-    "Shape",
-    "Best batch",
-    "Tokens/s (median)",
-    "Spread (min-max)",
-    "TFLOP/s",
-    "MFU",
-    "Peak memory",
-    "Runs",
-)
-
-
-# Beside tokens/s where the bundle's results recorded energy: a bundle made before llmb measured it keeps the summary
-# it was sealed with, so it still verifies.
-ENERGY_COLUMN = "Tokens/J"
-
-
-def summary_columns(records: list[Result]) -> tuple[str, ...]:
-    """summary.md's columns for these results: SUMMARY_COLUMNS, and Tokens/J where any result has an energy section."""
-    if not any(r.energy is not None for r in records):
-        return SUMMARY_COLUMNS
-    at = SUMMARY_COLUMNS.index("Spread (min-max)") + 1
-    return (*SUMMARY_COLUMNS[:at], ENERGY_COLUMN, *SUMMARY_COLUMNS[at:])
-
-
-def _cell(text: str) -> str:
-    return term.markdown(text)  # a record's text in summary.md: shown as written, never markup nor a row break
-
-
-def render_summary(submission: dict, records: list[Result]) -> str:
-    """summary.md: one row per benchmark precision, from the bundle's results and its plugins' capabilities."""
-    best = headlines(records)
-    supported = {p for plugin in submission["plugins"] for p in plugin.get("precisions") or []}
-    plugin_names = _cell(", ".join(str(p["name"]) for p in submission["plugins"]))
-    lines = [f"# llmb submission: {_cell(submission['submitter'])} / {_cell(submission['system_name'])}", ""]
-    if submission["debug"]["is_debug"]:
-        lines += [
-            "**DEBUG BUNDLE: not a valid submission.** It holds results that are not valid official runs "
-            f"({_cell(', '.join(map(str, submission['debug']['reasons'])))}); `llmb verify` fails it unless given "
-            "--accept-debug.",
-            "",
-        ]
-    if submission.get("note"):
-        lines += [_cell(submission["note"]), ""]
-    columns = summary_columns(records)
-    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    blank = " |" * (len(columns) - 2)
-    warnings = []
-    declared_notes: list[str] = []
-    for label in PRECISIONS:
-        h = best.get(label)
-        if h is None:
-            why = "not supported by " + plugin_names if supported and label not in supported else "not submitted"
-            lines.append(f"| {label} | {why} |{blank}")
-            continue
-        r = h.run
-        mfu = f"{r.mfu:.2%}" if r.mfu is not None else "n/a"
-        if r.mfu is not None and peaks.declared(r):
-            mfu += " (peak declared by plugin)"
-            declared_notes.append(f"- {label}: {_cell(peaks.peak_note(r))}")
-        memory = f"{r.peak_memory_bytes / 2**30:.2f} GiB" if r.peak_memory_bytes else "n/a"
-        cells = [
-            label,
-            r.plugin.name,
-            r.plugin.settings_label(),
-            r.precision.mode,
-            r.shape,
-            str(r.batch_size),
-            f"{r.tokens_per_second:,.1f}",
-            f"{h.low:,.1f}-{h.high:,.1f}",
-            *([energy.energy_cell(r.energy)] if ENERGY_COLUMN in columns else []),
-            f"{r.tflops:.4f}",
-            mfu,
-            memory,
-            str(len(h.runs)),
-        ]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-        warning = spread_warning(h)
-        if warning:
-            warnings.append(f"- **Noisy:** {_cell(warning)}")
-    lines += [
-        "",
-        "Each row is one group of runs (same plugin, settings, mode, shape, batch, device and job layout; groups are "
-        "never pooled). Tokens/s, TFLOP/s, MFU and peak memory are the median run's (a run that happened: the slower "
-        "middle one for an even count); the spread is the lowest and highest tokens/s of the group's runs. MFU is "
-        "against llmb's dense peak table for the device and effective precision (llmb/peaks.py), or a peak declared "
-        "by the plugin where marked.",
-    ]
-    if declared_notes:
-        lines += ["", "Peaks declared by plugin:", *declared_notes]
-    if warnings:
-        lines += ["", *warnings]
-    return "\n".join(lines) + "\n"
 
 
 # The packager
@@ -326,18 +215,6 @@ def select_results(records: list[Result], options: PackageOptions) -> tuple[list
                 f"at least {MIN_RUNS} runs per precision at the best batch size are needed ({', '.join(short)})"
             )
     return kept, skipped
-
-
-def settings_as_options(settings: dict) -> dict[str, str]:
-    """Resolved plugin settings back to the -O strings a run parses."""
-    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in settings.items()}
-
-
-def conformance_key(record: Result | Conformance) -> tuple:
-    """What a conformance record must match: plugin, version, requested precision, mode, settings."""
-    plugin, prec = record.plugin, record.precision
-    settings = json.dumps(settings_as_options(plugin.settings), sort_keys=True)
-    return plugin.name, plugin.version, prec.requested, prec.mode, settings
 
 
 def gather_conformance(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from llmb import __version__
 from llmb.redact import REDACTED, is_secret, scrub, value_for_record
+from llmb.version import __version__
 
 __all__ = ["ENV_NAMES", "REDACTED", "collect", "complete", "is_secret", "run_environment"]
 

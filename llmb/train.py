@@ -15,9 +15,9 @@ import torch
 from llmb import energy, evidence
 from llmb.backend import Backend
 from llmb.config import ADAMW_HYPERPARAMETERS
-from llmb.model import ModelConfig
 from llmb.precision import Recipe
 from llmb.records import median_index
+from llmb.spec.shape import ModelConfig
 
 # The benchmark's optimizer: torch.optim.AdamW with llmb.config.ADAMW_HYPERPARAMETERS (imported above).
 # What a plugin may choose: AdamW's implementation, never its mathematics.

@@ -15,24 +15,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
-from llmb import bundle_evidence, bundle_io, codediff, energy, evidence, flops, manifest, peaks
-from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
-from llmb.config import ADAMW_HYPERPARAMETERS, official_reasons
-from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
-from llmb.precision import DTYPE_FORMAT, PRECISIONS, RANK, lowest
-from llmb.records import (
-    CONFORMANCE_SCHEMA,
-    PLUGIN_SOURCE_SCHEMA,
-    RESULT_SCHEMA,
-    SUBMISSION_SCHEMA,
-    Conformance,
-    RecordError,
-    Result,
-    loss_band,
-    median_index,
-)
-from llmb.redact import value_for_record
-from llmb.submission import (
+from llmb import bundle_evidence, bundle_io, codediff, energy, flops, manifest, peaks
+from llmb.bundle_format import (
     CODE_DIFF,
     CODE_STATUS,
     MANIFEST_FILE,
@@ -46,11 +30,28 @@ from llmb.submission import (
     headlines,
     render_summary,
 )
+from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
+from llmb.config import ADAMW_HYPERPARAMETERS, official_reasons
+from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
+from llmb.names import PRECISIONS
+from llmb.records import (
+    CONFORMANCE_SCHEMA,
+    PLUGIN_SOURCE_SCHEMA,
+    RESULT_SCHEMA,
+    SUBMISSION_SCHEMA,
+    Conformance,
+    RecordError,
+    Result,
+    loss_band,
+    median_index,
+)
+from llmb.redact import value_for_record
+from llmb.spec.formats import DTYPE_NAME_FORMAT, RANK, lowest
+from llmb.tolerances import MIN_STEP_SHARE_OF_WINDOW
 
 # Recorded figures are full-precision JSON floats, so a recomputation agrees to far better than this.
 REL_TOLERANCE = 1e-6
-MIN_STEP_SHARE_OF_WINDOW = evidence.MIN_STEP_SHARE_OF_WINDOW
-DTYPE_NAMES = {str(dtype).replace("torch.", ""): label for dtype, label in DTYPE_FORMAT.items()}
+DTYPE_NAMES = DTYPE_NAME_FORMAT
 # Parsed results verify keeps at once, by the size of their files: past it a result is read again from the bundle
 # each time a check needs it, so verify's memory is bounded by what it checks, not by the bundle's size (a bundle
 # within every limit may hold 60 results of 4 MiB, which parsed all at once passed 1 GiB resident; a typical
@@ -592,13 +593,17 @@ def check_code(b: Bundle) -> None:
         f"{len(changed)} of {len(entries)} llmb files changed, each shown in full; {_release_note(released)}",
     )
     untouched = []
-    for path in (manifest.MODEL_PATH, manifest.LOOP_PATH):
+    for path in (manifest.MODEL_PATH, manifest.SHAPE_PATH, manifest.LOOP_PATH):
         entry = entries.get(path)
         if entry is None or entry["status"] != "unchanged":
             untouched.append(f"{path} is {entry['status'] if entry else 'missing'}")
         elif any(p.startswith(f"{path} differs from") for p in known_changes):
             untouched.append(f"{path} differs from the nearest known release")
-    b.add("model and loop unchanged", untouched, f"{manifest.MODEL_PATH}, {manifest.LOOP_PATH} as released")
+    b.add(
+        "model and loop unchanged",
+        untouched,
+        f"{manifest.MODEL_PATH}, {manifest.SHAPE_PATH}, {manifest.LOOP_PATH} as released",
+    )
 
 
 def _known_release_problems(released: dict, entries: dict) -> list[str]:

@@ -7,7 +7,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmb.config import PRESETS
 from llmb.flops import parameter_count
-from llmb.model import OFFICIAL_CONFIG, LlamaModel, apply_rotary, causal_lm_loss, count_parameters, rotate_half
+from llmb.model import LlamaModel, apply_rotary, causal_lm_loss, count_parameters, rotate_half
+from llmb.spec.shape import OFFICIAL_CONFIG
 
 
 def test_official_shape_has_exactly_1_433_680_000_parameters():

@@ -7,7 +7,7 @@ from conftest import TINY_CPU, invoke
 from llmb import Backend, Peak, PrecisionFact, precision
 from llmb.config import PRESETS
 from llmb.flops import fom, model_flops_per_token, parameter_count
-from llmb.model import OFFICIAL_CONFIG
+from llmb.spec.shape import OFFICIAL_CONFIG
 
 TINY = [*TINY_CPU, "--steps", "3"]
 

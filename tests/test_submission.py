@@ -202,13 +202,19 @@ def tamper_add(root):
     shutil.copy(source, source.with_name("added.json"))
 
 
-def tamper_model(root):
-    def changed(status):
-        for entry in status["files"]:
-            if entry["path"] == manifest.MODEL_PATH:
-                entry.update(status="changed", sha256="0" * 64)
+def tamper_code_file(path: str):
+    def tamper(root):
+        def changed(status):
+            for entry in status["files"]:
+                if entry["path"] == path:
+                    entry.update(status="changed", sha256="0" * 64)
 
-    edit_json(root / submission.CODE_STATUS, changed)
+        edit_json(root / submission.CODE_STATUS, changed)
+
+    return tamper
+
+
+tamper_model = tamper_code_file(manifest.MODEL_PATH)
 
 
 def tamper_fingerprint(root):
@@ -261,6 +267,8 @@ TAMPERINGS = [
     ("removed file", tamper_remove, "result schema", "not the ones submission.json lists"),
     ("added file", tamper_add, "result schema", "not the ones submission.json lists"),
     ("changed model file", tamper_model, "model and loop unchanged", "llmb/model.py is changed"),
+    # The shape left model.py in release 4 (torch-free, for the records): editing it is editing the model.
+    ("changed shape file", tamper_code_file(manifest.SHAPE_PATH), "model and loop unchanged", "shape.py is changed"),
     ("changed model fingerprint", tamper_fingerprint, "model fingerprint", "is not the released"),
     ("precision under a higher label", tamper_relabel, "effective precision", "the audit's evidence shows BF16"),
     ("edited summary", tamper_summary, "summary.md", "the results give"),

@@ -7,7 +7,7 @@ import pytest
 from redteam_kit import install, reasons, run
 
 from llmb.flops import model_flops_per_token
-from llmb.model import ModelConfig
+from llmb.spec.shape import ModelConfig
 
 
 def flops_per_token(config: dict) -> int:
