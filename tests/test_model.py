@@ -59,6 +59,17 @@ def test_installed_model_matches_the_released_fingerprint():
     assert model_fingerprint() == RELEASED_MODEL_FINGERPRINT
 
 
+def test_the_release_table_names_the_pinned_fingerprint_as_current():
+    import re
+    from pathlib import Path
+
+    from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
+
+    rules = (Path(__file__).resolve().parents[1] / "docs" / "rules.md").read_text()
+    current = [line for line in rules.splitlines() if re.match(r"\| \d+ \(current", line)]
+    assert len(current) == 1 and f"`{RELEASED_MODEL_FINGERPRINT}`" in current[0], current
+
+
 def _sliced_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The released-before loss: slice the logits, then the mean cross-entropy (the semantics to keep)."""
     return F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
