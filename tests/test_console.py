@@ -116,7 +116,7 @@ def test_llmb_debug_shows_the_plugins_own_traceback(register_backend, tmp_path, 
 def test_error_messages_keep_their_brackets(monkeypatch):
     import click
 
-    from llmb.cli import handle_errors
+    from llmb.cli.common import handle_errors
 
     @click.command()
     @handle_errors
@@ -176,12 +176,12 @@ def test_sweep_keeps_secret_settings_off_the_command_line():
 
 @pytest.mark.parametrize("value", ['{"a": 1', "[1]"])
 def test_secret_options_env_must_be_an_object(monkeypatch, value):
-    from llmb.cli import _secret_options
+    from llmb.run_request import secret_options
     from llmb.settings import SECRET_OPTIONS_ENV
 
     monkeypatch.setenv(SECRET_OPTIONS_ENV, value)
     with pytest.raises(LlmbError):
-        _secret_options()
+        secret_options()
 
 
 # Issue 16: the CLI says what it is doing and refuses what it cannot do in one line.
@@ -190,7 +190,7 @@ def test_secret_options_env_must_be_an_object(monkeypatch, value):
 def test_oversubscribed_host_is_named():
     from records_factory import make_result
 
-    from llmb.cli import oversubscribed
+    from llmb.host_load import oversubscribed
 
     busy = make_result(load_average=20.0, threads_per_rank=[1])
     assert "load average 20.0" in oversubscribed(busy)

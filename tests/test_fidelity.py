@@ -156,10 +156,10 @@ def test_the_run_progress_draws_no_frames_of_its_own():
     measured as the judge's own CPU time)."""
     import threading
 
-    from llmb import cli
+    from llmb import progress_bars
 
-    with cli.run_progress() as progress:
-        shown = cli.RichProgress(progress, "FP32")
+    with progress_bars.run_progress() as progress:
+        shown = progress_bars.RichProgress(progress, "FP32")
         shown.phase("measure", 2)
         shown.advance()
         assert not [t for t in threading.enumerate() if type(t).__name__ == "_RefreshThread"]

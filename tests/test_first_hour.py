@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from records_factory import make_result
 
-from llmb import names, plugins, report, submission, sweep, verify
+from llmb import bundle_format, names, plugins, report, submission, sweep, verify
 from llmb.records import SWEEP_LOG_SCHEMA
 from llmb.results import write_json_atomic
 from llmb.settings import Setting
@@ -62,6 +62,45 @@ def test_sweep_report_and_summary_md_show_one_headline(tmp_path):
     md = submission.render_summary({"submitter": "t", "system_name": "s", "plugins": [], "debug": {"is_debug": False}},
                                    counted)  # fmt: skip
     assert "| 1,000.0 | 990.0-1,010.0 |" in md  # pooled: "| 1,010.0 | 990.0-1,500.0 |"
+
+
+SUMMARY_BUNDLE = {"submitter": "t", "system_name": "s", "plugins": [], "debug": {"is_debug": False}}
+
+
+def test_a_sweep_with_fewer_re_runs_than_a_median_needs_has_one_headline(tmp_path):
+    # `llmb sweep --repeats 2`: batch 2 wins the search and its two re-runs come out slower than batch 1's two search
+    # trials. The report's old rule took the re-run batch (1,809.4) and summary.md's old rule, finding no batch
+    # with MIN_RUNS runs, the fastest median (batch 1's 1,820.0): one sweep, two headlines. By the one rule
+    # (records.best_batch_runs) the re-runs decide everywhere, and the packager keeps only the re-runs of the group.
+    trials = write_sweep(
+        tmp_path,
+        [(1, "search", 1820.0), (1, "search", 1830.0), (2, "search", 1880.0), (2, "search", 1890.0)]
+        + [(2, "repeat", 1809.4), (2, "repeat", 1850.0)],
+    )
+    points = {b: [t for t in trials if t.phase == "search" and t.batch_size == b] for b in (1, 2)}
+    shown, _ = sweep.headline_of(points, [t for t in trials if t.phase == "repeat"])  # the sweep's summary
+
+    best, runs = report.headline(report.load([tmp_path]).points)
+
+    records, _, _ = submission.load_inputs(tmp_path)
+    counted, _ = submission.counted_results(records, submission.sweep_phases(tmp_path))
+    in_summary = bundle_format.headlines(counted)["FP32"]
+    assert shown.tokens_per_second == best.tokens_per_second == in_summary.run.tokens_per_second == 1809.4
+    assert best.batch_size == in_summary.run.batch_size == 2 and len(runs) == len(in_summary.runs) == 2
+    assert sorted(r.tokens_per_second for r in counted) == [1809.4, 1850.0]  # what the bundle holds
+    md = bundle_format.render_summary(SUMMARY_BUNDLE, counted)
+    assert "| 2 | 1,809.4 | 1,809.4-1,850.0 |" in md  # the old rule: "| 1 | 1,820.0 | 1,820.0-1,830.0 |"
+
+
+def test_runs_without_a_sweep_have_one_headline_in_the_report_and_summary_md():
+    # Three runs at batch 1 and one faster run at batch 2: the old report took the single run (1,100.0), summary.md
+    # the median of three (1,010.0). One lucky run heads neither now.
+    runs = [make_result(tokens_per_second=t, batch_size=1) for t in (1000.0, 1010.0, 1020.0)]
+    runs.append(make_result(tokens_per_second=1100.0, batch_size=2))
+    best, counted = report.headline([report.point_from_record(r, None, "") for r in runs])
+    in_summary = bundle_format.headlines(runs)["FP32"]
+    assert best.tokens_per_second == in_summary.run.tokens_per_second == 1010.0
+    assert best.batch_size == in_summary.run.batch_size == 1 and len(counted) == len(in_summary.runs) == 3
 
 
 # One way to parse every choice; errors that name what fixes them.
@@ -300,7 +339,7 @@ def test_the_cpu_plugin_leaves_the_busy_cores_to_their_work(monkeypatch):
 )
 def test_busy_host_advice_works_for_the_plugin_in_use(monkeypatch, settings, threads, advised, not_advised):
     from llmb import sysinfo
-    from llmb.cli import oversubscribed
+    from llmb.host_load import oversubscribed
 
     busy_host(monkeypatch, load=3.0, cpus=2)
     before = sysinfo.busy_before_run(threads, settings)
@@ -366,7 +405,7 @@ def test_emulated_16_bit_precisions_are_named_from_the_cpu_flags(monkeypatch):
 def test_long_commands_show_an_estimate_of_the_time_left():
     from rich.progress import TimeRemainingColumn
 
-    from llmb.cli import progress_columns
+    from llmb.progress_bars import progress_columns
 
     assert any(isinstance(column, TimeRemainingColumn) for column in progress_columns())
 
@@ -459,10 +498,10 @@ def test_the_readme_lists_every_check_check_plugin_prints_and_one_device_name(tm
     assert readme_conformance_checks() == printed
 
     # One device name: the run's summary names the device as check-plugin did.
-    from llmb.cli import _print_record
+    from llmb.result_view import print_record
 
     run = replace(make_result(), device=record.device)
-    shown = CliRunner().invoke(click.Command("show", callback=lambda: _print_record(run, tmp_path / "r.json")), [])
+    shown = CliRunner().invoke(click.Command("show", callback=lambda: print_record(run, tmp_path / "r.json")), [])
     assert record.device.label in result.output and record.device.label in shown.output
 
 

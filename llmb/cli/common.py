@@ -1,0 +1,228 @@
+"""What the command groups share: the error handler that makes llmb's errors one line, and the options several
+commands take in the same words.
+
+Only what --help needs is imported here: torch (about 6 s to import on a loaded machine) and the modules that import
+it are imported inside the commands that train, so `llmb --help` and `llmb CMD --help` answer at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from llmb import bounds, names
+from llmb import console as term
+from llmb.errors import LlmbError
+
+if TYPE_CHECKING:  # annotations only: distributed imports torch
+    from llmb.distributed import LaunchSpec
+
+console = term.out
+err_console = term.err
+
+
+def handle_errors(func: Callable) -> Callable:
+    """Turn llmb's errors into one line on stderr and an exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except LlmbError as exc:
+            if os.environ.get("LLMB_DEBUG") and exc.__cause__ is not None:
+                # A plugin's own exception (PluginError wraps it): its traceback is what the plugin's author needs.
+                traceback.print_exception(exc.__cause__)
+            term.error(str(exc))
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            term.say(("interrupted", "bold red"), stderr=True)
+            sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click's own usage errors keep click's messages and exit codes
+        except Exception as exc:
+            # An unexpected failure (a plugin's kernel, a backend's dtype error): still one line, exit 1.
+            if os.environ.get("LLMB_DEBUG"):
+                raise
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            term.error(f"{type(exc).__name__}: {first_line}", (" (LLMB_DEBUG=1 shows the traceback)", ""))
+            sys.exit(1)
+
+    return wrapper
+
+
+def given_on_command_line() -> set[str]:
+    """The parameters of the running command that were typed (not defaults)."""
+    ctx = click.get_current_context()
+    return {
+        name for name in ctx.params if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)
+    }
+
+
+def apply(func: Callable, options: list[Callable]) -> Callable:
+    """Apply option decorators in the order they are listed (the order `--help` shows them)."""
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def shape_options(func: Callable) -> Callable:
+    for name in reversed(names.SHAPE_FIELDS):
+        func = click.option(
+            f"--{name.replace('_', '-')}",
+            name,
+            type=bounds.SHAPE,
+            default=None,
+            help="Debug shape override (the run is not official).",
+        )(func)
+    return func
+
+
+def pop_shape(params: dict[str, Any]) -> dict[str, int | None]:
+    """The debug shape overrides taken out of a command's parameters (for build_config)."""
+    return {name: params.pop(name) for name in names.SHAPE_FIELDS}
+
+
+def _known_plugin(ctx, param, value: str | None) -> str | None:
+    """--plugin checked as it is parsed, from installed metadata (no torch import): a typo is answered at once."""
+    from llmb import plugins  # lazy: the entry points are read only when --plugin is given
+
+    if value is not None:
+        try:
+            plugins.check_name(value)
+        except LlmbError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def plugin_options(func: Callable) -> Callable:
+    func = click.option(
+        "-O",
+        "--option",
+        "options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="A plugin setting (repeatable); see `llmb plugins`.",
+    )(func)
+    func = click.option("--device", default=None, help="Any device string torch accepts (default: the plugin's).")(func)
+    func = click.option(
+        "--plugin",
+        default=None,
+        callback=_known_plugin,
+        help="Hardware plugin (default: first with hardware present, else cpu).",
+    )(func)
+    return func
+
+
+# The parameters launch_options adds, in launch_spec's order.
+LAUNCH_PARAMETERS = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
+
+
+def launch_options(func: Callable) -> Callable:
+    """torchrun's launch options; with --nproc-per-node, llmb starts the processes through torch's launcher."""
+    options = [
+        click.option(
+            "--nproc-per-node",
+            type=bounds.PROCESSES,
+            default=None,
+            help="Processes (devices) per node, launched as torchrun would.",
+        ),
+        click.option("--nnodes", type=bounds.NODES, default=1, show_default=True, help="Nodes in the job."),
+        click.option("--node-rank", type=bounds.NODE_RANK, default=0, show_default=True, help="This node's rank."),
+        click.option("--master-addr", default=None, help="Node rank 0's address (several nodes)."),
+        click.option("--master-port", type=bounds.PORT, default=None, help="Node rank 0's port (default 29500)."),
+    ]
+    return apply(func, options)
+
+
+def launch_spec(
+    nproc_per_node: int | None,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str | None,
+    master_port: int | None,
+    timeout: float = names.DEFAULT_TIMEOUT_SECONDS,
+) -> LaunchSpec | None:
+    """The torchrun launch the options ask for (a distributed.LaunchSpec), or None for a single process."""
+    if nproc_per_node is None:
+        if nnodes != 1 or node_rank or master_addr or master_port:
+            raise click.UsageError("--nnodes, --node-rank, --master-addr and --master-port need --nproc-per-node")
+        return None
+    from llmb import distributed  # lazy: torch
+
+    spec = distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
+    spec.check()  # a usage error (an unresolvable --master-addr) before anything touches the disk
+    return spec
+
+
+def precision_options(default: str) -> Callable[[Callable], Callable]:
+    """The precision asked for and its mode, for the commands that train (run: FP32, sweep: all)."""
+    return lambda func: apply(
+        func,
+        [
+            click.option(
+                "--precision",
+                "precision_name",
+                default=default,
+                show_default=True,
+                type=bounds.PRECISION,
+                help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports).",
+            ),
+            click.option(
+                "--precision-mode",
+                "mode",
+                default="pure",
+                show_default=True,
+                type=bounds.choice(names.MODES),
+                help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
+            ),
+        ],
+    )
+
+
+def model_options(func: Callable) -> Callable:
+    """The preset and its debug shape overrides."""
+    func = shape_options(func)
+    return click.option("--preset", default="official", show_default=True, type=bounds.choice(names.PRESET_NAMES))(func)
+
+
+def device_scaled(name: str) -> str:
+    """--help's default of a sweep option that scales to the device: the general value, then each device's."""
+    scaled = "; ".join(f"{d[name]:g} on {kind}" for kind, d in names.SWEEP_DEVICE_DEFAULTS.items())
+    return f"{names.SWEEP_DEFAULTS[name]:g}; {scaled}"
+
+
+def loop_options(steps_help: str, scaled: bool = False) -> Callable[[Callable], Callable]:
+    """The measured loop's length and seed, then the model's shape: one set for run and sweep. Scaled (a sweep's):
+    a step count not given is the device's (None here: llmb.sweep.scaled_to_device), and --help says which."""
+
+    def default(name: str, value: int) -> dict:
+        return (
+            {"default": None, "show_default": device_scaled(name)}
+            if scaled
+            else {"default": value, "show_default": True}
+        )
+
+    return lambda func: apply(
+        func,
+        [
+            click.option("--steps", type=bounds.STEPS, help=steps_help, **default("steps", 50)),
+            click.option("--warmup-steps", type=bounds.WARMUP, **default("warmup_steps", 5)),
+            click.option("--seed", default=0, show_default=True, type=bounds.SEED),
+            model_options,
+        ],
+    )
+
+
+# Options that several commands take in the same words.
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+json_out_option = click.option(
+    "--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here."
+)
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)

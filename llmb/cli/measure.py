@@ -1,0 +1,232 @@
+"""The measurements beside the benchmark: `llmb peak` (the roofline), `llmb commbench` (all-reduce bandwidth) and
+`llmb project` (a projection from both)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from llmb import bounds, names
+from llmb import console as term
+from llmb.cli.common import (
+    EXISTING_FILE,
+    console,
+    given_on_command_line,
+    handle_errors,
+    json_option,
+    json_out_option,
+    model_options,
+    plugin_options,
+)
+from llmb.errors import LlmbError
+from llmb.settings import parse_options
+
+
+@click.command(name="peak")
+@plugin_options
+@click.option(
+    "--precision",
+    "precisions",
+    multiple=True,
+    type=bounds.choice(names.PRECISIONS),
+    help="Precision to measure (repeatable; default: every one the plugin supports).",
+)
+@model_options
+@click.option(
+    "--batch-size", default=1, show_default=True, type=bounds.BATCH, help="The batch whose GEMM shapes are measured."
+)
+@click.option(
+    "--square",
+    type=click.IntRange(1, 2**16),
+    default=None,
+    help="Side of the square GEMM (default: doubled from 256 until one matmul lasts 50 ms, at most 8192).",
+)
+@click.option(
+    "--repeats", default=5, show_default=True, type=bounds.REPEATS, help="Timed batches per GEMM; the median counts."
+)
+@json_option
+@json_out_option
+@handle_errors
+def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
+    """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
+    # Lazy, here and in every command below: the modules that do the work import torch; --help must not.
+    from llmb import roofline, sysinfo
+    from llmb.config import build_config
+    from llmb.records import ROOFLINE_SCHEMA, device_label, envelope
+    from llmb.results import write_json_atomic
+
+    kind = roofline.device_for(plugin, device).type
+    if "preset" not in given_on_command_line():  # a shape that suits the device: minutes, not hours, on a CPU
+        preset = names.PEAK_DEVICE_PRESETS.get(kind, preset)
+        term.say(
+            f"llmb peak on {kind}: the {preset} shape's GEMMs (--preset official measures the official ones)",
+            stderr=True,
+        )
+    emulated = sysinfo.cpu_emulated_precisions() if kind == "cpu" else []
+    results = roofline.peak(
+        plugin=plugin,
+        device=device,
+        precisions_wanted=list(precisions),
+        config=build_config(preset, **shape),
+        batch_size=batch_size,
+        settings=parse_options(options),
+        square=square,
+        repeats=repeats,
+    )
+    data = {
+        **envelope(ROOFLINE_SCHEMA),
+        "preset": preset,
+        "batch_size": batch_size,
+        "emulated": [r.precision for r in results if r.precision in emulated],
+        "rooflines": [r.to_dict() for r in results],
+    }
+    if out:
+        write_json_atomic(out, data)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for result in results:
+        # The device name comes from the plugin: text, never markup.
+        title = f"{result.precision} matmul on {device_label(result.device, result.device_name)}, median of {repeats}"
+        if result.precision in emulated:
+            title += " (emulated: this CPU has no native matmul for it, so it is slow)"
+        table = term.table(title)
+        for column in ("GEMM", "m x n x k", "iters", "TFLOP/s"):
+            term.column(table, column, numeric=column != "GEMM")
+        for rate in result.rates:
+            g = rate.gemm
+            table.add_row(g.name, f"{g.m} x {g.n} x {g.k}", str(rate.iters), f"{rate.flops_per_second / 1e12:.4g}")
+        console.print(table)
+        line = f"measured matmul peak {result.peak_flops / 1e12:.4g} TFLOP/s"
+        if result.model_gemm_flops:
+            line += f"; the model's GEMMs together {result.model_gemm_flops / 1e12:.4g} TFLOP/s"
+        term.say(line)
+
+
+@click.command(name="commbench")
+@click.option("--plugin", default=None, help="Hardware plugin whose process-group backend is measured.")
+@click.option("--device", default=None, help="Device type (default: the plugin's).")
+@click.option(
+    "--nproc-per-node", type=bounds.PROCESSES, default=None, help="Processes (default: the host's devices, at least 2)."
+)
+@click.option("--sizes", default=None, help="Message sizes in bytes, e.g. 1K,1M,64M (default 1K to 64M by x16).")
+@click.option("--iters", default=20, show_default=True, type=bounds.COUNT, help="Timed all-reduces per size.")
+@click.option(
+    "--warmup", default=5, show_default=True, type=click.IntRange(0, 10**6), help="Untimed all-reduces per size."
+)
+@click.option("--dtype", default="float32", show_default=True, help="Element type of the buffers.")
+@json_out_option
+@handle_errors
+def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:
+    """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
+    from llmb import commbench, distributed
+    from llmb.results import check_writable, write_json_atomic
+
+    options = commbench.CommOptions(plugin=plugin, device=device, iters=iters, warmup=warmup, dtype=dtype)
+    if out is not None:
+        check_writable(out.parent)  # before anything is measured
+    if sizes:
+        options.sizes = commbench.parse_sizes(sizes)
+    if distributed.current_world() is not None:  # under torchrun: every rank measures, rank 0 reports
+        record = commbench.run(options)
+        distributed.shutdown()
+    else:
+        spec = distributed.LaunchSpec(nproc_per_node or commbench.default_nproc(options))
+        record = commbench.launch(spec, options)
+    if record is None:
+        return
+    console.print(commbench.table(record))
+    if out is not None:
+        write_json_atomic(out, record.to_dict())
+        term.say(f"written to {out}")
+
+
+@click.command(name="project")
+@click.option("--layers", type=bounds.PROJECT, default=None, help="L, transformer layers (1T model: 128).")
+@click.option("--hidden", type=bounds.PROJECT, default=None, help="d, hidden size (1T model: 25872).")
+@click.option(
+    "--ffn",
+    type=bounds.PROJECT,
+    default=None,
+    help="Feed-forward size (1T model: 98304); recorded, not in the formula.",
+)
+@click.option("--heads", type=bounds.PROJECT, default=None, help="Attention heads (checked to divide --hidden).")
+@click.option("--seq", type=bounds.PROJECT, default=None, help="s, sequence length.")
+@click.option("--global-batch", type=bounds.PROJECT, default=None, help="b, global batch size.")
+@click.option("--tp", type=bounds.PROJECT, default=1, show_default=True, help="Tensor-parallel degree.")
+@click.option("--pp", type=bounds.PROJECT, default=1, show_default=True, help="Pipeline-parallel degree.")
+@click.option("--dp", type=bounds.PROJECT, default=1, show_default=True, help="Data-parallel degree.")
+@click.option("--bytes-per-element", type=bounds.PROJECT, default=2, show_default=True, help="Activation element size.")
+@click.option(
+    "--from",
+    "result_path",
+    required=True,
+    type=EXISTING_FILE,
+    help="An llmb run result: its achieved TFLOP/s per device gives alpha.",
+)
+@click.option(
+    "--comm",
+    "comm_path",
+    required=True,
+    type=EXISTING_FILE,
+    help="An llmb commbench JSON: its all-reduce bandwidth gives beta.",
+)
+@click.option(
+    "--check",
+    "check_path",
+    default=None,
+    type=EXISTING_FILE,
+    help="A measured multi-process llmb run: project its shape and layout, print measured next to projected.",
+)
+@json_option
+@handle_errors
+def project_command(
+    layers,
+    hidden,
+    ffn,
+    heads,
+    seq,
+    global_batch,
+    tp,
+    pp,
+    dp,
+    bytes_per_element,
+    result_path,
+    comm_path,
+    check_path,
+    as_json,
+) -> None:
+    """Project the step time and seed FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and
+    beta; with --check, hold the projection against a measured run."""
+    from llmb import project
+    from llmb.records import Commbench, RecordError, Result
+    from llmb.results import load_result
+
+    try:
+        result, comm = load_result(result_path), load_result(comm_path)
+        measured = load_result(check_path) if check_path else None
+    except (OSError, ValueError) as exc:
+        raise LlmbError(f"cannot read JSON: {exc}") from None
+    checked = [(result_path, result, Result), (comm_path, comm, Commbench)]
+    checked += [(check_path, measured, Result)] if measured is not None else []
+    for path, data, kind in checked:
+        try:
+            kind.from_dict(data)  # strict: a file that is not the record it should be is named with its bad field
+        except RecordError as exc:
+            raise LlmbError(f"{path} is not an llmb {kind.__name__.lower()} record: {exc}") from None
+    if measured is not None:
+        projection = project.check_against(measured, result, comm)
+    else:
+        missing = [n for n, v in (("layers", layers), ("hidden", hidden), ("ffn", ffn), ("seq", seq),
+                                  ("global-batch", global_batch)) if v is None]  # fmt: skip
+        if missing:
+            raise click.UsageError(f"missing --{', --'.join(missing)} (or give --check RUN.json)")
+        shape = project.Shape(layers, hidden, ffn, seq, global_batch, tp, pp, dp, heads, bytes_per_element)
+        projection = project.project(shape, result, comm)
+    if as_json:
+        click.echo(json.dumps(projection, indent=2))
+        return
+    console.print(project.table(projection))
+    for warning in projection["warnings"]:
+        term.warning(warning)

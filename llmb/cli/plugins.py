@@ -1,0 +1,131 @@
+"""The plugin author's commands: `llmb plugins`, `llmb check-plugin` and `llmb new-plugin`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.text import Text
+
+from llmb import bounds, names
+from llmb import console as term
+from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options
+from llmb.settings import parse_options
+
+
+@click.command(name="plugins")
+@json_option
+@handle_errors
+def plugins_command(as_json: bool) -> None:
+    """List installed backends: plugin, devices, precisions, methods overridden, settings, peak sources."""
+    from llmb import plugins  # lazy: loading the backends imports torch
+
+    described = [plugins.describe(r) for r in plugins.all_registrations().values()]
+    for name, error in plugins.load_errors.items():
+        term.warning(f"plugin {name!r} failed to load: {error}")
+    if as_json:
+        click.echo(json.dumps(described, indent=2))
+        return
+    # One small table per backend: the method and setting lists are too long for columns of one wide table.
+    for b in described:
+        hardware = "present" if b["hardware_available"] else "absent"
+        title = f"{b['name']}  (plugin {b['plugin']}: {b['distribution']} {b['version']}, hardware {hardware})"
+        table = term.table(title, show_header=False)
+        term.column(table, "", style="bold")
+        term.column(table, "")  # folds long values (URLs) instead of cutting them
+        term.row(table, "devices", ", ".join(b["device_types"]))
+        term.row(table, "precisions", ", ".join(b["precisions"]))
+        term.row(table, "methods overridden", ", ".join(b["methods_overridden"]) or "none")
+        settings = Text("\n").join(setting_line(s) for s in b["settings"])
+        term.row(table, "settings", settings if b["settings"] else "none")
+        peaks = "\n".join(f"{device}: {source}" for device, source in b["peak_sources"].items())
+        term.row(table, "peak sources", peaks or "none (no MFU)")
+        console.print(table)
+
+
+def setting_line(s: dict) -> Text:
+    """One setting: name=default, its type, its allowed values when it has a list, and its help (the plugin's text)."""
+    choices = f" (one of {', '.join(map(str, s['choices']))})" if s.get("choices") else ""
+    return term.text(f"{s['name']}={s['default']} [{s['type']}]{choices}  {s['help']}")
+
+
+@click.command(name="check-plugin")
+@plugin_options
+@click.option(
+    "--precision",
+    "precision_name",
+    default="FP32",
+    show_default=True,
+    type=bounds.PRECISION,
+    help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports; one record each, "
+    "named like conformance-bf16.json).",
+)
+@click.option("--precision-mode", "mode", default="pure", show_default=True, type=bounds.choice(names.MODES))
+@click.option("--preset", default="tiny", show_default=True, type=bounds.choice(names.CONFORMANCE_PRESETS))
+@click.option(
+    "--steps",
+    default=names.CONFORMANCE_STEPS,
+    show_default=True,
+    type=bounds.STEPS,
+    help="Optimizer steps whose results are compared.",
+)
+@click.option("--batch-size", default=names.CONFORMANCE_BATCH_SIZE, show_default=True, type=bounds.BATCH)
+@click.option("--seed", default=0, show_default=True, type=bounds.SEED)
+@click.option("--out", default="conformance.json", show_default=True, type=click.Path(dir_okay=False, path_type=Path))
+@handle_errors
+def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
+    """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
+    # Lazy: the conformance check and the results import torch; --help must not.
+    from llmb import conformance
+    from llmb.results import check_writable
+
+    check_writable(out.parent)  # before the check runs, not after
+    requested = precision_name.upper()  # ALL, as run and sweep take it: every precision the plugin supports
+    # The plugin is imported in a worker process only; this process computes the reference and compares.
+    checked = conformance.check_plugins(
+        plugin,
+        device,
+        requested,
+        mode,
+        settings=parse_options(options),
+        preset=preset,
+        steps=steps,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    passed = True
+    while True:  # each record written as soon as it is judged: a later failure loses none
+        with err_console.status(f"{requested}: running the candidate and the reference"):
+            record = next(checked, None)
+        if record is None:
+            break
+        name = record.precision.requested
+        several = len(names.expand_precision(names.ALL_PRECISIONS, record.plugin.precisions or [])[0]) > 1
+        all_asked = requested == names.ALL_PRECISIONS
+        target = out.with_name(f"{out.stem}-{name.lower()}{out.suffix}") if all_asked and several else out
+        path = conformance.write(record, target)
+        conformance.print_table(record, console)
+        term.say(f"conformance record written to {path}")
+        passed = passed and record.passed
+    if not passed:
+        sys.exit(1)
+
+
+@click.command(name="new-plugin")
+@click.argument("name")
+@click.option(
+    "--dir",
+    "directory",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Where to write the package (default: ./llmb-NAME); must not exist or be empty.",
+)
+@handle_errors
+def new_plugin(name: str, directory: Path | None) -> None:
+    """Write an installable plugin package: a llmb.Backend subclass with every method stubbed, a vendor's start."""
+    from llmb.scaffold import install_command, write_plugin  # lazy: only `new-plugin` writes files
+
+    target = write_plugin(name, directory)
+    term.say(f"wrote plugin {name!r} to {target}; install it with: {install_command(target)}")

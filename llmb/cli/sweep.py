@@ -1,0 +1,148 @@
+"""`llmb sweep`: its options, parsed into a sweep's options (and a search's), then handed to llmb.sweep and
+llmb.grid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from llmb import bounds
+from llmb import console as term
+from llmb.cli.common import (
+    console,
+    device_scaled,
+    err_console,
+    given_on_command_line,
+    handle_errors,
+    loop_options,
+    plugin_options,
+    precision_options,
+)
+from llmb.errors import UsageError
+from llmb.settings import parse_options
+
+
+@click.command()
+@plugin_options
+@precision_options("all")
+@click.option(
+    "--batch-sizes",
+    default="auto",
+    show_default=True,
+    help="auto (double until out of memory or a plateau, then bisect) or a list like 1,2,4,8.",
+)
+@click.option(
+    "--max-batch-size",
+    default=None,
+    show_default=device_scaled("max_batch_size"),
+    type=bounds.BATCH,
+    help="Upper bound for auto.",
+)
+@click.option(
+    "--repeats",
+    default=3,
+    show_default=True,
+    type=bounds.SWEEP_REPEATS,
+    help="Re-runs of the best batch; median = headline.",
+)
+@loop_options("Measured steps per trial.", scaled=True)
+@click.option(
+    "--trial-timeout",
+    default=None,
+    show_default=device_scaled("trial_timeout"),
+    type=bounds.SECONDS,
+    help="Seconds before a trial is killed.",
+)
+@click.option(
+    "--out",
+    default="sweep",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the log, the summary and the result JSON files.",
+)
+@click.option("--resume", is_flag=True, help="Continue the sweep in --out from its log; finished points are kept.")
+@click.option(
+    "--search",
+    "search_items",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Also search this plugin setting (repeatable): one sweep per combination, in a sub-folder of --out each, "
+    "and the combination with the best headline named per precision.",
+)
+@handle_errors
+def sweep(
+    plugin,
+    device,
+    options,
+    precision_name,
+    mode,
+    batch_sizes,
+    max_batch_size,
+    repeats,
+    steps,
+    warmup_steps,
+    seed,
+    preset,
+    trial_timeout,
+    out,
+    resume,
+    search_items,
+    **shape,
+) -> None:
+    """Find the best batch size per precision (and, with --search, the best plugin settings): each trial its own
+    `llmb run` process, resumable."""
+    # Lazy: the sweep and the runner import torch; --help must not.
+    from llmb import grid, runner
+    from llmb import sweep as sweeps
+    from llmb.config import build_config
+
+    if resume and not (out / sweeps.LOG_NAME).is_file():
+        # Nothing to continue: starting a sweep here would run whatever the defaults are (the official shape, every
+        # precision) where the user meant to resume one.
+        raise UsageError(
+            f"--resume: {out} holds no sweep to continue (no {sweeps.LOG_NAME}); leave out --resume to start one there"
+        )
+    if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
+        logged = sweeps.logged_options(out, given=given_on_command_line())
+        plugin, device = logged.get("plugin", plugin), logged.get("device", device)
+        mode, preset = logged.get("mode", mode), logged.get("preset", preset)
+        steps, warmup_steps = logged.get("steps", steps), logged.get("warmup_steps", warmup_steps)
+        seed, options = logged.get("seed", seed), logged.get("options", options)
+        batch_sizes = logged.get("batch_sizes", batch_sizes)
+        max_batch_size = logged.get("max_batch_size", max_batch_size)
+        precision_name, repeats = logged.get("precision_name", precision_name), logged.get("repeats", repeats)
+        trial_timeout = logged.get("trial_timeout", trial_timeout)
+        shape = {k: logged.get(k, v) for k, v in shape.items()}
+    run_options = runner.RunOptions(
+        config=build_config(preset, **shape),
+        preset=preset,
+        plugin=plugin,
+        device=device,
+        mode=mode,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        settings=parse_options(options),
+    )
+    sweep_options = sweeps.SweepOptions(
+        run=run_options,
+        out=out,
+        precision=precision_name,
+        batch_sizes=sweeps.parse_batch_sizes(batch_sizes),
+        repeats=repeats,
+        max_batch_size=max_batch_size,
+        trial_timeout=trial_timeout,
+        resume=resume,
+    )
+    searched = grid.parse_search(search_items, run_options.settings)
+    if searched:
+        with sweeps.LiveDisplay(err_console) as display:
+            found = grid.search(sweep_options, searched, display)
+        grid.print_search(found, console)
+        term.say(f"search written to {out} ({grid.SEARCH_SUMMARY_NAME}; llmb report {out})")
+        return
+    with sweeps.LiveDisplay(err_console) as display:
+        summary = sweeps.sweep(sweep_options, display)
+    sweeps.print_summary(summary, console)
+    term.say(f"sweep written to {out} (llmb report {out})")
