@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from llmb import cleanroom, distributed, names, runner
+from llmb import cleanroom, distributed, names, run_jobs, runner
 from llmb import console as term
 from llmb.errors import LlmbError, UsageError
 from llmb.plugins import call, select_backend
@@ -106,7 +106,7 @@ def run_in_process(
     if launch is not None:
         for options_for in runs:  # bad input fails here, before any process starts
             runner.check_launch(options_for, launch.nproc_per_node * launch.nnodes, launch.nnodes)
-        for record in runner.launch_runs(launch, runs):
+        for record in run_jobs.launch_runs(launch, runs):
             records.append(record)
             print_record(record, save(record, out, unsaved))
     for options_for in runs if launch is None else []:

@@ -1,13 +1,14 @@
-"""One benchmark run, end to end: plugin, backend, model, post-processing, audit, measurement, record."""
+"""One benchmark run, end to end: plugin, backend, model, post-processing, audit, measurement, record.
+
+The request and its checks are llmb.run_options's, the record llmb.run_record's, the entry points of a
+multi-process job llmb.run_jobs's; the request's names stay importable from here, where every caller looks.
+"""
 
 from __future__ import annotations
 
 import gc
-import math
 import os
-import platform
-import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -18,67 +19,33 @@ from llmb import (
     distributed,
     energy,
     evidence,
-    flops,
     guard,
     mesh,
-    peaks,
     precision,
     ranks,
     records,
     roofline,
     sysinfo,
 )
-from llmb.backend import Peak
-from llmb.config import official_reasons
-from llmb.device import check_device_present, parse_device
-from llmb.errors import LlmbError, UsageError
+from llmb.device import check_device_present
+from llmb.errors import LlmbError
 from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
-from llmb.model import LlamaModel, ModelConfig, count_parameters
-from llmb.names import DEFAULT_TIMEOUT_SECONDS
-from llmb.plugins import Registration, call, resolve_settings, select_backend
-from llmb.records import Result, loss_band
-from llmb.settings import recorded
+from llmb.model import LlamaModel, count_parameters
+from llmb.plugins import Registration, call
+from llmb.records import Result
+from llmb.run_options import (  # noqa: F401  (check_*: the request's checks, importable from the runner as before)
+    Progress,
+    RunOptions,
+    check_launch,
+    check_layout,
+    check_request,
+    layout,
+    parallel_strategy,
+    resolve,
+)
+from llmb.run_record import build_record, loss_problems
 from llmb.train import Trainer, build_optimizer, median_measurement, optimizer_problems, synthetic_batch
 from llmb.window_audit import WindowAudit
-
-
-@dataclass
-class RunOptions:
-    config: ModelConfig
-    preset: str = "official"
-    plugin: str | None = None
-    device: str | None = None
-    precision: str = "FP32"
-    mode: str = "pure"
-    batch_size: int = 1
-    steps: int = 50
-    warmup_steps: int = 5
-    repeats: int = 1
-    seed: int = 0
-    settings: dict[str, str] = field(default_factory=dict)
-    strict_precision: bool = False
-    # Under torchrun (or `--nproc-per-node`): ddp or fsdp (default ddp); "none" for a single process.
-    parallel: str | None = None
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    # The layout on the job's DeviceMesh (llmb.mesh): tensor and pipeline parallel sizes, the pipeline's schedule
-    # and microbatches, gradient accumulation (also in one process), sequence parallel with tensor parallel.
-    tp: int = 1
-    pp: int = 1
-    microbatches: int | None = None
-    pp_schedule: str = "gpipe"
-    grad_accum: int = 1
-    sequence_parallel: bool = False
-
-
-class Progress:
-    """What a run reports while it works; the CLI draws it, tests ignore it."""
-
-    def phase(self, name: str, total: int) -> None: ...
-
-    def advance(self) -> None: ...
-
-    def note(self, text: str) -> None:
-        """A line worth the console's attention (a straggler); the record holds it too."""
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -90,88 +57,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__
     return False
-
-
-def check_request(options: RunOptions, allow_all: bool = False) -> None:
-    """The checks that need no plugin (the clean process makes them before any worker starts)."""
-    if options.precision not in precision.PRECISIONS and not (allow_all and options.precision == "ALL"):
-        raise UsageError(f"unknown precision {options.precision!r} (choose from {', '.join(precision.PRECISIONS)})")
-    if options.mode not in precision.MODES:
-        raise UsageError(f"unknown precision mode {options.mode!r} (choose from pure, amp)")
-    for name in ("batch_size", "steps", "warmup_steps", "repeats"):
-        if getattr(options, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}")
-    if distributed.current_world() is None and options.parallel not in (None, "none"):
-        raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
-
-
-def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
-    """Check the request before any work: plugin, settings, device, precision, sizes."""
-    check_request(options)
-    plugin = select_backend(options.plugin)
-    backend = plugin.backend
-    settings = resolve_settings(backend, options.settings)
-    supported = list(call(backend.precisions))
-    if options.precision not in supported:
-        raise UsageError(
-            f"plugin {plugin.name!r} does not support {options.precision} (supports {', '.join(supported)})"
-        )
-    types = list(call(backend.device_types))
-    device = parse_device(options.device or (types[0] if types else "cpu"))
-    if types and device.type not in types:
-        raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
-    world = distributed.current_world()
-    if world is None and options.parallel not in (None, "none"):
-        raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
-    if world is None and (options.tp > 1 or options.pp > 1):
-        raise UsageError("--tp and --pp need several processes: add --nproc-per-node N, or torchrun")
-    if world is not None:
-        if parallel_strategy(options) not in distributed.PARALLEL:
-            raise UsageError(f"--parallel must be one of {', '.join(distributed.PARALLEL)} under torch.distributed")
-        device = distributed.rank_device(device, world)
-    mesh.check(layout(options), options.config, options.batch_size)
-    return plugin, device, settings
-
-
-def check_launch(options: RunOptions, world_size: int, nodes: int) -> None:
-    """Before any process starts: the request as one process would resolve it, and the layout on the job's size."""
-    resolve(replace(options, parallel=None, tp=1, pp=1, microbatches=None))
-    check_layout(options, world_size, nodes)
-
-
-def check_layout(options: RunOptions, world_size: int, nodes: int) -> None:
-    """The layout on the job's size, checked without any plugin (the clean process checks it before a launch)."""
-    single = replace(options, parallel=None, tp=1, pp=1, microbatches=None)
-    plan = replace(layout(single), world_size=world_size, nodes=nodes, tp=options.tp, pp=options.pp)
-    plan = replace(
-        plan,
-        strategy=options.parallel or "ddp",
-        microbatches=options.microbatches or math.gcd(options.pp, options.batch_size),
-    )
-    mesh.check(plan, options.config, options.batch_size)
-
-
-def layout(options: RunOptions) -> mesh.Layout:
-    """The run's layout on the job's mesh (a single process is a layout of one)."""
-    world = distributed.current_world()
-    return mesh.Layout(
-        world_size=world.world_size if world else 1,
-        tp=options.tp,
-        pp=options.pp,
-        strategy=parallel_strategy(options),
-        nodes=world.nodes if world else 1,
-        microbatches=options.microbatches or math.gcd(options.pp, options.batch_size),
-        schedule=options.pp_schedule,
-        grad_accum=options.grad_accum,
-        sequence_parallel=options.sequence_parallel,
-    )
-
-
-def parallel_strategy(options: RunOptions) -> str:
-    """ddp or fsdp in a torch.distributed job (ddp unless asked), none in a single process."""
-    if distributed.current_world() is None:
-        return "none"
-    return options.parallel if options.parallel not in (None, "none") else "ddp"
 
 
 def run(options: RunOptions, progress: Progress | None = None, judge=None) -> Result | None:
@@ -541,259 +426,7 @@ def _merge_ranks(world, report: ranks.RankReport, measurements: list):
     return audit, merged_invalid, measurements, reports
 
 
-def loss_problems(config: ModelConfig, initial_loss: float, measurements: list) -> list[str]:
-    """The cheap loss guard of every run: finite, first loss near ln(vocab), and moving over the run."""
-    low, high = loss_band(config.vocab_size)
-    losses = [initial_loss] + [v for m in measurements for v in (m.loss_first, m.loss_last)]
-    if not all(math.isfinite(v) for v in losses):
-        return ["non-finite loss"]
-    if not low <= initial_loss <= high:
-        return [f"first loss {initial_loss:.4f} outside the band [{low:.2f}, {high:.2f}] around ln(vocab)"]
-    if all(m.loss_last == initial_loss for m in measurements):
-        return ["loss did not move over the run"]
-    return []
-
-
-def build_record(
-    *,
-    options,
-    plugin,
-    settings,
-    device,
-    parameters,
-    audit,
-    measurements,
-    chosen,
-    initial_loss,
-    peak_memory,
-    invalid,
-    fingerprint,
-    trainer,
-    job=None,
-    host=None,
-    warmup_seconds: list[float] | None = None,
-    matmul: roofline.Roofline | None = None,
-) -> Result:
-    config = options.config
-    effective = audit["effective"]
-    # A single process is a job of one; in a multi-process job the batch size is per device.
-    job = job or {
-        "world_size": 1,
-        "nodes": 1,
-        "parallel": "none",
-        "per_rank": [chosen.window_seconds],
-        "layout": layout(options).to_dict(),
-        "global_batch": options.batch_size * options.grad_accum,
-        "threads_per_rank": [torch.get_num_threads()],
-        "stragglers": [],
-        "launcher": None,
-    }
-    # What the data-parallel ranks really ran (ranks.RankReport.rows), not the options times the world size.
-    global_batch = job["global_batch"]
-    tokens = global_batch * config.sequence_length * options.steps
-    tokens_per_second = tokens / chosen.window_seconds
-    flops_per_token = flops.model_flops_per_token(config, parameters)
-    tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
-    backend = plugin.backend
-    device_name = str(call(backend.device_name, device))
-    peak = choose_peak(plugin.name, backend, device, device_name, effective)
-    mfu = flops.mfu(tflops, peak.flops)
-    invalid = [*invalid, *peak.problems, *peaks.mfu_problems(mfu)]
-    debug = official_reasons(config)
-    optimizer = trainer.optimizer
-    return Result(
-        run_id=uuid.uuid4().hex[:8],
-        official=not debug,
-        valid=not debug and not invalid,
-        debug_reasons=debug,
-        invalid_reasons=invalid,
-        model_fingerprint=fingerprint,
-        preset=options.preset,
-        config=config,
-        parameters=parameters,
-        batch_size=options.batch_size,
-        sequence_length=config.sequence_length,
-        warmup_steps=options.warmup_steps,
-        steps=options.steps,
-        repeats=options.repeats,
-        seed=options.seed,
-        plugin=records.PluginRef(
-            name=plugin.name,
-            version=plugin.version,
-            distribution=plugin.distribution,
-            settings=recorded(settings),  # a secret setting's value is never recorded
-            defaults=recorded(resolve_settings(backend, {})),
-            precisions=list(call(backend.precisions)),
-        ),
-        device=records.DeviceRef(
-            type=device.type,
-            spec=str(device),
-            name=device_name,
-            count=int(call(backend.device_count, device)),
-            memory_bytes=_memory_bytes(call(backend.device_memory_bytes, device)),
-        ),
-        software=records.Software(
-            python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
-        ),
-        facts=_facts(call(backend.run_facts, device)) | _vendor_facts(),
-        optimizer=records.OptimizerInfo(
-            class_name=f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
-            defaults={
-                k: _jsonable(optimizer.defaults.get(k))
-                for k in ("lr", "betas", "eps", "weight_decay", "foreach", "fused", "capturable")
-            },
-            harness_steps=trainer.harness_steps,
-            optimizer_steps=trainer.optimizer_steps,
-        ),
-        precision=records.Precision(
-            requested=options.precision,
-            effective=effective,
-            mode=trainer.recipe.mode,
-            audit=records.Audit.from_dict(audit),
-        ),
-        timing=records.Timing(
-            window_seconds=chosen.window_seconds,
-            step_seconds=chosen.step_seconds,
-            method=chosen.method,
-            repeat_window_seconds=[m.window_seconds for m in measurements],
-            warmup_step_seconds=list(warmup_seconds or []),
-            compile_seconds=roofline.compile_seconds(warmup_seconds or [], chosen.window_seconds / options.steps),
-        ),
-        world_size=job["world_size"],
-        nodes=job["nodes"],
-        parallel=job["parallel"],
-        global_batch_size=global_batch,
-        per_rank=job["per_rank"],
-        layout=records.JobLayout.from_dict(job["layout"]),
-        tp=job["layout"]["tp"],
-        pp=job["layout"]["pp"],
-        dp=job["layout"]["dp"],
-        microbatches=job["layout"]["microbatches"],
-        grad_accum=job["layout"]["grad_accum"],
-        threads_per_rank=job["threads_per_rank"],
-        per_rank_busy_seconds=job.get("per_rank_busy_seconds"),
-        per_rank_step_seconds=job.get("per_rank_step_seconds"),
-        stragglers=job["stragglers"],
-        launcher=job["launcher"],
-        tokens_per_second=tokens_per_second,
-        tokens_per_second_per_device=tokens_per_second / job["world_size"],
-        samples_per_second=global_batch * options.steps / chosen.window_seconds,
-        model_flops_per_token=flops_per_token,
-        tflops=tflops,
-        peak_flops=peak.flops,
-        peak=records.PeakInfo.from_dict(peak.to_dict()),
-        mfu=mfu,
-        fom=flops.fom(config, global_batch, chosen.window_seconds / options.steps),
-        peak_memory_bytes=peak_memory,
-        loss=records.Loss(initial=initial_loss, first=chosen.loss_first, last=chosen.loss_last),
-        host=host,
-        measured_matmul_peak=matmul.peak_flops if matmul else None,
-        measured_model_gemm_flops=matmul.model_gemm_flops if matmul else None,
-        matmul_peak_efficiency=roofline.efficiency(tflops, matmul.peak_flops if matmul else None),
-    )
-
-
-def _jsonable(value):
-    """What JSON holds: tuples as lists (AdamW's betas), so a record reads back equal to what was built."""
-    return list(value) if isinstance(value, tuple) else value
-
-
-def choose_peak(name: str, backend, device: torch.device, device_name: str, effective: str) -> peaks.PeakChoice:
-    """llmb's table peak for the device and the label; the backend's declared llmb.Peak only where the table lacks
-    the device (llmb.peaks.choose)."""
-    declared = call(backend.peak_flops, device, effective) if effective in precision.PRECISIONS else None
-    if declared is not None and not isinstance(declared, Peak):
-        raise LlmbError(f"backend {name!r}: peak_flops must return llmb.Peak(flops, source) or None")
-    if declared is None:
-        return peaks.choose(device_name, effective)
-    return peaks.choose(device_name, effective, declared.flops, declared.source)
-
-
-def _memory_bytes(value) -> int | None:
-    """A backend's device memory as a positive int of bytes; anything else is unknown."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value
-
-
-def _vendor_facts() -> dict:
-    """The process-wide replacements the guard accepted from known vendor libraries (llmb/vendor_libraries.py), by
-    library: the harness's fact, written over any plugin fact of the same name."""
-    accepted = guard.vendor_changes()
-    return {"vendor_library_replacements": accepted} if accepted else {}
-
-
-def _facts(facts: dict | None) -> dict:
-    """A backend's run facts as JSON values (anything else as its text)."""
-    return {
-        str(k): (v if isinstance(v, (bool, int, float, str, type(None), list, dict)) else str(v))
-        for k, v in (facts or {}).items()
-    }
-
-
 def write(record: Result, out_dir: Path) -> Path:
     from llmb.results import write_result
 
     return write_result(record, out_dir)
-
-
-# The run on every rank of a multi-process job (torch's launcher starts these functions in each process)
-
-
-def run_job(runs: list[RunOptions]) -> list[dict]:
-    """Each rank's entrypoint: the runs (one per precision) in this process's group; rank 0 returns the records."""
-    try:
-        return [record for record in (run(options) for options in runs) if record is not None]
-    finally:
-        distributed.shutdown()
-
-
-def launch_runs(spec: distributed.LaunchSpec, runs: list[RunOptions]) -> list[dict]:
-    """Launch the runs on every rank; the records come back from rank 0 (none on the other nodes)."""
-    return distributed.launch(spec, run_job, runs).get(0) or []
-
-
-def gradients_after_one_step(runs: list[RunOptions]) -> list[dict[str, torch.Tensor]]:
-    """Each rank's entrypoint for the equivalence check: prepare each run exactly as `llmb run` does (its own seeded
-    batch per rank, the parallel wrapper), take one harness step, and return rank 0's view of the whole gradients.
-    With the same global batch, one process must get the same gradients: that is what data parallelism promises."""
-    gathered = []
-    try:
-        for options in runs:
-            plugin, device, settings = resolve(options)
-            session = prepare(options, plugin, device, settings)
-            session.trainer.step()
-            grads = distributed.full_gradients(session.model)
-            if session.world.rank == 0:
-                gathered.append(grads)
-    finally:
-        distributed.shutdown()
-    return gathered
-
-
-def updates_after_steps(runs: list[RunOptions], steps: int) -> list[dict[str, torch.Tensor]]:
-    """Each rank's entrypoint for the equivalence check: prepare each run exactly as `llmb run` does (its layout,
-    its batches seeded by data-parallel rank), take `steps` harness steps, and return, on rank 0, every parameter's
-    update (after minus before) over the whole model: the pipeline stages' parts gathered into one."""
-    gathered = []
-    try:
-        for options in runs:
-            plugin, device, settings = resolve(options)
-            session = prepare(options, plugin, device, settings)
-            before = distributed.full_parameters(session.model)
-            for _ in range(steps):
-                session.trainer.step()
-            after = distributed.full_parameters(session.model)
-            mine = {name: after[name] - before[name] for name in after}
-            world = session.world
-            parts = [None] * world.world_size
-            torch.distributed.all_gather_object(parts, mine)
-            if world.rank == 0:
-                whole: dict = {}
-                for part in parts:
-                    for name, value in part.items():
-                        whole.setdefault(name, value)
-                gathered.append(whole)
-    finally:
-        distributed.shutdown()
-    return gathered

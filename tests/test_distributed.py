@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TINY_CPU as TINY
 
-from llmb import commbench, distributed, runner
+from llmb import commbench, distributed, run_jobs, runner
 from llmb.config import PRESETS
 from llmb.errors import LlmbError, UsageError
 from llmb.train import synthetic_batch
@@ -74,7 +74,7 @@ def test_gradients_after_one_step_equal_one_process_on_the_global_batch():
     value: 1e-5 leaves a margin, while a wrong slice or a missing average is off by order one."""
     base = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", batch_size=2, seed=3)
     runs = [replace(base, parallel=p) for p in distributed.PARALLEL]
-    per_strategy = distributed.launch(distributed.LaunchSpec(2), runner.gradients_after_one_step, runs)[0]
+    per_strategy = distributed.launch(distributed.LaunchSpec(2), run_jobs.gradients_after_one_step, runs)[0]
 
     single = replace(base, batch_size=4)
     session = runner.prepare(single, *runner.resolve(single))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import install_plugin
 
-from llmb import cluster, distributed, mesh, ranks, runner
+from llmb import cluster, distributed, mesh, ranks, run_jobs, runner
 from llmb.config import PRESETS
 from llmb.errors import UsageError
 from llmb.train import synthetic_batch
@@ -441,7 +441,7 @@ BASE = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", ba
 )  # fmt: skip
 def test_each_layout_equals_one_process_on_the_same_global_batch(nproc, layouts):
     runs = [replace(BASE, **layout) for layout in layouts]
-    per_layout = distributed.launch(distributed.LaunchSpec(nproc), runner.updates_after_steps, runs, STEPS)[0]
+    per_layout = distributed.launch(distributed.LaunchSpec(nproc), run_jobs.updates_after_steps, runs, STEPS)[0]
     assert len(per_layout) == len(runs)
     for options, got in zip(runs, per_layout, strict=True):
         plan = replace(runner.layout(options), world_size=nproc)
