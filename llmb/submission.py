@@ -1,6 +1,6 @@
 """Submission bundles: `llmb package-submission` gathers results, code, conformance and the system into one folder.
 
-Layout of ``<out>/<ORG>/<NAME>/`` (the verifier in llmb/verify.py reads the same names from here):
+Layout of ``<out>/<ORG>/<NAME>/`` (the verifier, llmb.verify, reads the same names from here):
 
     submission.json            who, what, which plugins, whether it holds debug results
     system.json                the system, collected automatically and completed with --system-file

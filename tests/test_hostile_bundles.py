@@ -419,7 +419,7 @@ def test_the_reference_bundle_archived_in_the_repositorys_layout_verifies(tmp_pa
 VERIFY_PEAK = """
 import json, sys
 from llmb import verify
-verify.RESULT_CACHE_BYTES = 2**20  # a small budget, so that this test's bundles are read as the largest would be
+verify.bundle.RESULT_CACHE_BYTES = 2**20  # a small budget, so that this test's bundles are read as the largest would be
 rows = verify.verify(sys.argv[1], accept_debug=True)
 with open("/proc/self/status") as status:
     peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
@@ -445,7 +445,7 @@ def _bundle_of_large_results(folder: Path, count: int) -> Path:
 
 @pytest.mark.slow
 def test_verify_memory_does_not_grow_with_the_bundles_results(tmp_path):
-    """Issue 26: verify reads a bundle's results one at a time past a budget (verify.RESULT_CACHE_BYTES); its peak
+    """Issue 26: verify reads a bundle's results one at a time past a budget (llmb.verify.bundle.RESULT_CACHE_BYTES); its peak
     memory over 32 results of 1 MiB is within 40 MiB of its peak over 8 (all 32 held parsed: about 200 MiB more)."""
     peaks = {}
     for count in (8, 32):
