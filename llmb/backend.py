@@ -64,7 +64,8 @@ class Backend:
     validated settings as a dict (every declared setting present, given or default).
     """
 
-    #: The name `llmb run --plugin` takes; a plugin's backends are named after its entry point (see README).
+    #: The name `llmb run --plugin` takes; a plugin's backends are named after its entry point
+    #: (docs/vendors/writing-a-plugin.md).
     name: str = ""
 
     # Identity and capability

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmb import Backend, Setting, results, submission, sysinfo
+from llmb import Backend, Setting, plugin_source, results, submission, sysinfo
 from llmb.cli import cli
 from llmb.config import PRESETS
 from llmb.errors import LlmbError, UsageError
@@ -185,7 +185,7 @@ def test_an_editable_git_project_gives_its_tracked_files_only(tmp_path, monkeypa
     git(project, "add", "fakeplug/__init__.py", "pyproject.toml")
     fake_distribution(tmp_path / "site", "fakeplug", project)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    record = submission.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
+    record = plugin_source.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
     assert sorted(record["files"]) == ["fakeplug/__init__.py", "pyproject.toml"]
     assert record["origin"] == "editable install: files tracked by git"
     assert str(tmp_path) not in json.dumps(record)
@@ -201,7 +201,7 @@ def test_a_tracked_key_credential_or_virtualenv_file_is_refused(tmp_path, monkey
     fake_distribution(tmp_path / "site", "fakeplug", project)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     with pytest.raises(LlmbError, match="not copied"):
-        submission.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
+        plugin_source.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*"))
 
 
@@ -210,8 +210,8 @@ def test_an_editable_project_outside_git_gives_its_packages_only(tmp_path, monke
     fake_distribution(tmp_path / "site", "fakeplug", project)
     (tmp_path / "site" / "fakeplug-1.0.dist-info" / "top_level.txt").write_text("fakeplug\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setattr(submission, "_git_files", lambda root: None)  # as on a machine without git
-    record = submission.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
+    monkeypatch.setattr(plugin_source, "_git_files", lambda root: None)  # as on a machine without git
+    record = plugin_source.copy_plugin_source("fakeplug", "1.0", tmp_path / "out")
     assert sorted(record["files"]) == ["fakeplug/__init__.py", "pyproject.toml"]
     assert "SECRET" not in "".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
 
@@ -224,7 +224,7 @@ def test_a_wheel_whose_record_lists_a_secrets_file_is_refused(tmp_path, monkeypa
     fake_distribution(site, "fakewheel", None, ["fakewheel/__init__.py", "fakewheel/secrets.yaml"])
     monkeypatch.syspath_prepend(str(site))
     with pytest.raises(LlmbError, match="fakewheel/secrets.yaml is a key or credential file"):
-        submission.copy_plugin_source("fakewheel", "1.0", tmp_path / "out")
+        plugin_source.copy_plugin_source("fakewheel", "1.0", tmp_path / "out")
 
 
 # Files never clobbered
