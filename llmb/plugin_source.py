@@ -14,26 +14,6 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from llmb import bundle_io, manifest
-
-# What the bundle holds (file names, headlines, summary.md), shared with the verifier; importable from here as before.
-from llmb.bundle_format import (  # noqa: F401
-    CODE_DIFF,
-    CODE_STATUS,
-    ENERGY_COLUMN,
-    MANIFEST_FILE,
-    MIN_RUNS,
-    NAME_PATTERN,
-    RELEASE_MANIFEST,
-    SUBMISSION_JSON,
-    SUMMARY_COLUMNS,
-    SUMMARY_MD,
-    SYSTEM_JSON,
-    conformance_key,
-    headlines,
-    render_summary,
-    settings_as_options,
-    summary_columns,
-)
 from llmb.errors import LlmbError
 from llmb.records import (
     PLUGIN_SOURCE_SCHEMA,
