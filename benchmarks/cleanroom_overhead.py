@@ -28,7 +28,7 @@ import click
 import torch
 from common import command_line, console, fmt_bytes, load, machine, print_machine, write_raw
 
-from llmb import cleanroom, evidence, flops
+from llmb import clean_worker, cleanroom, evidence, flops
 from llmb.config import PRESETS
 from llmb.model import OFFICIAL_CONFIG, LlamaModel
 from llmb.train import build_optimizer
@@ -37,7 +37,7 @@ GOAL = 0.02
 
 
 def _echo_worker(address, key, rounds: int, steps: int) -> None:
-    link = cleanroom.Link(address, key)
+    link = clean_worker.Link(address, key)
     for _ in range(rounds):
         link.open([])
         for _ in range(steps):

@@ -60,247 +60,35 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import io
-import math
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from llmb import cleanroom, guard, precision
+from llmb import clean_worker, cleanroom, precision
 from llmb.config import PRESETS
-from llmb.dispatch_audit import DtypeRecorder
+from llmb.conformance_checks import compare, relative_error  # noqa: F401  (relative_error: importable as before)
+from llmb.conformance_trace import (  # noqa: F401  (normalise_name: importable as before)
+    Trace,
+    normalise_name,
+    pack,
+    trace,
+    unpack,
+)
 from llmb.errors import LlmbError, UsageError
-from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
-from llmb.model import count_parameters
+from llmb.fingerprint import model_fingerprint
 from llmb.names import CONFORMANCE_BATCH_SIZE as DEFAULT_BATCH_SIZE
 from llmb.names import CONFORMANCE_PRESETS
 from llmb.names import CONFORMANCE_STEPS as DEFAULT_STEPS
 from llmb.plugins import call, get_backend, resolve_settings
-from llmb.records import Check, Conformance, DeviceRef, PluginRef, Precision
+from llmb.records import Conformance, DeviceRef, PluginRef, Precision
 from llmb.results import write_json_atomic
-from llmb.runner import RunOptions, Session, audit_session, check_request, is_out_of_memory, prepare, resolve
+from llmb.runner import RunOptions, Session, check_request, is_out_of_memory, prepare, resolve
 from llmb.settings import recorded
 from llmb.tolerances import TOLERANCES, Tolerance, tolerance_for  # noqa: F401  (the measurements: above)
-from llmb.train import optimizer_problems
 
 REFERENCE_PLUGIN = "cpu"
-WRAPPER_SEGMENTS = frozenset(
-    {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_offload_wrapped_module", "module"}
-)
-
-
-def normalise_name(name: str) -> str:
-    """A parameter name without the segments that wrappers insert (torch.compile, checkpointing, DDP, FSDP)."""
-    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
-
-
-@dataclass
-class Trace:
-    """What one prepared model did: a forward pass, K harness steps, and its optimizer's record."""
-
-    count: int
-    names: list[str]
-    shapes: dict[str, tuple[int, ...]]
-    loss: float
-    logits: torch.Tensor | None
-    losses: list[float]
-    gradients: dict[str, torch.Tensor | None]
-    initial: dict[str, torch.Tensor]
-    trained: dict[str, torch.Tensor]
-    master_fp32: bool
-    audit: dict
-    optimizer_problems: list[str]
-    optimizer_steps: int
-    harness_steps: int
-    identity_problems: list[str]
-
-
-def _host(tensor: torch.Tensor) -> torch.Tensor:
-    """A detached CPU copy (for a lazy device such as XLA this also runs the pending graph)."""
-    return tensor.detach().to("cpu", copy=True)
-
-
-def _named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(normalise_name(name), p) for name, p in model.named_parameters()]
-
-
-def trace(session: Session, steps: int) -> Trace:
-    """Run the forward pass and K steps of the harness's loop on a prepared session, copying what is compared."""
-    model, trainer = session.model, session.trainer
-    named = _named_parameters(model)
-    initial = {name: _host(p) for name, p in named}
-    with trainer._autocast():  # the run's own autocast, so the forward is the one the loop runs
-        output = model(trainer.batch, labels=trainer.batch)
-    # A forward that returns no logits fails forward-logits below; it must not crash the check.
-    loss, logits = output if isinstance(output, tuple) and len(output) == 2 else (output, None)
-    loss, logits = float(loss.detach()), (_host(logits) if isinstance(logits, torch.Tensor) else None)
-    recorder = DtypeRecorder()  # what the matmuls of this first step really computed in, at this shape
-    with recorder:
-        losses = [float(trainer.step())]
-    # After the first step the gradients are still there (zero_grad comes at the start of the next step), and a
-    # GradScaler has unscaled them in place before AdamW ran.
-    gradients = {name: (_host(p.grad) if p.grad is not None else None) for name, p in named}
-    audit = precision.with_dispatch(audit_session(session), recorder.record.to_dict())
-    losses += [float(trainer.step()) for _ in range(steps - 1)]
-    session.backend.synchronize(session.device)
-    problems = [p.removeprefix("optimizer: ") for p in session.invalid if p.startswith("optimizer: ")]
-    problems += optimizer_problems(session.optimizer, model)  # again after the steps: a forward may change it
-    if "step" in vars(session.optimizer):
-        problems.append("optimizer.step was replaced on the optimizer instance")
-    identity = [p for p in session.invalid if p.startswith("identity ")] + guard.problems("after the steps")
-    return Trace(
-        count=count_parameters(model),
-        names=[name for name, _ in named],
-        shapes={name: tuple(p.shape) for name, p in named},
-        loss=loss,
-        logits=logits,
-        losses=losses,
-        gradients=gradients,
-        initial=initial,
-        trained={name: _host(p) for name, p in named},
-        master_fp32=all(p.dtype in (torch.float32, torch.float64) for _, p in named),  # what ran, not the recipe
-        audit=audit,
-        optimizer_problems=list(dict.fromkeys(problems)),
-        optimizer_steps=trainer.optimizer_steps,
-        harness_steps=trainer.harness_steps,
-        identity_problems=list(dict.fromkeys(identity)),
-    )
-
-
-def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
-    """||candidate - reference|| / ||reference|| in float64 (0 when both are zero, inf when only the reference is)."""
-    c, r = candidate.double(), reference.double()
-    if c.shape != r.shape:
-        return math.inf
-    difference, scale = (c - r).norm().item(), r.norm().item()
-    if scale == 0:
-        return 0.0 if difference == 0 else math.inf
-    return difference / scale
-
-
-def _within(name: str, error: float, tolerance: float, what: str) -> Check:
-    passed = math.isfinite(error) and error <= tolerance
-    return Check(name, passed, f"{what}: relative error {error:.3g} (tolerance {tolerance:g})", error, tolerance)
-
-
-def _worst(name: str, candidate: dict, reference: dict, tolerance: float, what: str, base: dict | None = None) -> Check:
-    """The worst per-parameter relative error; ``base`` turns both sides into updates from their initial values."""
-    missing = [n for n in reference if candidate.get(n) is None]
-    if missing:
-        return Check(name, False, f"{what}: none for {len(missing)} parameters (first: {missing[0]})", None, tolerance)
-    errors = {}
-    for n, ref in reference.items():
-        cand = candidate[n]
-        if base is not None:
-            cand, ref = cand.double() - base[0][n].double(), ref.double() - base[1][n].double()
-        errors[n] = relative_error(cand, ref)
-    worst = max(errors, key=errors.get)
-    check = _within(name, errors[worst], tolerance, what)
-    check.detail += f", worst parameter {worst}"
-    return check
-
-
-def compare(candidate: Trace, reference: Trace, requested: str, mode: str) -> list[Check]:
-    """Every conformance check of a candidate trace against the reference trace."""
-    effective = candidate.audit["effective"]
-    tol = tolerance_for(effective, mode)
-    checks = [_names_check(candidate, reference)]
-
-    fingerprint = model_fingerprint()
-    holds = fingerprint == RELEASED_MODEL_FINGERPRINT
-    checks.append(
-        Check("fingerprint", holds, "model definition is the released one" if holds else "model definition changed")
-    )
-    problems = candidate.optimizer_problems
-    checks.append(
-        Check(
-            "optimizer",
-            not problems,
-            "; ".join(problems) or "torch.optim.AdamW with the fixed hyperparameters over every parameter",
-            len(problems),
-            0,
-        )
-    )
-    changed = candidate.identity_problems
-    checks.append(
-        Check(
-            "identities",
-            not changed,
-            "; ".join(changed)
-            or "torch's entry points, AdamW, hook registries, aten kernels and llmb as before any plugin was imported",
-            len(changed),
-            0,
-        )
-    )
-    steps_ok = candidate.optimizer_steps == candidate.harness_steps == len(reference.losses)
-    checks.append(
-        Check(
-            "optimizer-steps",
-            steps_ok,
-            f"AdamW.step() ran {candidate.optimizer_steps} times for {candidate.harness_steps} harness steps",
-            candidate.optimizer_steps,
-            candidate.harness_steps,
-        )
-    )
-    below = effective not in precision.PRECISIONS or precision.RANK[effective] > precision.RANK[requested]
-    evidence = ", ".join(f"{k}={v}" for k, v in candidate.audit["evidence"].items() if v == effective)
-    checks.append(
-        Check(
-            "precision",
-            not below,
-            f"requested {requested}, audited {effective}" + (f" ({evidence})" if below and evidence else ""),
-            effective,
-            requested,
-        )
-    )
-
-    loss_error = abs(candidate.loss - reference.loss) / abs(reference.loss)
-    checks.append(_within("forward-loss", loss_error, tol.loss, f"loss {candidate.loss:.6f} vs {reference.loss:.6f}"))
-    if candidate.logits is None:
-        checks.append(Check("forward-logits", False, "the forward pass returned no logits tensor", None, tol.logits))
-    else:
-        logits_error = relative_error(candidate.logits, reference.logits)
-        checks.append(_within("forward-logits", logits_error, tol.logits, "logits"))
-    checks.append(_worst("gradients", candidate.gradients, reference.gradients, tol.gradients, "gradients"))
-    curve = [abs(c - r) / abs(r) for c, r in zip(candidate.losses, reference.losses, strict=True)]
-    curve_error = max(curve) if all(math.isfinite(c) for c in candidate.losses) else math.inf
-    checks.append(
-        _within(
-            "loss-curve",
-            curve_error,
-            tol.loss_curve,
-            f"{len(curve)} steps, loss {candidate.losses[0]:.6f} -> {candidate.losses[-1]:.6f} "
-            f"(reference {reference.losses[0]:.6f} -> {reference.losses[-1]:.6f})",
-        )
-    )
-    if candidate.master_fp32:
-        what, base = "updates p_K - p_0 of the FP32 weights", (candidate.initial, reference.initial)
-    else:
-        what, base = "weights after the steps (16-bit weights cannot hold the 1e-5 updates)", None
-    checks.append(_worst("trained-parameters", candidate.trained, reference.trained, tol.trained, what, base))
-    return checks
-
-
-def _names_check(candidate: Trace, reference: Trace) -> Check:
-    problems = []
-    if candidate.count != reference.count:
-        problems.append(f"parameter count {candidate.count:,}, reference {reference.count:,}")
-    duplicated = sorted({n for n in candidate.names if candidate.names.count(n) > 1})
-    if duplicated:
-        problems.append(f"names repeated after normalisation: {', '.join(duplicated[:3])}")
-    missing = [n for n in reference.names if n not in candidate.shapes]
-    extra = [n for n in candidate.names if n not in reference.shapes]
-    if missing:
-        problems.append(f"{len(missing)} missing (first: {missing[0]})")
-    if extra:
-        problems.append(f"{len(extra)} unexpected (first: {extra[0]})")
-    reshaped = [n for n in reference.names if n in candidate.shapes and candidate.shapes[n] != reference.shapes[n]]
-    if reshaped:
-        problems.append(f"{len(reshaped)} reshaped (first: {reshaped[0]})")
-    detail = "; ".join(problems) or f"{candidate.count:,} parameters in {len(candidate.names)} tensors, names unchanged"
-    return Check("parameter-names", not problems, detail, candidate.count, reference.count)
 
 
 @contextlib.contextmanager
@@ -417,67 +205,10 @@ def candidate(options: RunOptions) -> dict:
 
 
 def candidate_task(jobs: list[RunOptions], link, world) -> Iterator[bytes]:
-    """check-plugin's work in the worker (llmb.cleanroom.worker_main): each requested precision (ALL: every one the
+    """check-plugin's work in the worker (llmb.clean_worker.worker_main): each requested precision (ALL: every one the
     plugin supports) prepared and traced there, sent to the judge as tensors and plain data (`pack`)."""
-    for options in cleanroom.expand_all(jobs, link):
+    for options in clean_worker.expand_all(jobs, link):
         yield pack(candidate(options))
-
-
-def pack(found: dict) -> bytes:
-    """A candidate as torch.save bytes: tensors and plain data only, so the judge loads it with weights_only (the
-    plugin's process cannot make it run code)."""
-    buffer = io.BytesIO()
-    trace_data = {f.name: getattr(found["trace"], f.name) for f in fields(Trace)}
-    plain = {"device": found["device"].to_dict(), "plugin": found["plugin"].to_dict(), "trace": trace_data}
-    torch.save({**found, **plain}, buffer)
-    return buffer.getvalue()
-
-
-_TRACE_TYPES = {  # field -> what the judge accepts from the plugin's process
-    "count": int,
-    "names": list,
-    "shapes": dict,
-    "loss": float,
-    "logits": (torch.Tensor, type(None)),
-    "losses": list,
-    "gradients": dict,
-    "initial": dict,
-    "trained": dict,
-    "master_fp32": bool,
-    "audit": dict,
-    "optimizer_problems": list,
-    "optimizer_steps": int,
-    "harness_steps": int,
-    "identity_problems": list,
-}
-
-
-def unpack(data: object, requested: str) -> dict:
-    """The worker's candidate, checked as untrusted data; a one-line error if it is not a candidate's trace."""
-    try:
-        if not isinstance(data, bytes):
-            raise TypeError(f"{type(data).__name__}, not bytes")
-        found = torch.load(io.BytesIO(data), weights_only=True)
-        raw = found["trace"]
-        for name, kind in _TRACE_TYPES.items():
-            if not isinstance(raw[name], kind):
-                raise TypeError(f"trace.{name} is {type(raw[name]).__name__}")
-        tensors = [*raw["initial"].values(), *raw["trained"].values()]
-        tensors += [g for g in raw["gradients"].values() if g is not None]
-        if not all(isinstance(t, torch.Tensor) for t in tensors):
-            raise TypeError("a parameter or gradient is not a tensor")
-        if not all(isinstance(x, float) for x in raw["losses"]) or not isinstance(raw["audit"].get("effective"), str):
-            raise TypeError("losses or audit malformed")
-        if requested not in ("ALL", found["precision"]) or found["precision"] not in precision.PRECISIONS:
-            raise ValueError(f"a trace for {found['precision']!r} where {requested} was requested")
-        found["trace"] = Trace(**{name: raw[name] for name in _TRACE_TYPES})
-        found["plugin"] = PluginRef.from_dict(found["plugin"])
-        found["device"] = DeviceRef.from_dict(found["device"])
-        found["mode"] = str(found["mode"])
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise LlmbError(f"the plugin's process sent no valid trace ({type(exc).__name__}: {first})") from None
-    return found
 
 
 def judge(found: dict, options: RunOptions) -> Conformance:
@@ -526,7 +257,7 @@ def check_plugins(
     (in-memory test backends) runs the candidate in this process instead."""
     options = request(plugin, device, precision, mode, settings, preset, steps, batch_size, seed)
     if cleanroom.in_process():
-        for options_for in cleanroom.expand_all([options], None):
+        for options_for in clean_worker.expand_all([options], None):
             yield judge(candidate(options_for), options)
         return
     sent, error = cleanroom.serve(candidate_task, [options])

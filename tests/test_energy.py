@@ -20,7 +20,7 @@ from conftest import TINY, invoke, run_record
 from records_factory import make_result
 
 from llmb import Backend, EnergyCounter, energy, records, submission
-from llmb.cleanroom import JudgedWindow, finish
+from llmb.clean_verdict import JudgedWindow, finish
 
 
 class MockWattsBackend(Backend):
@@ -91,7 +91,7 @@ def test_the_judge_refuses_an_average_power_above_the_devices_limit():
 
 
 def test_the_clean_judge_computes_the_energy_on_its_own_clock():
-    """cleanroom.finish: the worker's answers carry the readings, the judge's windows give the seconds."""
+    """clean_verdict.finish: the worker's answers carry the readings, the judge's windows give the seconds."""
     record = make_result().to_dict()
     record["energy"] = {"scope": "mock counter (no hardware)", "joules": 1.0, "watts": 1.0}  # the worker's, replaced
     windows = []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmb import cleanroom, evidence, runner, tolerances
+from llmb import clean_link, clean_verdict, clean_worker, cleanroom, evidence, runner, tolerances
 from llmb.config import PRESETS
 from llmb.model import LlamaModel
 from llmb.train import build_optimizer
@@ -193,7 +193,7 @@ def test_judge_and_link_time_the_window_and_hand_out_fresh_challenges():
     judge = cleanroom.Judge().start()
 
     def worker():
-        link = cleanroom.Link(judge.address, judge.key)
+        link = clean_worker.Link(judge.address, judge.key)
         for _ in range(2):
             link.open([])
             link.close({"losses": [1.0], "worker_start": 0.0, "worker_end": 0.0})
@@ -210,7 +210,7 @@ def test_judge_and_link_time_the_window_and_hand_out_fresh_challenges():
     assert windows[0].challenge != windows[1].challenge
     assert all(w.closed >= w.opened for w in windows)
     # The worker's clock readings (0.0) are not the host's: outside the judged window.
-    assert cleanroom.nesting_problems(0, windows[0])[0].startswith("clock:")
+    assert clean_verdict.nesting_problems(0, windows[0])[0].startswith("clock:")
 
 
 @pytest.mark.parametrize(
@@ -224,7 +224,7 @@ def test_judge_and_link_time_the_window_and_hand_out_fresh_challenges():
 )
 def test_the_judge_loads_plain_data_only_and_says_what_it_refused(message, refused):
     judge = cleanroom.Judge().start()
-    link = cleanroom.Link(judge.address, judge.key)
+    link = clean_worker.Link(judge.address, judge.key)
     link.send("note", "plain data passes")
     link.connection.send(message)  # not through Link.send: as a plugin holding the connection would
     assert judge.finished.wait(30)
@@ -238,8 +238,8 @@ def test_the_judge_loads_plain_data_only_and_says_what_it_refused(message, refus
 def test_worker_errors_come_back_as_one_line_of_the_same_kind():
     from llmb.errors import LlmbError, UsageError
 
-    assert cleanroom.error_line(UsageError("bad")) == ("UsageError", "bad")
-    assert cleanroom.error_line(RuntimeError("boom\ntrace")) == ("LlmbError", "RuntimeError: boom")
+    assert clean_link.error_line(UsageError("bad")) == ("UsageError", "bad")
+    assert clean_link.error_line(RuntimeError("boom\ntrace")) == ("LlmbError", "RuntimeError: boom")
     judge = cleanroom.Judge()
     judge.error = ("UsageError", "bad")
     with pytest.raises(UsageError, match="bad"):
@@ -281,7 +281,7 @@ def test_each_record_is_kept_before_its_replay_and_the_replayed_one_replaces_it(
     )
     assert error is None and [kind for kind, _ in events] == ["pending", "replayed"]
     (_, pending), (_, replayed) = events
-    assert pending.invalid_reasons == [cleanroom.REPLAY_PENDING]
+    assert pending.invalid_reasons == [clean_verdict.REPLAY_PENDING]
     assert replayed.invalid_reasons == [] and replayed.evidence["replay"]["passed"] is True
     assert result_filename(pending) == result_filename(replayed) and records == [replayed]
     assert pending.tokens_per_second == replayed.tokens_per_second

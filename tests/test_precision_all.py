@@ -28,14 +28,14 @@ class Job:
 
 
 def test_the_sweep_and_the_clean_room_expand_alike(monkeypatch):
-    from llmb import cleanroom, plugins, sweep
+    from llmb import clean_worker, plugins, sweep
 
     plugin = SimpleNamespace(backend=SimpleNamespace(precisions=lambda: SUPPORTED))
     monkeypatch.setattr(plugins, "select_backend", lambda name: plugin)
     notes = []
     link = SimpleNamespace(send=lambda kind, text: notes.append((kind, text)))
 
-    expanded = cleanroom.expand_all([Job("fake", "ALL"), Job("fake", "FP16")], link)
+    expanded = clean_worker.expand_all([Job("fake", "ALL"), Job("fake", "FP16")], link)
     wanted, unsupported = names.expand_precision("all", SUPPORTED)
     assert [job.precision for job in expanded] == [*wanted, "FP16"]  # a named precision passes as it is
     assert notes == [("note", f"{name}: unsupported by this plugin") for name in unsupported]
@@ -67,4 +67,4 @@ def test_one_definition_of_the_expansion():
     assert set(written) == {"names.py"}, written
     # The three places that take `all` ask for it: the run (in the CLI), the clean room's worker and the sweep.
     asking = {name.split("/")[0].removesuffix(".py") for name, text in sources.items() if "expand_precision(" in text}
-    assert {"cli", "cleanroom", "sweep"} <= asking, asking
+    assert {"cli", "clean_worker", "sweep"} <= asking, asking

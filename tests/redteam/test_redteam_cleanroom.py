@@ -197,13 +197,13 @@ PICKLE_INTO_THE_JUDGE = (
     """
 import gc as _gc
 
-import llmb.cleanroom as _cleanroom
+import llmb.clean_worker as _clean_worker
 """
     + PAYLOAD
     + """
 
 for _found in _gc.get_objects():
-    if isinstance(_found, _cleanroom.Link):
+    if isinstance(_found, _clean_worker.Link):
         _found.connection.send(("note", _Payload()))
 """
 )

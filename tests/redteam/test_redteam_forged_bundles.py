@@ -10,7 +10,7 @@ import pytest
 from redteam_kit import TINY, llmb
 
 from llmb import submission, verify
-from llmb.cleanroom import headline_figures
+from llmb.clean_verdict import headline_figures
 from llmb.records import Result
 
 
