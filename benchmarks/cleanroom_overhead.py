@@ -102,10 +102,10 @@ def replay_cost(preset: str, batch_size: int, steps: int) -> dict:
     """The replay of `steps` steps in a fresh process: its time and its peak memory above an idle interpreter's."""
     code = f"""
 import json
-from llmb import evidence
+from llmb import replay
 from llmb.config import PRESETS
-base = evidence._peak_rss()
-r = evidence.replay(PRESETS[{preset!r}], 0, {batch_size}, 1, 12345, {steps}, 50)
+base = replay._peak_rss()
+r = replay.replay(PRESETS[{preset!r}], 0, {batch_size}, 1, 12345, {steps}, 50)
 print(json.dumps({{"seconds": r.seconds, "peak_above_idle_bytes": r.peak_rss_bytes - base}}))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600, check=True)

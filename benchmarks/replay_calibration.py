@@ -1,7 +1,7 @@
 """The run replay's tolerances, measured where results are made: each precision and mode against FP32 on one device.
 
 Each arm trains a copy of the same initial model for --steps steps on one batch (a measured window's semantics), and
-llmb.evidence.compare judges its losses and parameter digest against the FP32 arm's, exactly as the clean room judges
+llmb.replay.compare judges its losses and parameter digest against the FP32 arm's, exactly as the clean room judges
 a window against its FP32 CPU replay (on the GPU the FP32 arm matched the CPU replay exactly). One JSON line per arm
 goes to --out; `llmb/tolerances.py` (REPLAY_TOLERANCES) cites what this printed on an H100 on 2026-11-22
 (raw/h100-20261122/replay_calibration.jsonl).
@@ -21,7 +21,7 @@ import click
 import torch
 from arms import hand_step  # benchmarks/ is on the path when a script here runs
 
-from llmb import evidence, precision
+from llmb import evidence, precision, replay
 from llmb.config import PRESETS
 from llmb.model import LlamaModel
 from llmb.train import build_optimizer, synthetic_batch
@@ -76,21 +76,21 @@ def main(device: str, preset: str, seeds: str, batch_sizes: str, steps: int, out
                 for name, mode, fused in ARMS:
                     losses, start, end, moments = train(base, name, mode, fused, batch, steps)
                     if reference is None:
-                        reference = evidence.Replayed(losses, start, end, 0.0, None, moments)
+                        reference = replay.Replayed(losses, start, end, 0.0, None, moments)
                     row = {"seed": seed, "batch": batch_size, "precision": name, "mode": mode, "fused": fused}
                     row["losses"] = losses
                     fp32_master = mode == "amp" or name in ("FP32", "TF32")
                     window = {"losses": losses, "digest_start": start, "digest_end": end, "moments_end": moments}
                     # The default replay (2 losses, no digest) and a whole-window one (every loss, the digest and
-                    # AdamW's first moments: evidence.MOMENT_TOLERANCES).
+                    # AdamW's first moments: replay.MOMENT_TOLERANCES).
                     for replayed_steps in (2, steps):
                         whole = replayed_steps == steps
-                        replayed = evidence.Replayed(
+                        replayed = replay.Replayed(
                             reference.losses[:replayed_steps], reference.digest_start,
                             reference.digest_end if whole else None, 0.0, None,
                             reference.moments_end if whole else None,
                         )  # fmt: skip
-                        checks = evidence.compare(window, replayed, name, mode, fp32_master, fused)
+                        checks = replay.compare(window, replayed, name, mode, fp32_master, fused)
                         row[f"checks_{replayed_steps}"] = {c.name: [c.measured, c.tolerance, c.passed] for c in checks}
                     lines.write(json.dumps(row) + "\n")
                     lines.flush()

@@ -129,10 +129,10 @@ def replay_problems(record: dict, steps: int) -> list[str]:
     refused = replay_refusal(record)
     if refused:
         return [refused]
-    from llmb import evidence  # here: the replay is the one check of verify's that needs torch (--replay only)
+    from llmb import replay  # here: the replay is the one check of verify's that needs torch (--replay only)
 
-    replayed = evidence.replay_record(record, steps)
-    return [f"replay: {detail}" for detail in evidence.failed(replayed)]
+    replayed = replay.replay_record(record, steps)
+    return [f"replay: {detail}" for detail in replay.failed(replayed)]
 
 
 def _number(value) -> bool:

@@ -7,7 +7,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from llmb import energy, evidence, flops
+from llmb import energy, evidence, flops, replay
 from llmb.errors import LlmbError
 from llmb.records import RecordError, Result, median_index
 
@@ -260,12 +260,12 @@ def finish(
             pending = {**record, "evidence": {**record["evidence"], "replay": None}}
             on_pending(_sealed(result, pending, [*invalid, REPLAY_PENDING]))
         # Drawn now, after the worker answered for every step of every window: any step may be checked.
-        depth, whole = evidence.draw_replay_steps(replay_steps, steps, replay_whole)
-        # On the run's own accelerator where torch drives it without a plugin (evidence.replay_device), else the CPU.
-        replayed = evidence.replay_record(record, depth, device=(record.get("device") or {}).get("spec"))
+        depth, whole = replay.draw_replay_steps(replay_steps, steps, replay_whole)
+        # On the run's own accelerator where torch drives it without a plugin (replay.replay_device), else the CPU.
+        replayed = replay.replay_record(record, depth, device=(record.get("device") or {}).get("spec"))
         replayed["drawn"] = {"floor_steps": replay_steps, "whole_window_probability": replay_whole, "whole": whole}
         record["evidence"]["replay"] = replayed
-        invalid += [f"replay: {detail}" for detail in evidence.failed(replayed)]
+        invalid += [f"replay: {detail}" for detail in replay.failed(replayed)]
     elif replay_steps <= 0:
         record["evidence"]["replay"] = None
         invalid.append("replay: not run (--replay-steps 0): the run's function is unchecked")

@@ -32,7 +32,7 @@ DEFAULT_TIMEOUT_SECONDS = 600
 # Judged windows the clean room replays from the seed (llmb.evidence).
 DEFAULT_REPLAY_STEPS = 2
 # The probability that the judge replays the whole headline window (losses, digest, AdamW's moments) rather than its
-# first DEFAULT_REPLAY_STEPS, drawn after the worker answered for every step (llmb.evidence.draw_replay_steps).
+# first DEFAULT_REPLAY_STEPS, drawn after the worker answered for every step (llmb.replay.draw_replay_steps).
 DEFAULT_REPLAY_WHOLE = 0.25
 # `llmb sweep`'s defaults for the device it runs on, where not given. A CPU trains the tiny preset at hundreds of
 # tokens/s (emulated FP16/BF16 several times slower): its many trials must end in minutes, not hours.

@@ -49,7 +49,7 @@ def tolerance_for(effective: str, mode: str) -> Tolerance:
 #   at batch 8) 6.0e-4 / 1.7e-2; FP16 pure 1.2e-4; BF16 pure 9.9e-4 (both at batch 1, from weights rounded to 16 bits).
 # About three times the worst, rounded up to 1, 2, 3 or 5. Pure FP16/BF16 weights cannot hold most of AdamW's 1e-5
 # updates (the FP32 replay fell 11.04 -> 6.02 -> 2.16 at batch 1 where pure BF16 fell 11.03 -> 9.99 -> 8.97), so
-# their later losses are bracketed instead (llmb.evidence.compare): no higher than the untrained loss, no lower than
+# their later losses are bracketed instead (llmb.replay.compare): no higher than the untrained loss, no lower than
 # twice the replay's fall (rounding to nearest can also round an update up, to at most twice its size: pure FP16 with
 # the fused AdamW fell below the FP32 replay at every batch here). The parameter digest of a whole-window replay
 # keeps the conformance figure, except pure FP16: 1e-2, which parts torch's fused AdamW (FP32 arithmetic: 4e-5 to

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmb import clean_link, clean_verdict, clean_worker, cleanroom, evidence, runner, tolerances
+from llmb import clean_link, clean_verdict, clean_worker, cleanroom, evidence, replay, runner, tolerances
 from llmb.config import PRESETS
 from llmb.model import LlamaModel
 from llmb.train import build_optimizer
@@ -48,7 +48,7 @@ def test_an_in_process_run_records_evidence_that_replays_whole_windows():
     assert len(windows) == 2 and windows[0]["challenge"] != windows[1]["challenge"]
     assert record["judge"] == {"clean_room": False} and record["valid"] is False
     for index in range(2):  # every window starts from the initial state, so each replays on its own
-        replayed = evidence.replay_record(record, steps=2, window=index)
+        replayed = replay.replay_record(record, steps=2, window=index)
         assert replayed["whole_window"] and replayed["passed"], replayed["checks"]
         names = ["replay-loss-1", "replay-loss-2", "replay-digest", "replay-moments"]
         assert [c["name"] for c in replayed["checks"]] == names
@@ -62,7 +62,7 @@ def test_the_replay_catches_a_changed_loss_and_a_changed_digest():
     window["losses"][1] *= 1 + 1e-5
     window["digest_end"] = window["digest_start"]  # an answer that claims no update happened
     window["moments_end"] = [[0.0, 0.0] for _ in window["moments_end"]]  # and AdamW's state untouched
-    replayed = evidence.replay_record(record, steps=2)
+    replayed = replay.replay_record(record, steps=2)
     assert not replayed["passed"]
     failed = [c["name"] for c in replayed["checks"] if not c["passed"]]
     assert failed == ["replay-loss-2", "replay-digest", "replay-moments"]
@@ -73,7 +73,7 @@ def test_a_record_made_before_the_moments_were_sealed_still_replays():
         runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=1)
     ).to_dict()
     del record["evidence"]["windows"][0]["moments_end"]
-    replayed = evidence.replay_record(record, steps=2)
+    replayed = replay.replay_record(record, steps=2)
     assert replayed["passed"] and "replay-moments" not in [c["name"] for c in replayed["checks"]]
 
 
@@ -87,7 +87,7 @@ def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_with_its_momen
             config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=4, warmup_steps=1, precision=precision
         )
     ).to_dict()
-    replayed = evidence.replay_record(record, steps=4)
+    replayed = replay.replay_record(record, steps=4)
     assert replayed["whole_window"] and replayed["moments_compared"], replayed
     assert replayed["passed"], [c for c in replayed["checks"] if not c["passed"]]
     moments = next(c for c in replayed["checks"] if c["name"] == "replay-moments")
@@ -96,15 +96,15 @@ def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_with_its_momen
 
 def test_the_replay_runs_on_the_runs_own_accelerator_only_where_torch_drives_it(monkeypatch):
     cpu = torch.device("cpu")
-    assert evidence.replay_device(None) == cpu
-    assert evidence.replay_device("cpu") == cpu
-    assert evidence.replay_device("xla:0") == cpu  # torch-xla is a plugin's library: never loaded by the judge
-    assert evidence.replay_device("not a device!") == cpu
+    assert replay.replay_device(None) == cpu
+    assert replay.replay_device("cpu") == cpu
+    assert replay.replay_device("xla:0") == cpu  # torch-xla is a plugin's library: never loaded by the judge
+    assert replay.replay_device("not a device!") == cpu
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert evidence.replay_device("cuda:1") == cpu
+    assert replay.replay_device("cuda:1") == cpu
     # Mocked, since this host has no GPU: where torch sees the run's device, the replay goes there, index kept.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert evidence.replay_device("cuda:1") == torch.device("cuda", 1)
+    assert replay.replay_device("cuda:1") == torch.device("cuda", 1)
 
 
 def test_a_device_that_fails_the_replay_leaves_it_to_the_cpu(monkeypatch):
@@ -113,21 +113,21 @@ def test_a_device_that_fails_the_replay_leaves_it_to_the_cpu(monkeypatch):
     record = runner.run(
         runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=2, warmup_steps=1)
     ).to_dict()
-    on_cpu = evidence.replay_record(record, steps=2)
+    on_cpu = replay.replay_record(record, steps=2)
     assert on_cpu["device"] == "cpu" and "device_fallback" not in on_cpu
-    monkeypatch.setattr(evidence, "replay_device", lambda spec: torch.device("meta"))
-    replayed = evidence.replay_record(record, steps=2, device="cuda:0")
+    monkeypatch.setattr(replay, "replay_device", lambda spec: torch.device("meta"))
+    replayed = replay.replay_record(record, steps=2, device="cuda:0")
     assert replayed["device"] == "cpu"
     assert replayed["device_fallback"] == "meta failed the replay (RuntimeError); replayed on the CPU"
     assert replayed["passed"] and replayed["checks"] == on_cpu["checks"]
 
 
 def test_the_judge_draws_the_replay_depth_whole_window_or_prefix():
-    assert evidence.draw_replay_steps(2, 50, 1.0) == (50, True)
-    assert evidence.draw_replay_steps(2, 50, 0.0) == (2, False)
-    assert evidence.draw_replay_steps(0, 50, 1.0) == (0, False)  # --replay-steps 0: nothing replayed at all
-    assert evidence.draw_replay_steps(8, 5, 0.0) == (5, True)  # a floor that covers the window is the window
-    draws = [evidence.draw_replay_steps(2, 50, 0.25)[1] for _ in range(4000)]
+    assert replay.draw_replay_steps(2, 50, 1.0) == (50, True)
+    assert replay.draw_replay_steps(2, 50, 0.0) == (2, False)
+    assert replay.draw_replay_steps(0, 50, 1.0) == (0, False)  # --replay-steps 0: nothing replayed at all
+    assert replay.draw_replay_steps(8, 5, 0.0) == (5, True)  # a floor that covers the window is the window
+    draws = [replay.draw_replay_steps(2, 50, 0.25)[1] for _ in range(4000)]
     assert 0.2 < sum(draws) / len(draws) < 0.3  # the stated probability (4000 draws: 7 standard deviations)
 
 
@@ -149,7 +149,7 @@ def test_pure_fp16_replays_with_the_fused_adamw_and_the_loops_failure_says_why(f
             settings={"fused_adamw": str(fused).lower()},
         )
     ).to_dict()
-    replayed = evidence.replay_record(record, steps=2)
+    replayed = replay.replay_record(record, steps=2)
     checks = {c["name"]: c for c in replayed["checks"]}
     assert checks["replay-loss-1"]["passed"], checks
     if fused:
@@ -161,10 +161,10 @@ def test_pure_fp16_replays_with_the_fused_adamw_and_the_loops_failure_says_why(f
 
 
 def test_a_pure_16_bit_loss_is_bracketed_by_the_untrained_loss_and_twice_the_replays_fall():
-    replayed = evidence.Replayed([11.0, 9.0], [[0.0, 0.0]], None, 0.0, None)
+    replayed = replay.Replayed([11.0, 9.0], [[0.0, 0.0]], None, 0.0, None)
 
     def check(second: float, precision: str = "BF16", mode: str = "pure"):
-        (first, later) = evidence.compare({"losses": [11.0, second]}, replayed, precision, mode, mode == "amp")
+        (first, later) = replay.compare({"losses": [11.0, second]}, replayed, precision, mode, mode == "amp")
         assert first.passed
         return later
 

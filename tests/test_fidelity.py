@@ -72,24 +72,24 @@ def test_a_compiled_model_runs_compiled_on_every_timed_step(step_ranges):
 def test_the_replay_in_micro_batches_equals_one_whole_batch():
     """Gradient accumulation over micro-batches: the same mean loss and gradients as one pass of the whole batch,
     up to FP32 rounding (the replay's tolerances start at 1e-6)."""
-    from llmb import evidence
+    from llmb import replay
     from llmb.model import LlamaModel
 
     config = PRESETS["tiny"]
     torch.manual_seed(0)
     model = LlamaModel(config)
-    batch = train.synthetic_batch(config, 3 * evidence.micro_rows(config) + 1, 5, torch.device("cpu"))
+    batch = train.synthetic_batch(config, 3 * replay.micro_rows(config) + 1, 5, torch.device("cpu"))
     whole, _ = model(batch, labels=batch)
     whole.backward()
     whole_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    accumulated = evidence.accumulated_loss(model, batch, backward=True)
+    accumulated = replay.accumulated_loss(model, batch, backward=True)
     assert abs(accumulated - whole.item()) <= 1e-6 * abs(whole.item())
-    # An accelerator's larger micro-batches (evidence.REPLAY_DEVICE_MICRO_TOKENS) give the same loss.
-    device_rows = evidence.micro_rows(config, evidence.REPLAY_DEVICE_MICRO_TOKENS)
-    assert device_rows > evidence.micro_rows(config)
+    # An accelerator's larger micro-batches (replay.REPLAY_DEVICE_MICRO_TOKENS) give the same loss.
+    device_rows = replay.micro_rows(config, replay.REPLAY_DEVICE_MICRO_TOKENS)
+    assert device_rows > replay.micro_rows(config)
     with torch.no_grad():
-        larger = evidence.accumulated_loss(model, batch, backward=False, rows=device_rows)
+        larger = replay.accumulated_loss(model, batch, backward=False, rows=device_rows)
     assert abs(larger - whole.item()) <= 1e-6 * abs(whole.item())
     for p, expected in zip(model.parameters(), whole_grads, strict=True):
         torch.testing.assert_close(p.grad, expected, rtol=1e-4, atol=1e-7)
@@ -97,9 +97,9 @@ def test_the_replay_in_micro_batches_equals_one_whole_batch():
 
 REPLAY_PEAK = """
 import json, sys
-from llmb import evidence
+from llmb import replay
 from llmb.config import PRESETS
-replayed = evidence.replay(PRESETS["tiny"], 0, int(sys.argv[1]), 1, 12345, 2, 5)
+replayed = replay.replay(PRESETS["tiny"], 0, int(sys.argv[1]), 1, 12345, 2, 5)
 print(json.dumps({"peak": replayed.peak_rss_bytes, "losses": replayed.losses}))
 """
 
