@@ -20,7 +20,7 @@ from llmb.records import (
 )
 
 PLUGIN_SOURCE_LIMIT = 64 * 2**20
-PLUGIN_SOURCE_FILES = 1_500  # of the 2,000 entries llmb/bundle_io.py lets a bundle hold
+PLUGIN_SOURCE_FILES = 1_500  # of the 2,000 entries llmb/bundle_archive.py lets a bundle hold
 SKIP_PARTS = {"__pycache__", "build", "dist", ".git", ".tox", ".venv", "venv", "node_modules"}
 # Installer bookkeeping, not source (direct_url.json holds the absolute path of the project).
 INSTALLER_FILES = {"direct_url.json", "INSTALLER", "REQUESTED"}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from llmb import bundle_io, submission, verify
+from llmb import bundle_archive, bundle_io, submission, verify
 from llmb.bundle_io import Limits, Refused
 
 REFERENCE = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
@@ -187,7 +187,7 @@ def test_only_gzip_is_opened_whatever_the_name(sandbox, compress):
 def test_a_gzip_bomb_stops_at_the_decompression_budget(tmp_path):
     bomb = gz(tmp_path / "bomb.gz", zeros(8 * 2**20))
     assert bomb.stat().st_size < 64 * 1024
-    reader = bundle_io.CountingReader(bomb, budget=2**20)
+    reader = bundle_archive.CountingReader(bomb, budget=2**20)
     try:
         with pytest.raises(Refused, match="decompresses to more than"):
             reader.skip(8 * 2**20)
@@ -206,7 +206,7 @@ def test_total_and_count_limits_hold_for_archives(sandbox):
 def test_the_unpacking_child_is_killed_at_its_wall_clock_limit(sandbox, monkeypatch):
     archive = gz(sandbox / "bundle.tar.gz", MANIFEST_HEADER + end())
     # A child that hangs (a stand-in for an archive that defeats every other limit) is killed on time.
-    monkeypatch.setattr(bundle_io, "child_command", lambda *args: [shutil.which("sleep") or "/bin/sleep", "30"])
+    monkeypatch.setattr(bundle_archive, "child_command", lambda *args: [shutil.which("sleep") or "/bin/sleep", "30"])
     started = time.monotonic()
     with pytest.raises(Refused, match="longer than 1 s"):
         bundle_io.unpack(archive, sandbox, Limits(seconds=1.0))
