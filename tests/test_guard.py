@@ -43,7 +43,7 @@ def test_a_replaced_object_is_named(baseline, monkeypatch, holder, name, reporte
 
 
 def test_every_module_of_the_package_is_watched_without_a_list(baseline, monkeypatch):
-    """The modules found on disk, not a hand-kept list: those that judge and time windows (evidence, mesh,
+    """The modules found on disk, not a hand-kept list: those that judge and time windows (the replay, mesh,
     distributed, cleanroom) included, and any module added later."""
     package = Path(llmb.__file__).parent
     on_disk = {
@@ -52,9 +52,9 @@ def test_every_module_of_the_package_is_watched_without_a_list(baseline, monkeyp
         if "__pycache__" not in path.parts
     } - {"llmb.__init__", "llmb"}
     assert set(guard.llmb_module_names()) == on_disk - guard.UNWATCHED_LLMB_MODULES
-    from llmb import cleanroom, distributed, evidence, mesh
+    from llmb import cleanroom, distributed, mesh, replay
 
-    judging = [(evidence, "compare"), (mesh, "stage_layers"), (distributed, "JobJudge"), (cleanroom, "finish")]
+    judging = [(replay, "compare"), (mesh, "stage_layers"), (distributed, "JobJudge"), (cleanroom, "finish")]
     for module, name in judging:
         monkeypatch.setattr(module, name, lambda *args, **kwargs: None)
         assert f"{module.__name__}.{name} was replaced" in "\n".join(guard.compare(baseline))
