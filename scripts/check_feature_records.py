@@ -3,11 +3,12 @@
 `llmb features` trusts each record's own word (its invalid_reasons, its conformance verdicts); this does not. For
 each "yes" cell it takes the result records of that combination and parallel mode and the conformance records of the
 combination, and re-runs on them the per-record checks `llmb verify` runs on a bundle: the schema, every figure
-recomputed from the recorded times, the step times against the window, the released model, the losses, AdamW's
-fixed hyperparameters, the peak, the audit's evidence against its label, the clean-room evidence (judged windows,
-the run's own replay), no cloned runs; and each conformance record's verdicts against its own figures. A cell is
-backed when at least one result and one conformance record of it pass. Tiny-preset records are debug shapes by
-design and FP8 is outside the benchmark precisions by design: those two findings are expected, not failures.
+recomputed from the recorded times, the step times against the window, a released model (the release named), the
+losses, AdamW's fixed hyperparameters, the peak, the audit's evidence against its label, the clean-room evidence
+(judged windows, the run's own replay), no cloned runs; and each conformance record's verdicts against its own
+figures. A cell is backed when at least one result and one conformance record of it pass. Tiny-preset records are
+debug shapes by design and FP8 is outside the benchmark precisions by design: those two findings are expected, not
+failures.
 
     python scripts/check_feature_records.py benchmarks/features     # exit 1 if any "yes" is not backed
 """
@@ -21,12 +22,12 @@ import click
 
 from llmb import bundle_evidence, verify
 from llmb.features import FP8_LABEL_REASON, PARALLEL, cell, features_of, load_records, parallel_of
+from llmb.fingerprint import release_of
 from llmb.records import Conformance, RecordError, Result
 
 PER_RESULT = [
     verify.throughput_problems,
     verify.timing_problems,
-    verify.fingerprint_problems,
     verify.loss_problems,
     verify.optimizer_record_problems,
     verify.peak_problems,
@@ -41,6 +42,10 @@ def result_problems(record: dict, fp8: bool) -> list[str]:
         return [f"schema: {exc}"]
     bundle = verify.Bundle(Path("."), accept_debug=True)
     problems = [p for check in PER_RESULT for p in check(bundle, "results/x.json", r)]
+    # A released model, not necessarily today's: the matrix says which features ran on llmb, and names the model
+    # release its records were made on (main() prints it), where a bundle must be of the current release.
+    if release_of(r.model_fingerprint) is None:
+        problems.append(f"model fingerprint {r.model_fingerprint[:12]}... is no release of llmb's model")
     # The audit's evidence against its label (filed as labelled: there is no bundle folder to check here).
     expected = {f"{r.precision.effective} is not a benchmark precision"} if fp8 else set()
     problems += [p for p in verify.precision_problems(bundle, f"results/{r.precision.effective}/x.json", r)]
@@ -84,7 +89,11 @@ def main(folder: Path) -> None:
             label = f"{'+'.join(sorted(combo))} {parallel}"
             if good and conforming:
                 backed += 1
-                click.echo(f"backed   {label}: {len(good)} result(s), {len(conforming)} conformance record(s) pass")
+                releases = ", ".join(str(n) for n in sorted({release_of(r["model_fingerprint"]) for r in good}))
+                click.echo(
+                    f"backed   {label}: {len(good)} result(s) (model release {releases}), "
+                    f"{len(conforming)} conformance record(s) pass"
+                )
             else:
                 unbacked += 1
                 shown = [p for r in runs for p in found[id(r)]][:3] or ["no conforming record"]

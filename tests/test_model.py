@@ -59,15 +59,18 @@ def test_installed_model_matches_the_released_fingerprint():
     assert model_fingerprint() == RELEASED_MODEL_FINGERPRINT
 
 
-def test_the_release_table_names_the_pinned_fingerprint_as_current():
+def test_the_release_table_names_every_release_and_the_pinned_one_as_current():
     import re
     from pathlib import Path
 
-    from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
+    from llmb.fingerprint import MODEL_RELEASES, RELEASED_MODEL_FINGERPRINT
 
     rules = (Path(__file__).resolve().parents[1] / "docs" / "rules.md").read_text()
-    current = [line for line in rules.splitlines() if re.match(r"\| \d+ \(current", line)]
-    assert len(current) == 1 and f"`{RELEASED_MODEL_FINGERPRINT}`" in current[0], current
+    rows = {
+        int(m[1]): (m[2], m[3]) for m in re.finditer(r"^\| (\d+) (\(current, )?[^|]*\| `([0-9a-f]{64})`", rules, re.M)
+    }
+    assert {number: fingerprint for number, (_, fingerprint) in rows.items()} == dict(MODEL_RELEASES)
+    assert [fingerprint for current, fingerprint in rows.values() if current] == [RELEASED_MODEL_FINGERPRINT]
 
 
 def _sliced_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
