@@ -11,9 +11,8 @@ import re
 from llmb import console as term
 from llmb import energy, peaks
 from llmb.names import PRECISIONS
-from llmb.records import Conformance, Headline, Result, group_runs, headline, spread_warning
+from llmb.records import MIN_RUNS, Conformance, Headline, Result, group_runs, headline, spread_warning
 
-MIN_RUNS = 3
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # File names in a bundle, shared with the verifier.
 SUBMISSION_JSON, SYSTEM_JSON, SUMMARY_MD, MANIFEST_FILE = (
@@ -30,13 +29,14 @@ RELEASE_MANIFEST, CODE_STATUS, CODE_DIFF = "code/release_manifest.json", "code/l
 
 def headlines(records: list[Result]) -> dict[str, Headline]:
     """Per effective precision, the headline of the group with the best median tokens/s over its valid runs, among
-    the groups with at least MIN_RUNS runs where there are any. Runs differing in plugin, settings, mode, shape,
-    batch, device or job layout are separate groups, never pooled."""
+    the groups whose headline has at least MIN_RUNS runs where there are any. Each group's headline (its batch, its
+    median run) is the rule every reader shares (records.headline); runs differing in plugin, settings, mode, shape,
+    device or job layout are separate groups, never pooled."""
     best: dict[str, Headline] = {}
     for group, runs in group_runs([r for r in records if not r.invalid_reasons]).items():
         h = headline(runs)
-        # A group with enough runs for a median beats a faster one without (a sweep's single search trials).
-        rank = (len(runs) >= MIN_RUNS, h.run.tokens_per_second)
+        # A group with enough runs at its headline's batch for a median beats a faster one without.
+        rank = (len(h.runs) >= MIN_RUNS, h.run.tokens_per_second)
         held = best.get(group.precision)
         if held is None or rank > (len(held.runs) >= MIN_RUNS, held.run.tokens_per_second):
             best[group.precision] = h

@@ -4,8 +4,9 @@ Every figure comes from a result record or a sweep log as written; the report me
 installed plugin (a record names its plugin's settings and defaults). Runs are grouped by plugin, settings, device,
 precision, mode, shape and job layout (devices, nodes, strategy), and within a group by batch size; runs that differ
 in any of these are never pooled. A batch's figure is its median run (records.median_index: a run that happened);
-the headline of a group is its best batch's: where a sweep re-ran its best batch, that batch and its re-runs decide
-(the search trials that picked it are not counted again); otherwise the batch whose median run is fastest.
+the headline of a group is its best batch's by the rule the sweep and summary.md share (records.best_batch_runs):
+where a sweep re-ran its best batch, that batch and its re-runs decide (the search trials that picked it are not
+counted again); otherwise a batch with enough runs for a median, the fastest of those.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from llmb.errors import LlmbError, UsageError
 from llmb.names import PRECISIONS
 from llmb.records import (
     RECORD_LIMIT,
-    REPEAT_PHASE,
     REPORT_SCHEMA,
     RESULT_SCHEMA,
     SPREAD_WARNING,
@@ -39,6 +39,7 @@ from llmb.records import (
     SWEEP_SUMMARY_SCHEMA,
     PluginRef,
     Result,
+    best_batch_runs,
     counted_runs,
     envelope,
     median_index,
@@ -363,14 +364,11 @@ def by_standing(points: list[Point]) -> tuple[list[Point], int]:
 
 
 def headline(points: list[Point]) -> tuple[Point | None, list[Point]]:
-    """(the headline run, the runs its median is over) for one group, from its runs of the best standing."""
+    """(the headline run, the runs its median is over) for one group, from its runs of the best standing, by the
+    headline rule every reader shares (records.best_batch_runs)."""
     ok, _ = by_standing(points)
-    repeated = {p.batch_size for p in ok if p.phase == REPEAT_PHASE}
-    counted = {b: runs for b, runs in batch_runs(ok).items() if b in repeated or not repeated}
-    if not counted:
-        return None, []
-    best = max((median_run(runs) for runs in counted.values()), key=lambda p: p.tokens_per_second)
-    return best, counted[best.batch_size]
+    chosen = best_batch_runs(ok, lambda p: p.phase)
+    return chosen if chosen is not None else (None, [])
 
 
 def spread(best: Point, runs: list[Point]) -> tuple[float, float, float]:
