@@ -61,6 +61,39 @@ def test_on_the_cpu_device_the_services_are_the_cpu_backends():
     assert backend.peak_memory_bytes(device) > 0
 
 
+def test_on_the_xpu_device_the_services_are_torch_xpus(monkeypatch):
+    # torch.xpu is mocked because no machine here has an XPU: this checks which calls each service makes, not the GPU.
+    calls = []
+    props = type("Props", (), {"total_memory": 64 << 30, "driver_version": "1.0"})()
+    fake = {
+        "set_device": lambda index: calls.append(("set_device", index)),
+        "synchronize": lambda device: calls.append(("synchronize", device)),
+        "Event": lambda enable_timing: ("event", enable_timing),
+        "reset_peak_memory_stats": lambda device: calls.append(("reset", device)),
+        "max_memory_allocated": lambda device: 123,
+        "get_device_name": lambda device: "Intel(R) Data Center GPU Max 1550",
+        "device_count": lambda: 2,
+        "get_device_properties": lambda device: props,
+    }
+    for name, value in fake.items():
+        monkeypatch.setattr(torch.xpu, name, value, raising=False)
+    backend, device = llmb_xpu.XpuBackend(), torch.device("xpu", 1)
+    backend.setup(device, "FP32", {"ipex": False})
+    backend.synchronize(device)
+    backend.reset_peak_memory(device)
+    assert calls == [("set_device", 1), ("synchronize", device), ("reset", device)]
+    assert backend.new_event(device) == ("event", True)
+    assert backend.peak_memory_bytes(device) == 123
+    assert backend.device_name(device) == "Intel(R) Data Center GPU Max 1550"
+    assert backend.device_count(device) == 2
+    assert backend.device_memory_bytes(device) == 64 << 30
+    assert backend.peak_flops(device, "BF16") is None  # no confirmed datasheet figure (PEAK_TFLOPS is empty)
+    assert backend.energy_counter(device).startswith("no energy counter")
+    assert backend.distributed_backend(device) in ("xccl", "ccl")
+    facts = backend.run_facts(device)
+    assert (facts["xpu_driver"], facts["xpu_total_memory"]) == ("1.0", 64 << 30) and "torch_xpu" in facts
+
+
 @pytest.mark.skipif(torch.xpu.is_available(), reason="this machine has an XPU")
 def test_absent_xpu_is_not_auto_selected(xpu):
     assert select_backend(None).name != "xpu"

@@ -59,8 +59,7 @@ class XpuBackend(CpuBackend):
     def setup(self, device, precision, settings) -> None:
         if settings.get("ipex"):
             _import_ipex()  # fail before the model is built, not after
-        if device.type == "xpu" and device.index is not None:
-            torch.xpu.set_device(device.index)
+        self._services(device).select(device)
 
     def process_model(self, model, optimizer, device, precision, settings):
         if not settings.get("ipex"):
@@ -95,68 +94,44 @@ class XpuBackend(CpuBackend):
         fmt = {torch.float16: "FP16", torch.bfloat16: "BF16"}.get(dtype)
         return [PrecisionFact("ipex.dtype", str(dtype).replace("torch.", "") if dtype else "float32", fmt)]
 
-    # Device services: torch.xpu on "xpu"; on "cpu" the cpu backend's (super()).
+    # Device services: each one asks `_services` for the device's kind, which holds the one branch on device type.
+
+    def _services(self, device) -> _IntelGpu | _HostCpu:
+        """torch.xpu's services on "xpu"; on "cpu" the cpu backend's, inherited (IPEX's CPU path)."""
+        return _INTEL_GPU if device.type == "xpu" else _HostCpu(self)
 
     def synchronize(self, device) -> None:
-        if device.type == "cpu":
-            return super().synchronize(device)
-        torch.xpu.synchronize(device)
+        self._services(device).synchronize(device)
 
     def new_event(self, device):
-        if device.type == "cpu":
-            return super().new_event(device)
-        return torch.xpu.Event(enable_timing=True)
+        return self._services(device).new_event(device)
 
     def reset_peak_memory(self, device) -> None:
-        if device.type == "cpu":
-            return super().reset_peak_memory(device)
-        torch.xpu.reset_peak_memory_stats(device)
+        self._services(device).reset_peak_memory(device)
 
     def peak_memory_bytes(self, device) -> int | None:
-        if device.type == "cpu":
-            return super().peak_memory_bytes(device)
-        return torch.xpu.max_memory_allocated(device)
+        return self._services(device).peak_memory_bytes(device)
 
     def energy_counter(self, device) -> EnergyCounter | str:
-        if device.type == "cpu":
-            return super().energy_counter(device)
-        # The host's RAPL would be the CPU's energy, not the GPU's: say there is none rather than misattribute it.
-        return "no energy counter: torch.xpu exposes none for Intel GPUs (Level Zero Sysman is not read here)"
+        return self._services(device).energy_counter(device)
 
     def device_name(self, device) -> str:
-        if device.type == "cpu":
-            return super().device_name(device)
-        return torch.xpu.get_device_name(device)
+        return self._services(device).device_name(device)
 
     def device_count(self, device) -> int:
-        if device.type == "cpu":
-            return super().device_count(device)
-        return torch.xpu.device_count()
+        return self._services(device).device_count(device)
 
     def device_memory_bytes(self, device) -> int | None:
-        if device.type == "cpu":
-            return super().device_memory_bytes(device)
-        return int(torch.xpu.get_device_properties(device).total_memory)
+        return self._services(device).device_memory_bytes(device)
 
     def peak_flops(self, device, precision) -> Peak | None:
-        if device.type == "cpu":
-            return super().peak_flops(device, precision)
-        name = torch.xpu.get_device_name(device)
-        for model, (table, source) in PEAK_TFLOPS.items():
-            if model in name and precision in table:
-                return Peak(table[precision] * 1e12, source)
-        return None
+        return self._services(device).peak_flops(device, precision)
 
     def peak_sources(self) -> dict[str, str]:
         return {model: source for model, (_, source) in PEAK_TFLOPS.items()}
 
     def run_facts(self, device) -> dict:
-        facts = super().run_facts(device) if device.type == "cpu" else {}
-        facts["torch_xpu"] = getattr(torch.version, "xpu", None)
-        if device.type == "xpu":
-            props = torch.xpu.get_device_properties(device)
-            facts["xpu_driver"] = getattr(props, "driver_version", None)
-            facts["xpu_total_memory"] = getattr(props, "total_memory", None)
+        facts = self._services(device).run_facts(device)
         try:  # from the metadata: importing IPEX next to another torch prints an error and exits
             facts["ipex"] = version("intel-extension-for-pytorch")
         except PackageNotFoundError:
@@ -164,11 +139,81 @@ class XpuBackend(CpuBackend):
         return facts
 
     def distributed_backend(self, device) -> str | None:
-        if device.type == "cpu":
-            return super().distributed_backend(device)
+        return self._services(device).distributed_backend(device)
+
+
+class _IntelGpu:
+    """The device services on an Intel GPU: upstream torch.xpu (no IPEX needed)."""
+
+    def select(self, device) -> None:
+        if device.index is not None:
+            torch.xpu.set_device(device.index)
+
+    def synchronize(self, device) -> None:
+        torch.xpu.synchronize(device)
+
+    def new_event(self, device):
+        return torch.xpu.Event(enable_timing=True)
+
+    def reset_peak_memory(self, device) -> None:
+        torch.xpu.reset_peak_memory_stats(device)
+
+    def peak_memory_bytes(self, device) -> int | None:
+        return torch.xpu.max_memory_allocated(device)
+
+    def energy_counter(self, device) -> EnergyCounter | str:
+        # The host's RAPL would be the CPU's energy, not the GPU's: say there is none rather than misattribute it.
+        return "no energy counter: torch.xpu exposes none for Intel GPUs (Level Zero Sysman is not read here)"
+
+    def device_name(self, device) -> str:
+        return torch.xpu.get_device_name(device)
+
+    def device_count(self, device) -> int:
+        return torch.xpu.device_count()
+
+    def device_memory_bytes(self, device) -> int | None:
+        return int(torch.xpu.get_device_properties(device).total_memory)
+
+    def peak_flops(self, device, precision) -> Peak | None:
+        name = torch.xpu.get_device_name(device)
+        for model, (table, source) in PEAK_TFLOPS.items():
+            if model in name and precision in table:
+                return Peak(table[precision] * 1e12, source)
+        return None
+
+    def run_facts(self, device) -> dict:
+        props = torch.xpu.get_device_properties(device)
+        return {
+            "torch_xpu": getattr(torch.version, "xpu", None),
+            "xpu_driver": getattr(props, "driver_version", None),
+            "xpu_total_memory": getattr(props, "total_memory", None),
+        }
+
+    def distributed_backend(self, device) -> str | None:
         # xccl is upstream torch's XPU collective backend (torch >= 2.8 XPU builds); older stacks used oneCCL's "ccl".
         available = getattr(torch.distributed, "is_xccl_available", None)
         return "xccl" if available and available() else "ccl"
+
+
+_INTEL_GPU = _IntelGpu()
+
+
+class _HostCpu:
+    """The device services on "cpu": the cpu backend's, inherited by the backend (`XpuBackend` is a `CpuBackend`)."""
+
+    def __init__(self, backend: XpuBackend) -> None:
+        self._cpu = super(XpuBackend, backend)  # CpuBackend's methods bound to this backend, as super() gives them
+
+    def select(self, device) -> None:
+        pass  # one host: nothing to select
+
+    def run_facts(self, device) -> dict:
+        facts = self._cpu.run_facts(device)
+        facts["torch_xpu"] = getattr(torch.version, "xpu", None)
+        return facts
+
+    def __getattr__(self, service: str):
+        return getattr(self._cpu, service)  # every other service is the cpu backend's own
 
 
 @hookimpl
