@@ -142,6 +142,27 @@ def test_runner_runs_xla_in_process(monkeypatch):
 
 
 @requires_torch_xla
+def test_two_runs_in_one_process_keep_their_own_state(monkeypatch):
+    """Each run's setup makes the state its own later hooks read: a second run set up in between (another backend
+    instance in the same process) does not move the first run's compilation baseline."""
+    import torch
+
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    # The process's compilation counter is replaced so the counts are exact: what each setup sees, then what
+    # run_facts sees (real XLA compiles a varying number of graphs at setup's device probe).
+    counts = iter([(5, 1.0), (9, 3.0)])
+    monkeypatch.setattr(llmb_xla, "_compilations", lambda: next(counts))
+    first, second, device = llmb_xla.XlaBackend(), llmb_xla.XlaBackend(), torch.device("xla")
+    settings = {"pjrt_device": "", "matmul_precision": "auto"}
+    first.setup(device, "FP32", settings)
+    second.setup(device, "FP32", settings)
+    monkeypatch.setattr(llmb_xla, "_compilations", lambda: (12, 4.5))
+    first_facts, second_facts = first.run_facts(device), second.run_facts(device)
+    assert (first_facts["xla_compilations"], first_facts["xla_compile_seconds"]) == (7, 3.5)
+    assert (second_facts["xla_compilations"], second_facts["xla_compile_seconds"]) == (3, 1.5)
+
+
+@requires_torch_xla
 def test_a_cpu_backward_before_xla_in_the_same_process_is_one_clear_error():
     """`llmb run` gives the plugin a fresh worker process, so only an in-process caller of llmb.runner.run (a notebook,
     a script) can have run a CPU backward before torch_xla initialised: it gets one line saying so."""

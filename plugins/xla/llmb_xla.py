@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
@@ -49,8 +50,13 @@ PEAK_BF16_TFLOPS: dict[str, tuple[float, str]] = {
     "TPU v5p": (459.0, _V5P),
 }
 
-# Compilation count and seconds when the current run's backend was set up (run_facts reports the run's share).
-_compiled_before_run: tuple[int, float] = (0, 0.0)
+
+@dataclass(frozen=True)
+class _RunState:
+    """What one run's setup saw, for the later hooks of the same run (so two runs in a process never share it)."""
+
+    #: Graphs compiled in this process and seconds spent compiling them before the run (run_facts reports its share).
+    compiled_before: tuple[int, float]
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -103,6 +109,10 @@ def _check_autograd(device) -> None:
 class XlaBackend(Backend):
     name = "xla"
 
+    # This run's state: made by setup, read by the hooks llmb calls after it on the same backend instance. None before
+    # any setup (run_facts then reports the whole process's compilations).
+    _run: _RunState | None = None
+
     def device_types(self):
         return ["xla"]
 
@@ -150,8 +160,7 @@ class XlaBackend(Backend):
         # Initialise the device before any backward pass: autograd sizes its per-device queues at its first backward.
         torch_xla.device()
         _check_autograd(device)
-        global _compiled_before_run
-        _compiled_before_run = _compilations()
+        self._run = _RunState(compiled_before=_compilations())
         wanted = _matmul_precision(precision, settings)
         if torch_xla.backends.get_mat_mul_precision() != wanted:
             # torch_xla logs "setting it multiple times is not recommended" on every set, even the first; it is set
@@ -246,8 +255,9 @@ class XlaBackend(Backend):
         # Graphs compiled during this run (the steps' and the precision probe's): a handful; one per step would mean
         # the step graph kept changing and the timed steps paid for compilation.
         count, seconds = _compilations()
-        facts["xla_compilations"] = count - _compiled_before_run[0]
-        facts["xla_compile_seconds"] = round(seconds - _compiled_before_run[1], 3)
+        count_before, seconds_before = self._run.compiled_before if self._run else (0, 0.0)
+        facts["xla_compilations"] = count - count_before
+        facts["xla_compile_seconds"] = round(seconds - seconds_before, 3)
         return facts
 
     def distributed_backend(self, device):
