@@ -445,8 +445,9 @@ def _bundle_of_large_results(folder: Path, count: int) -> Path:
 
 @pytest.mark.slow
 def test_verify_memory_does_not_grow_with_the_bundles_results(tmp_path):
-    """Issue 26: verify reads a bundle's results one at a time past a budget (llmb.verify.bundle.RESULT_CACHE_BYTES); its peak
-    memory over 32 results of 1 MiB is within 40 MiB of its peak over 8 (all 32 held parsed: about 200 MiB more)."""
+    """Issue 26: verify reads a bundle's results one at a time past a budget (llmb.verify.bundle.RESULT_CACHE_BYTES);
+    its peak memory over 32 results of 1 MiB is within 40 MiB of its peak over 8 (all 32 held parsed: about 200 MiB
+    more)."""
     peaks = {}
     for count in (8, 32):
         folder = _bundle_of_large_results(tmp_path / f"b{count}", count)
