@@ -115,7 +115,7 @@ def replay_refusal(record: dict) -> str | None:
 
     config = record.get("config")
     if not any(config == preset.to_dict() for preset in PRESETS.values()):
-        return "replay refused: the shape is not one of the presets (official, small, tiny)"
+        return f"replay refused: the shape is not one of the presets ({', '.join(PRESETS)})"
     sizes = [record.get("batch_size"), record.get("world_size", 1), record.get("steps"), record.get("seed")]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sizes):
         return "replay refused: batch size, world size, steps and seed must be whole numbers"

@@ -11,8 +11,6 @@ PRECISIONS = ("FP32", "TF32", "FP16", "BF16")
 # The value of --precision that asks for every precision the plugin supports (run, sweep and check-plugin).
 ALL_PRECISIONS = "ALL"
 MODES = ("pure", "amp")
-# The shapes llmb.config builds: the official one and two debug shapes (tests/test_layers.py checks they agree).
-PRESET_NAMES = ("official", "small", "tiny")
 SHAPE_FIELDS = (
     "sequence_length",
     "hidden_size",

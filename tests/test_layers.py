@@ -81,9 +81,8 @@ def test_llmb_help_takes_under_a_second():
 
 
 def test_the_cli_vocabulary_matches_what_the_modules_build():
-    from llmb import config, distributed
+    from llmb import distributed
 
-    assert tuple(config.PRESETS) == names.PRESET_NAMES
     assert distributed.PARALLEL is names.PARALLEL
 
 

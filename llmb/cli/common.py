@@ -19,6 +19,7 @@ import click
 
 from llmb import bounds, names
 from llmb import console as term
+from llmb.config import PRESETS  # torch-free: the shapes themselves, so --help names them from their one source
 from llmb.errors import LlmbError
 
 if TYPE_CHECKING:  # annotations only: distributed imports torch
@@ -189,7 +190,7 @@ def precision_options(default: str) -> Callable[[Callable], Callable]:
 def model_options(func: Callable) -> Callable:
     """The preset and its debug shape overrides."""
     func = shape_options(func)
-    return click.option("--preset", default="official", show_default=True, type=bounds.choice(names.PRESET_NAMES))(func)
+    return click.option("--preset", default="official", show_default=True, type=bounds.choice(tuple(PRESETS)))(func)
 
 
 def device_scaled(name: str) -> str:
