@@ -106,7 +106,8 @@ TABLE: tuple[PeakEntry, ...] = (
         "amd-instinct-mi300x-data-sheet.pdf)",
     ),
     # PJRT device kinds. Google publishes no FP32 peak (FP32 matmuls are multi-pass BF16).
-    _entry("Google TPU v4", r"^TPU v4\b", None, {"BF16": 275e12}, "https://cloud.google.com/tpu/docs/v4"),
+    # "TPU v4 lite" (v4i, an inference chip) has other figures: excluded.
+    _entry("Google TPU v4", r"^TPU v4\b", r"\blite\b", {"BF16": 275e12}, "https://cloud.google.com/tpu/docs/v4"),
     _entry("Google TPU v5e", r"^TPU v5(e| lite)\b", None, {"BF16": 197e12}, "https://cloud.google.com/tpu/docs/v5e"),
     _entry("Google TPU v5p", r"^TPU v5p?$", None, {"BF16": 459e12}, "https://cloud.google.com/tpu/docs/v5p"),
 )

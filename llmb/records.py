@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from llmb import __version__
 from llmb.bundle_io import read_regular
 from llmb.config import PRESETS
-from llmb.model import ModelConfig
+from llmb.spec.shape import ModelConfig
+from llmb.version import __version__
 
 # Every schema id llmb writes, in one place.
 RESULT_SCHEMA = "llmb.result/1"

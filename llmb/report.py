@@ -24,8 +24,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from llmb import __version__, flops, outputs, peaks, precision, record_files
 from llmb import console as term
+from llmb import flops, outputs, peaks, record_files
 from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
 from llmb.names import PRECISIONS
@@ -47,6 +47,7 @@ from llmb.records import (
     read_sweep_log,
 )
 from llmb.results import write_bytes_atomic
+from llmb.version import __version__
 
 FORMATS = ("md", "html", "csv", "json")
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".csv": "csv", ".json": "json"}
@@ -322,7 +323,7 @@ def by_group(points: list[Point]) -> dict[tuple, list[Point]]:
     groups: dict[tuple, list[Point]] = {}
     for p in points:
         groups.setdefault(p.group, []).append(p)
-    order = {name: i for i, name in enumerate(precision.PRECISIONS)}
+    order = {name: i for i, name in enumerate(PRECISIONS)}
 
     def key(item):
         method, settings, device, prec, mode, shape, world_size, nodes, parallel = item[0]

@@ -328,7 +328,7 @@ def test_all_first_party_plugins_are_listed_when_installed():
     for name, dist in wanted.items():
         assert described[name]["distribution"] == dist
         assert isinstance(described[name]["hardware_available"], bool)
-    assert "A100" in described["cuda"]["peak_sources"] and "MI300X" in described["rocm"]["peak_sources"]
+    assert described["cuda"]["peak_sources"] == {} == described["rocm"]["peak_sources"]  # llmb's table has theirs
     assert described["rocm"]["methods_overridden"] == described["cuda"]["methods_overridden"]  # inherited
 
 

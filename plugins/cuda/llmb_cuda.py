@@ -1,5 +1,5 @@
-"""llmb plugin for NVIDIA GPUs through torch.cuda: events, memory stats, a peak FLOP/s table, and the training
-features llmb shares with every plugin (llmb.checkpointing, llmb.compilers, llmb.fp8: the cpu plugin's too).
+"""llmb plugin for NVIDIA GPUs through torch.cuda: events, memory stats, peaks for GPUs llmb's table lacks, and the
+training features llmb shares with every plugin (llmb.checkpointing, llmb.compilers, llmb.fp8: the cpu plugin's too).
 
 Settings (-O key=value): compile, fused_adamw, activation_checkpointing, fp8, fp8_emulate. See README.md.
 """
@@ -46,8 +46,10 @@ SETTINGS = [
 ]
 
 
-# Peak dense FLOP/s per device, by the precision that really ran. Sparse (2:4) figures are twice these and never
-# used. FP32 is the non-tensor-core rate; TF32/FP16/BF16 the tensor-core rates.
+# Peaks are llmb's (llmb/peaks.py: every GPU this plugin was written for, each with its public source); a plugin
+# declares one only for a GPU that table lacks (llmb/peaks.py's rules: the table wins for any GPU it has). PEAKS
+# below is where such a GPU goes: dense figures by the precision that really ran (sparse 2:4 figures are twice these
+# and never used), FP32 the non-tensor-core rate, TF32/FP16/BF16 the tensor-core rates.
 
 
 @dataclass(frozen=True)
@@ -67,62 +69,8 @@ class PeakEntry:
         return not (self.exclude and re.search(self.exclude, name, re.IGNORECASE))
 
 
-PEAKS: tuple[PeakEntry, ...] = (
-    # A100 (SXM4 and PCIe share these): NVIDIA A100 datasheet, FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS (dense)
-    # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
-    # Torch names: "NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-40GB".
-    PeakEntry(
-        "A100",
-        r"\bA100\b",
-        None,
-        {"FP32": 19.5e12, "TF32": 156e12, "FP16": 312e12, "BF16": 312e12},
-        "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-        "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-    ),
-    # H100 SXM5: NVIDIA H100 datasheet lists FP32 67, TF32 989*, BF16/FP16 1,979* TFLOPS (* with sparsity, dense is
-    # half); the Hopper whitepaper gives the unrounded dense rates 66.9 / 494.7 / 989.4 TFLOPS.
-    # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
-    # https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper
-    # Torch name: "NVIDIA H100 80GB HBM3" (the SXM part is the HBM3 one). H100 NVL has other figures: excluded.
-    PeakEntry(
-        "H100 SXM",
-        r"\bH100\b.*\b(SXM\d*|HBM3)\b",
-        r"\b(PCIe|NVL)\b",
-        {"FP32": 66.9e12, "TF32": 494.7e12, "FP16": 989.4e12, "BF16": 989.4e12},
-        "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
-    ),
-    # H100 PCIe: same datasheet, FP32 51, TF32 756*, BF16/FP16 1,513* TFLOPS; whitepaper dense 51.2 / 378 / 756.
-    # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
-    PeakEntry(
-        "H100 PCIe",
-        r"\bH100\b.*\bPCIe\b",
-        r"\bNVL\b",
-        {"FP32": 51.2e12, "TF32": 378e12, "FP16": 756e12, "BF16": 756e12},
-        "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
-    ),
-    # H200 SXM: NVIDIA H200 datasheet, FP32 67, TF32 989*, BF16/FP16 1,979* TFLOPS (* with sparsity): the H100 SXM's
-    # GH100 silicon and clocks with more memory, so the whitepaper's unrounded H100 SXM rates apply.
-    # https://www.nvidia.com/en-us/data-center/h200/
-    # Torch name: "NVIDIA H200". H200 NVL (600 W) has other figures: excluded.
-    PeakEntry(
-        "H200",
-        r"\bH200\b",
-        r"\bNVL\b",
-        {"FP32": 66.9e12, "TF32": 494.7e12, "FP16": 989.4e12, "BF16": 989.4e12},
-        "https://www.nvidia.com/en-us/data-center/h200/",
-    ),
-    # B200 (HGX B200, 1,000 W): NVIDIA Blackwell datasheet, FP32 80, TF32 2.2 P*, BF16/FP16 4.5 P* FLOPS
-    # (* with sparsity), so dense TF32 1,100 and BF16/FP16 2,250 TFLOPS.
-    # https://resources.nvidia.com/en-us-blackwell-architecture/datasheet
-    # Torch name: "NVIDIA B200". GB200 runs at other clocks and does not match \bB200\b.
-    PeakEntry(
-        "B200",
-        r"\bB200\b",
-        None,
-        {"FP32": 80e12, "TF32": 1100e12, "FP16": 2250e12, "BF16": 2250e12},
-        "https://resources.nvidia.com/en-us-blackwell-architecture/datasheet",
-    ),
-)
+# Empty: llmb's table has every GPU this plugin knows (tests/test_peaks.py keeps it so).
+PEAKS: tuple[PeakEntry, ...] = ()
 
 
 def match_entry(name: str, table: tuple[PeakEntry, ...] = PEAKS) -> PeakEntry | None:

@@ -1,8 +1,8 @@
 """llmb plugin for AMD GPUs through torch's ROCm (HIP) build, where AMD GPUs are torch "cuda" devices.
 
 HIP mirrors the CUDA API in torch, so `RocmBackend` subclasses llmb_cuda's `CudaBackend`: the device services and
-the post-processing are inherited. What differs: hardware detection, the peak table, ROCm's BLAS and TunableOp
-setup, and the facts recorded.
+the post-processing are inherited. What differs: hardware detection, ROCm's BLAS and TunableOp setup, and the
+facts recorded (peaks are llmb's table's: llmb/peaks.py has the MI250X and MI300X).
 
 Settings (-O key=value): llmb_cuda's compile, fused_adamw, activation_checkpointing, fp8 and fp8_emulate, plus
 tunableop and hipblaslt.
@@ -23,30 +23,9 @@ SETTINGS = [
     Setting("hipblaslt", bool, True, "prefer hipBLASLt over rocBLAS for GEMMs (TORCH_BLAS_PREFER_HIPBLASLT)"),
 ]
 
-# Peak dense FLOP/s per torch device. On MI250X each of the two GCDs is its own torch device, so the figures are
-# the package's halved. MI250X has no TF32 rate: a run labelled TF32 there gets no peak and no MFU.
-PEAKS: tuple[PeakEntry, ...] = (
-    # MI250X (OAM, 2 GCDs): AMD datasheet, peak FP32 matrix 95.7, FP16/BF16 383.0 TFLOPS per package.
-    # https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html
-    # A name that also says MI250 (rocm-smi's "MI250X / MI250") is ambiguous: MI250 is slower, so no peak.
-    PeakEntry(
-        "MI250X",
-        r"\bMI250X\b",
-        r"\bMI250\b",
-        {"FP32": 47.85e12, "FP16": 191.5e12, "BF16": 191.5e12},
-        "https://www.amd.com/content/dam/amd/en/documents/instinct-business-docs/product-briefs/"
-        "instinct-mi250x-brochure.pdf (per package; halved per GCD)",
-    ),
-    # MI300X: AMD datasheet, peak FP32 matrix 163.4, TF32 653.7, FP16/BF16 1,307.4 TFLOPS (dense; 2x with sparsity).
-    PeakEntry(
-        "MI300X",
-        r"\bMI300X\b",
-        None,
-        {"FP32": 163.4e12, "TF32": 653.7e12, "FP16": 1307.4e12, "BF16": 1307.4e12},
-        "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/"
-        "amd-instinct-mi300x-data-sheet.pdf",
-    ),
-)
+# Peaks for AMD GPUs llmb's table (llmb/peaks.py) lacks, in llmb_cuda's PeakEntry form; empty: the table has the
+# MI250X (per GCD) and MI300X, and it wins for any GPU it has (tests/test_peaks.py keeps this so).
+PEAKS: tuple[PeakEntry, ...] = ()
 
 
 # GPU architectures whose float8 GEMMs torch._scaled_mm runs ("ROCm MI300+" in its check): MI300/MI325 (gfx942),

@@ -36,19 +36,10 @@ MATMUL_FORMAT = {
 # Environment switches that make torch_xla store FP32 tensors as BF16 on the device while torch still says float32.
 BF16_ENV = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
-# Dense BF16 peak per chip (one torch-xla device per chip on v4, v5e and v5p), keyed by PJRT device kind, with the
-# page that publishes it ("Peak compute per chip (bf16) ... TFLOPs").
-# Google publishes no FP32 peak (FP32 matmuls are multi-pass BF16), so an FP32 run gets no MFU.
-_V4 = "https://cloud.google.com/tpu/docs/v4"
-_V5E = "https://cloud.google.com/tpu/docs/v5e"
-_V5P = "https://cloud.google.com/tpu/docs/v5p"
-PEAK_BF16_TFLOPS: dict[str, tuple[float, str]] = {
-    "TPU v4": (275.0, _V4),
-    "TPU v5 lite": (197.0, _V5E),
-    "TPU v5e": (197.0, _V5E),
-    "TPU v5": (459.0, _V5P),
-    "TPU v5p": (459.0, _V5P),
-}
+# Dense BF16 peak per chip for TPUs llmb's table (llmb/peaks.py) lacks, keyed by PJRT device kind, with the page that
+# publishes it. Empty: the table has TPU v4, v5e and v5p, and it wins for any device it has (tests/test_peaks.py
+# keeps this so).
+PEAK_BF16_TFLOPS: dict[str, tuple[float, str]] = {}
 
 
 @dataclass(frozen=True)
