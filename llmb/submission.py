@@ -150,13 +150,13 @@ def sweep_phases(results_dir: Path) -> dict[str, str]:
 
 def counted_results(records: list[Result], phases: dict[str, str]) -> tuple[list[Result], list[str]]:
     """The results a headline may count (records.counted_runs, the rule the sweep and the report use): a sweep's
-    search trials at a batch it re-ran are left out, so summary.md shows the sweep's figure, not a pool of both."""
+    search trials in a group it re-ran are left out, so summary.md shows the sweep's figure, not a pool of both."""
     kept = set()
     for runs in group_runs(records).values():
         kept.update(id(r) for r in counted_runs(runs, lambda r: phases.get(r.run_id)))
     dropped = [r.run_id for r in records if id(r) not in kept]
     skipped = [
-        f"{len(dropped)} sweep search trial(s) at a re-run batch ({', '.join(dropped[:5])}"
+        f"{len(dropped)} sweep search trial(s) of a group the sweep re-ran ({', '.join(dropped[:5])}"
         f"{' and more' if len(dropped) > 5 else ''}): the re-runs are the headline, as in the sweep and the report"
     ]
     return [r for r in records if id(r) in kept], skipped if dropped else []
