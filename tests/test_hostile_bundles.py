@@ -23,6 +23,7 @@ import pytest
 
 from llmb import bundle_archive, bundle_io, submission, verify
 from llmb.bundle_io import Limits, Refused
+from llmb.records import PLUGIN_SOURCE_SCHEMA
 
 REFERENCE = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
 SECONDS = 10.0
@@ -329,7 +330,7 @@ def test_a_plugin_source_record_cannot_name_files_outside(bundle, tmp_path):
     sub["plugins"][0]["distribution"] = "evil"
     (bundle / "submission.json").write_text(json.dumps(sub))
     (bundle / "code" / "plugins").mkdir()
-    record = {"schema": submission.PLUGIN_SOURCE_SCHEMA, "files": {"../../../../etc/passwd": "0" * 64}}
+    record = {"schema": PLUGIN_SOURCE_SCHEMA, "files": {"../../../../etc/passwd": "0" * 64}}
     (bundle / "code" / "plugins" / "evil.json").write_text(json.dumps(record))
     resign(bundle)
     rows = {r.check: r for r in verify.verify(bundle, accept_debug=True)}
