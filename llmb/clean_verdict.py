@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from llmb import energy, evidence, flops, replay
 from llmb.errors import LlmbError
 from llmb.records import RecordError, Result, median_index
+from llmb.tolerances import MIN_STEP_SHARE_OF_WINDOW
 
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
 # judge's. Slack for the two clock reads' own granularity.
@@ -312,10 +313,10 @@ def record_problems(record: dict, closed: list[JudgedWindow]) -> list[str]:
         # The headline repeat's step times, from the plugin's process (device events or host clock): information,
         # but a set that leaves most of the judged window unexplained says the plugin's timer is not the device's.
         worker_headline = median_index([1 / _number(w) for w in claimed]) if len(claimed) == len(closed) else headline
-        if worker_headline == headline and steps and sum(steps) < evidence.MIN_STEP_SHARE_OF_WINDOW * window:
+        if worker_headline == headline and steps and sum(steps) < MIN_STEP_SHARE_OF_WINDOW * window:
             problems.append(
                 f"timing: the plugin's step times add up to {sum(steps):.6f} s, under "
-                f"{evidence.MIN_STEP_SHARE_OF_WINDOW:.0%} of the {window:.6f} s the clean clock measured"
+                f"{MIN_STEP_SHARE_OF_WINDOW:.0%} of the {window:.6f} s the clean clock measured"
             )
     return problems
 

@@ -20,7 +20,6 @@ import torch
 
 from llmb.model import ModelConfig
 from llmb.names import DEFAULT_REPLAY_STEPS, DEFAULT_REPLAY_WHOLE  # noqa: F401  (where the CLI reads them)
-from llmb.tolerances import MIN_STEP_SHARE_OF_WINDOW  # noqa: F401 - the judge reads it here
 
 SCHEMA = "llmb.evidence/1"
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.

@@ -10,6 +10,8 @@ from collections.abc import Container
 PRECISIONS = ("FP32", "TF32", "FP16", "BF16")
 # The value of --precision that asks for every precision the plugin supports (run, sweep and check-plugin).
 ALL_PRECISIONS = "ALL"
+# The formats `llmb report` writes (--format; llmb.report renders each).
+REPORT_FORMATS = ("md", "html", "csv", "json")
 MODES = ("pure", "amp")
 SHAPE_FIELDS = (
     "sequence_length",

@@ -28,7 +28,7 @@ from llmb import console as term
 from llmb import flops, outputs, peaks, record_files
 from llmb.bundle_io import read_regular
 from llmb.errors import LlmbError, UsageError
-from llmb.names import PRECISIONS
+from llmb.names import PRECISIONS, REPORT_FORMATS
 from llmb.records import (
     RECORD_LIMIT,
     REPORT_SCHEMA,
@@ -49,7 +49,7 @@ from llmb.records import (
 from llmb.results import write_bytes_atomic
 from llmb.version import __version__
 
-FORMATS = ("md", "html", "csv", "json")
+FORMATS = REPORT_FORMATS
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".csv": "csv", ".json": "json"}
 
 

@@ -581,7 +581,8 @@ def emulated_note(device: torch.device, names: list[str]) -> str | None:
     emulates (from its flags): their trials take several times FP32's (issue 27). None elsewhere."""
     from llmb import sysinfo
 
-    emulated = [p for p in names if p in sysinfo.cpu_emulated_precisions()] if device.type == "cpu" else []
+    slow = sysinfo.cpu_emulated_precisions() if device.type == "cpu" else []  # reads /proc/cpuinfo: once
+    emulated = [p for p in names if p in slow]
     if not emulated:
         return None
     them = "them" if len(emulated) > 1 else "it"

@@ -1,6 +1,7 @@
 """The clean room's judge and worker are different modules: the judge's (llmb.cleanroom, llmb.clean_verdict and the
-link they share, llmb.clean_link) never import the worker side or what runs a plugin, anywhere in their source; the
-worker is named to the spawned process by its module's name only."""
+link they share, llmb.clean_link) load nothing of the worker side or what runs a plugin when imported (their imports,
+anywhere in their source, are .importlinter's judge-no-plugin contract); the worker is named to the spawned process
+by its module's name only."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from llmb.cli.common import console, handle_errors
     "--format",
     "fmt",
     default=None,
-    type=bounds.choice(["md", "html", "csv", "json"]),
+    type=bounds.choice(names.REPORT_FORMATS),
     help="Output format (default: tables on the console, or the --out file's suffix).",
 )
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")

@@ -21,7 +21,6 @@ from llmb.verify.bundle import Bundle, per_result
 
 # Recorded figures are full-precision JSON floats, so a recomputation agrees to far better than this.
 REL_TOLERANCE = 1e-6
-DTYPE_NAMES = DTYPE_NAME_FORMAT
 
 
 def _close(recorded, expected) -> bool:
@@ -120,9 +119,9 @@ def precision_problems(b: Bundle, path: str, r: Result) -> list[str]:
     evidence = dict(audit.evidence)
     for key in ("parameter_dtypes", "gradient_dtypes", "optimizer_state_dtypes", "buffer_dtypes"):
         for dtype in getattr(audit, key) or {}:
-            if dtype not in DTYPE_NAMES:
+            if dtype not in DTYPE_NAME_FORMAT:
                 return [f"unknown dtype {dtype!r} in the audit's {key}"]
-            evidence[f"{key}:{dtype}"] = DTYPE_NAMES[dtype]
+            evidence[f"{key}:{dtype}"] = DTYPE_NAME_FORMAT[dtype]
     evidence["matmul_probe"] = audit.matmul_probe.verdict
     for rank, label in enumerate(audit.rank_effective or []):  # a multi-process job: every rank's verdict
         evidence[f"rank {rank}"] = label
