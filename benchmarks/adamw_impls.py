@@ -18,10 +18,10 @@ from arms import synchronize
 from common import command_line, console, load, machine, write_raw
 from rich.table import Table
 
-from llmb import precision
-from llmb.config import PRESETS, build_config
+from llmb.audit import precision
 from llmb.model import LlamaModel
-from llmb.train import build_optimizer
+from llmb.spec.presets import PRESETS, build_config
+from llmb.training.loop import build_optimizer
 
 IMPLEMENTATIONS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 

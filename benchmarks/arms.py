@@ -4,14 +4,15 @@ Each run gets a fresh process so that its peak memory (max RSS on the CPU, the a
 own, and so that one arm's threads, compiled graphs and allocator state cannot help or hurt the next one.
 
 Arms:
-- llmb: the harness itself, `llmb.runner.run` with the plugin's settings.
+- llmb: the harness itself, `llmb.run.runner.run` with the plugin's settings.
 - hf: HF transformers' LlamaForCausalLM (same shape, SDPA attention, untied head) + torch.optim.AdamW, by hand.
 - torchtitan: torchtitan's Llama3Model (same shape, SDPA attention; see titan.py) + torch.optim.AdamW, by hand.
 - bare: llmb's model and the benchmark's AdamW in a bare loop with one device sync at the end.
 - interleaved: the harness's step and models stepped by hand in one process, alternating step by step.
 - step_memory: models by hand one after another in one process, each one step's tensor peak from the profiler.
 - hand_path: llmb's model on one of the plugins' paths (compiled, AMP, FP8) in the loop a performance engineer
-  writes by hand: the same toolkit calls a plugin makes (llmb.fp8, llmb.compilers), no harness (benchmarks/fidelity.py).
+  writes by hand: the same toolkit calls a plugin makes (llmb.toolkit.fp8, llmb.toolkit.compilers), no harness
+  (benchmarks/fidelity.py).
 - llmb_cli: `llmb run` itself as a user runs it (clean room, judge's clock, replay), its record's headline.
 """
 
@@ -103,13 +104,13 @@ def plain_loop(step, device: torch.device, warmup_steps: int, steps: int) -> dic
 
 def model_config(spec: dict):
     """The spec's shape: a preset with optional overrides (`shape`, as `llmb run --hidden-size ...`)."""
-    from llmb.config import build_config
+    from llmb.spec.presets import build_config
 
     return build_config(spec["preset"], **(spec.get("shape") or {}))
 
 
 def run_options(spec: dict):
-    from llmb import runner
+    from llmb.run import runner
 
     return runner.RunOptions(
         config=model_config(spec),
@@ -127,7 +128,7 @@ def run_options(spec: dict):
 
 
 def run_llmb(spec: dict) -> dict:
-    from llmb import runner
+    from llmb.run import runner
 
     options = run_options(spec)
     return record_measurement(runner.run(options).to_dict())
@@ -169,8 +170,9 @@ def cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module
 def hand_setup(spec: dict, build, loss_of):
     """Build a model from the seed, the benchmark's AdamW, the harness's batch and matmul switches: what a user
     who copies llmb's setup but not its harness would run. Returns (step, optimizer, device, model)."""
-    from llmb import precision
-    from llmb.train import ADAMW_HYPERPARAMETERS, parameter_groups, synthetic_batch
+    from llmb.audit import precision
+    from llmb.audit.evidence import synthetic_batch
+    from llmb.training.loop import ADAMW_HYPERPARAMETERS, parameter_groups
 
     config = model_config(spec)
     device = torch.device(spec.get("device") or "cpu")
@@ -254,7 +256,7 @@ def run_hand_path(spec: dict) -> dict:
     """llmb's model on a path (spec["settings"]: compile, fp8, as the plugin's -O settings) by hand: built from the
     seed, cast as the recipe casts, converted to float8 and compiled by the toolkit calls the plugins make, the
     benchmark's AdamW with the implementation options the plugin picks, synchronised at the window's edges only."""
-    from llmb import compilers, fp8
+    from llmb.toolkit import compilers, fp8
 
     settings = spec.get("settings") or {}
     step, optimizer, device, model = hand_setup(spec, llmb_model, llmb_loss)
@@ -271,13 +273,13 @@ def run_hand_path(spec: dict) -> dict:
 
 
 def _recipe(spec: dict):
-    from llmb import precision
+    from llmb.audit import precision
 
     return precision.recipe(spec["precision"], spec.get("mode", "pure"))
 
 
 def _hand_batch(spec: dict, device: torch.device) -> torch.Tensor:
-    from llmb.train import synthetic_batch
+    from llmb.audit.evidence import synthetic_batch
 
     return synthetic_batch(model_config(spec), spec["batch_size"], spec.get("seed", 0), device)
 
@@ -323,7 +325,7 @@ def run_interleaved(spec: dict) -> dict:
     bare, "torchtitan": torchtitan's, "same": the harness's own model and optimizer), one process, alternating step
     by step (the order flips every pair), each step timed between two syncs: load that drifts over seconds hits all
     alike. The models share the memory here, so it is not compared."""
-    from llmb import runner
+    from llmb.run import runner
 
     models = MODELS
     options = run_options(spec)
@@ -428,7 +430,7 @@ def main(spec: dict) -> dict:
     started = time.perf_counter()
     # Import what the arm needs before the baseline, so "training memory" (peak - baseline) counts the model,
     # its gradients, the optimizer state and the activations, not the size of a library's code.
-    from llmb import runner  # noqa: F401
+    from llmb.run import runner  # noqa: F401
 
     # import_peers: every arm imports every peer's library first, so peak memories (max RSS) compare like for like.
     if spec["arm"] in ("hf", "interleaved") or spec.get("import_peers"):

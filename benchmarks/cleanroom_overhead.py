@@ -28,10 +28,13 @@ import click
 import torch
 from common import command_line, console, fmt_bytes, load, machine, print_machine, write_raw
 
-from llmb import clean_worker, cleanroom, evidence, flops
-from llmb.config import PRESETS
+from llmb.audit import evidence
+from llmb.judge import cleanroom
 from llmb.model import OFFICIAL_CONFIG, LlamaModel
-from llmb.train import build_optimizer
+from llmb.run import clean_worker
+from llmb.spec import flops
+from llmb.spec.presets import PRESETS
+from llmb.training.loop import build_optimizer
 
 GOAL = 0.02
 
@@ -102,8 +105,8 @@ def replay_cost(preset: str, batch_size: int, steps: int) -> dict:
     """The replay of `steps` steps in a fresh process: its time and its peak memory above an idle interpreter's."""
     code = f"""
 import json
-from llmb import replay
-from llmb.config import PRESETS
+from llmb.judge import replay
+from llmb.spec.presets import PRESETS
 base = replay._peak_rss()
 r = replay.replay(PRESETS[{preset!r}], 0, {batch_size}, 1, 12345, {steps}, 50)
 print(json.dumps({{"seconds": r.seconds, "peak_above_idle_bytes": r.peak_rss_bytes - base}}))

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from llmb import CpuBackend
-from llmb.config import PRESETS
-from llmb.precision import MODES, PRECISIONS
-from llmb.results import write_json_atomic
+from llmb.audit.precision import MODES, PRECISIONS
+from llmb.records.result_files import write_json_atomic
+from llmb.spec.presets import PRESETS
 
 HERE = Path(__file__).resolve().parent
 RAW = HERE / "raw"
@@ -235,8 +235,8 @@ def base_spec(**options) -> dict:
 
 def plugin_optimizer_options(spec: dict, settings: dict | None = None) -> dict:
     """The AdamW implementation options (foreach/fused) the llmb plugin picks for this spec and settings."""
-    from llmb import runner
-    from llmb.config import build_config
+    from llmb.run import runner
+    from llmb.spec.presets import build_config
 
     options = runner.RunOptions(
         config=build_config(spec["preset"]),

@@ -1,6 +1,6 @@
 """Eager vs torch.compile modes vs fused AdamW vs activation checkpointing, per plugin, lit-gpt style.
 
-Every method is `llmb run` with plugin settings (-O key=value through llmb.runner.RunOptions.settings), in a fresh
+Every method is `llmb run` with plugin settings (-O key=value through llmb.run.runner.RunOptions.settings), in a fresh
 process, rounds alternating over the methods. A method whose settings the plugin does not declare is listed as not
 offered. Compiled methods compile during the warmup steps, so give them at least two.
 
@@ -30,8 +30,8 @@ from common import (
 )
 from rich.table import Table
 
-from llmb.errors import UsageError
-from llmb.plugins import resolve_settings, select_backend
+from llmb.api.errors import UsageError
+from llmb.registry.plugins import resolve_settings, select_backend
 
 # The reference: no compile, torch's default AdamW, no recomputation. Each method changes only its own settings.
 # The one table of methods: benchmarks/cpu_paths.py runs a selection of these by name.

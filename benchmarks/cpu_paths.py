@@ -1,8 +1,8 @@
 """The cpu plugin's eager path against its faster paths, each against the measured matmul peak, and where the time
 goes by operator class.
 
-1. The roofline (`llmb.roofline`, as `llmb peak` measures it) at the preset's GEMM shapes, in this process.
-2. Arms, each `llmb.runner.run` in a fresh process, rounds alternating: eager (no compile, torch's default AdamW,
+1. The roofline (`llmb.run.roofline`, as `llmb peak` measures it) at the preset's GEMM shapes, in this process.
+2. Arms, each `llmb.run.runner.run` in a fresh process, rounds alternating: eager (no compile, torch's default AdamW,
    no recomputation) and the paths that change one thing or several; tokens/s, ratio against eager from the same
    run, and efficiency = achieved model FLOP/s over the measured matmul peak.
 3. A profile (torch.profiler, self CPU time of each aten op over a few harness steps) of eager and of the best arm,
@@ -29,11 +29,11 @@ from common import (
 from compile_modes import METHODS, method_settings
 from rich.table import Table
 
-from llmb import roofline, runner
-from llmb.config import build_config
-from llmb.errors import UsageError
-from llmb.flops import model_flops_per_token
-from llmb.plugins import get_backend
+from llmb.api.errors import UsageError
+from llmb.registry.plugins import get_backend
+from llmb.run import roofline, runner
+from llmb.spec.flops import model_flops_per_token
+from llmb.spec.presets import build_config
 
 # compile_modes.py's methods are the one table of settings; these are the cpu plugin's fast paths among them.
 PATHS = (

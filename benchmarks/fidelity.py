@@ -21,7 +21,7 @@ import click
 from common import RAW, base_spec, command_line, console, load, machine, print_machine, run_arm, run_options
 from rich.table import Table
 
-from llmb.results import write_json_atomic
+from llmb.records.result_files import write_json_atomic
 
 GOAL = 0.98
 # Each path as the plugin's settings (what `llmb run -O` takes and the hand loop applies the same way) and mode.

@@ -39,8 +39,8 @@ python benchmarks/vs_transformers.py --device cuda --preset official --precision
 python benchmarks/harness_overhead.py --device cuda --preset official --precision BF16 --batch-size "$BATCH" \
   --steps 20 --warmup-steps 3 --rounds 3
 python benchmarks/adamw_impls.py --device cuda --preset official --precision BF16 --rounds 10
-# 5. The run replay's tolerances on this GPU (llmb/tolerances.py's REPLAY_TOLERANCES cite an H100's): each mode
-#    against FP32 on this device, judged by llmb.replay.compare; a printed measured/tolerance pair above 1 is a
+# 5. The run replay's tolerances on this GPU (llmb/spec/tolerances.py's REPLAY_TOLERANCES cite an H100's): each mode
+#    against FP32 on this device, judged by llmb.judge.replay.compare; a printed measured/tolerance pair above 1 is a
 #    tolerance to revisit before results from this GPU are trusted.
 python benchmarks/replay_calibration.py --device cuda --preset official --seeds 0,1 --batch-sizes 1,8,16 \
   --out "$OUT/replay_calibration.jsonl"

@@ -1,4 +1,4 @@
-"""What the harness costs: `llmb run` (llmb.runner.run) against a bare loop of the same model and optimizer.
+"""What the harness costs: `llmb run` (llmb.run.runner.run) against a bare loop of the same model and optimizer.
 
 The bare loop is llmb's model and the benchmark's AdamW (with the implementation options the plugin picks), stepped
 with no hooks, no per-step sync and no bookkeeping, synchronised once before and once after the timed steps. Each run
@@ -114,7 +114,7 @@ def main(interleave_steps: int, **options) -> None:
 def per_step_hook_seconds(spec: dict, calls: int = 2000) -> float:
     """What the harness adds to every timed step besides the step itself, timed directly (immune to load drift
     over minutes, unlike whole runs): the plugin calls its timer makes per step."""
-    from llmb.plugins import select_backend
+    from llmb.registry.plugins import select_backend
 
     backend, device = select_backend(spec["plugin"]).backend, torch.device(spec["device"])
     backend.synchronize(device)

@@ -52,7 +52,7 @@ def profile_arm(
 def main(
     batch_sizes: str, peers: str, adamw: str, warmup_steps: int, steps: int, threads: int, top: int, preset, **shape
 ) -> None:
-    from llmb.config import build_config
+    from llmb.spec.presets import build_config
 
     torch.set_num_threads(threads)
     config = build_config(preset, **shape)

@@ -1,9 +1,10 @@
 """The run replay's tolerances, measured where results are made: each precision and mode against FP32 on one device.
 
 Each arm trains a copy of the same initial model for --steps steps on one batch (a measured window's semantics), and
-llmb.replay.compare judges its losses and parameter digest against the FP32 arm's, exactly as the clean room judges
-a window against its FP32 CPU replay (on the GPU the FP32 arm matched the CPU replay exactly). One JSON line per arm
-goes to --out; `llmb/tolerances.py` (REPLAY_TOLERANCES) cites what this printed on an H100 on 2026-11-22
+llmb.judge.replay.compare judges its losses and parameter digest against the FP32 arm's, exactly as the clean room
+judges a window against its FP32 CPU replay (on the GPU the FP32 arm matched the CPU replay exactly). One JSON line per
+arm
+goes to --out; `llmb/spec/tolerances.py` (REPLAY_TOLERANCES) cites what this printed on an H100 on 2026-11-22
 (raw/h100-20261122/replay_calibration.jsonl).
 
     python benchmarks/replay_calibration.py --device cuda --preset official --seeds 0,1 --batch-sizes 1,8,16
@@ -21,10 +22,12 @@ import click
 import torch
 from arms import hand_step  # benchmarks/ is on the path when a script here runs
 
-from llmb import evidence, precision, replay
-from llmb.config import PRESETS
+from llmb.audit import evidence, precision
+from llmb.audit.evidence import synthetic_batch
+from llmb.judge import replay
 from llmb.model import LlamaModel
-from llmb.train import build_optimizer, synthetic_batch
+from llmb.spec.presets import PRESETS
+from llmb.training.loop import build_optimizer
 
 # (precision, mode, fused AdamW): the FP32 arm first, the reference of the others.
 ARMS = [

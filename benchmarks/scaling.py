@@ -21,7 +21,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RAW, console, load, machine, print_machine  # noqa: E402
 
-from llmb.results import write_json_atomic  # noqa: E402
+from llmb.records.result_files import write_json_atomic  # noqa: E402
 
 
 def llmb(*args: str, timeout: float = 1800) -> None:

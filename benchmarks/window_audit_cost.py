@@ -4,7 +4,7 @@ In one process, llmb's model and AdamW stepped by the harness's own `Trainer.ste
 - plain: a step as the window times it;
 - recorded: the same step under the dispatch recorder (one step of the first window runs so);
 - checked: a step followed by the backend-state read the window audit makes after every step.
-Outside the window (not in the headline, but in the run's wall time): the identity comparison (llmb.guard) and the
+Outside the window (not in the headline, but in the run's wall time): the identity comparison (llmb.audit.guard) and the
 parameter digests at each edge. The implied window overhead for a window of N steps is
 (recorded - plain + N x (checked - plain)) / (N x plain): one recorded step and N state reads.
 """
@@ -18,12 +18,13 @@ import click
 import torch
 from common import console, load, machine, write_raw
 
-from llmb import guard, precision
-from llmb.config import PRESETS
-from llmb.dispatch_audit import DtypeRecorder
+from llmb.audit import guard, precision
+from llmb.audit.dispatch import DtypeRecorder
+from llmb.audit.evidence import synthetic_batch
+from llmb.audit.window import parameter_digests
 from llmb.model import LlamaModel
-from llmb.train import build_optimizer, synthetic_batch
-from llmb.window_audit import parameter_digests
+from llmb.spec.presets import PRESETS
+from llmb.training.loop import build_optimizer
 
 
 class _NoDevice:
@@ -34,7 +35,7 @@ class _NoDevice:
 
 
 def _trainer(preset: str, batch_size: int):
-    from llmb.train import Trainer
+    from llmb.training.loop import Trainer
 
     config = PRESETS[preset]
     torch.manual_seed(0)

@@ -4,10 +4,10 @@ The public API for plugins is what this module exports. Importing it imports no 
 must not wait for torch); `llmb.CpuBackend` is loaded, with torch, on first use.
 """
 
-from llmb.backend import Backend, EnergyCounter, Peak, PrecisionFact
-from llmb.errors import LlmbError, UsageError
-from llmb.hookspecs import hookimpl
-from llmb.settings import Setting
+from llmb.api.backend import Backend, EnergyCounter, Peak, PrecisionFact
+from llmb.api.errors import LlmbError, UsageError
+from llmb.api.hookspecs import hookimpl
+from llmb.api.settings import Setting
 
 __all__ = [
     "Backend",
@@ -24,10 +24,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Loaded on first use (PEP 562): the reference backend imports torch, and importlib.metadata (llmb.version) costs
-    # a few hundred ms on a loaded machine, which `llmb --help` must not pay.
+    # Loaded on first use (PEP 562): the reference backend imports torch, and importlib.metadata (llmb.spec.version)
+    # costs a few hundred ms on a loaded machine, which `llmb --help` must not pay.
     if name == "__version__":
-        from llmb.version import __version__
+        from llmb.spec.version import __version__
 
         return __version__
     if name == "CpuBackend":

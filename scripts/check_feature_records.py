@@ -20,10 +20,11 @@ from pathlib import Path
 
 import click
 
-from llmb import bundle_evidence, verify
-from llmb.features import FP8_LABEL_REASON, PARALLEL, cell, features_of, load_records, parallel_of
-from llmb.fingerprint import release_of
+from llmb import verify
 from llmb.records import Conformance, RecordError, Result
+from llmb.run.feature_matrix import FP8_LABEL_REASON, PARALLEL, cell, features_of, load_records, parallel_of
+from llmb.spec.fingerprint import release_of
+from llmb.verify import evidence_checks as bundle_evidence
 
 PER_RESULT = [
     verify.throughput_problems,

@@ -1,4 +1,4 @@
-"""Measure the errors behind llmb.conformance.TOLERANCES on this machine's CPU.
+"""Measure the errors behind llmb.conformance.check.TOLERANCES on this machine's CPU.
 
 For each preset and seed: FP32 against a float64 copy of the reference (what a second FP32 implementation may
 differ by), and the cpu plugin's FP16/BF16, pure and amp, against the FP32 reference. Prints the worst error per
@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import torch
 
-from llmb.config import PRESETS
-from llmb.conformance import TOLERANCES, compare, reference_options, reference_session, trace
-from llmb.plugins import get_backend, resolve_settings
-from llmb.runner import RunOptions, prepare
+from llmb.conformance.check import TOLERANCES, compare, reference_options, reference_session, trace
+from llmb.registry.plugins import get_backend, resolve_settings
+from llmb.run.runner import RunOptions, prepare
+from llmb.spec.presets import PRESETS
 
 METRICS = {
     "forward-loss": "loss",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import click
 
-from llmb.compilers import thunder_unavailable
-from llmb.features import ATTEMPT_SCHEMA, EXCLUSIVE, FEATURES, features_of, load_records, parallel_of
-from llmb.results import write_json_atomic
+from llmb.records.result_files import write_json_atomic
+from llmb.run.feature_matrix import ATTEMPT_SCHEMA, EXCLUSIVE, FEATURES, features_of, load_records, parallel_of
+from llmb.toolkit.compilers import thunder_unavailable
 
 RUN = ["--preset", "tiny", "--batch-size", "2", "--steps", "3", "--warmup-steps", "2"]
 PARALLEL = {"none": [], "ddp": ["--nproc-per-node", "2", "--parallel", "ddp"]}

@@ -2,9 +2,11 @@
 
 - ``docs/reference/backend.md``: the public plugin API, from the docstrings and signatures of what ``llmb``
   exports (``llmb.__all__``: `Backend` and its methods with their default bodies, the dataclasses a backend returns,
-  the errors) and the hook specifications in ``llmb.hookspecs``.
+  the errors) and the hook specifications in ``llmb.api.hookspecs``.
 - ``docs/reference/records.md``: the results schema, from the record dataclasses of ``llmb.records`` (every schema
   id, every record's fields with their JSON types, whether optional, and the comment written beside each field).
+- ``docs/reference/code.md``: the code by folder, in the layer order `.importlinter` enforces, from each package's and
+  module's docstring.
 
     python scripts/gen_docs.py           # rewrite the pages
     python scripts/gen_docs.py --check   # exit 1 naming each page that differs from what the code makes now
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import configparser
 import dataclasses
 import inspect
 import io
@@ -135,9 +138,10 @@ def fenced(code: str, lang: str = "python") -> str:
 
 def api_page() -> str:
     import llmb
-    from llmb import hookspecs
+    from llmb.api import hookspecs
 
-    out = [HEADER.format(source="`llmb/__init__.py`, `llmb/backend.py`, `llmb/hookspecs.py` and what they export")]
+    exported = "`llmb/__init__.py`, `llmb/api/backend.py`, `llmb/api/hookspecs.py` and what they export"
+    out = [HEADER.format(source=exported)]
     out.append("# The plugin API\n\n")
     out.append(
         f"{doc(llmb)}\n\n"
@@ -176,7 +180,7 @@ def summary(obj: object) -> str:
 
 def export_section(name: str, obj: object) -> str:
     import llmb
-    from llmb.backend import Backend
+    from llmb.api.backend import Backend
 
     out = [f"## {name}\n\n"]
     if isinstance(obj, type):
@@ -296,7 +300,7 @@ def schema_page() -> str:
 
     top, held = record_types(records)
     by_schema = {c.SCHEMA: c.__name__ for c in top if getattr(c, "SCHEMA", "")}
-    out = [HEADER.format(source="the record dataclasses of `llmb/records.py`")]
+    out = [HEADER.format(source="the record dataclasses of `llmb/records/__init__.py`")]
     out.append("# The results schema\n\n")
     out.append(
         f"{doc(records)}\n\n"
@@ -343,7 +347,65 @@ def record_section(cls: type, records: types.ModuleType, top: bool) -> str:
     return "".join(out) + "\n"
 
 
-PAGES: dict[str, Callable[[], str]] = {"backend.md": api_page, "records.md": schema_page}
+
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def _package_path(name: str) -> Path:
+    parts = name.split(".")
+    folder = ROOT.joinpath(*parts)
+    return folder / "__init__.py" if folder.is_dir() else folder.with_suffix(".py")
+
+
+def layer_order() -> list[list[str]]:
+    """The layers contract of .importlinter, highest first: each entry the packages of one layer."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    lines = config["importlinter:contract:layers"]["layers"].strip().splitlines()
+    return [[p.strip() for p in re.split(r"[|:]", line)] for line in lines if line.strip()]
+
+
+def code_page() -> str:
+    """The code by folder: each layer's packages in the order .importlinter enforces, with each package's and each
+    module's docstring (their first paragraph), and the forbidden-import contracts by name."""
+    out = [HEADER.format(source="`.importlinter` and the docstrings of llmb's packages and modules")]
+    out.append("# The code\n\n")
+    out.append(
+        "Each folder of `llmb/` is one layer. A package imports only the layers below it: `lint-imports` (tox's lint "
+        "env and `tests/test_layers.py`) checks the layers contract and the forbidden imports below on every import, "
+        "at the top of a module or inside a function. Highest layer first:\n\n"
+    )
+    for layer in layer_order():
+        for package in layer:
+            path = _package_path(package)
+            first = _docstring(path).split("\n\n")[0].replace("\n", " ")
+            out.append(f"## `{package}`\n\n{first}\n\n")
+            if path.name != "__init__.py":
+                continue
+            rows = []
+            for module in sorted(path.parent.glob("*.py")):
+                if module.name == "__init__.py":
+                    continue
+                summary_line = _docstring(module).split("\n\n")[0].replace("\n", " ")
+                rows.append(f"| `{module.stem}` | {cell(summary_line)} |\n")
+            for sub in sorted(p for p in path.parent.iterdir() if (p / "__init__.py").exists()):
+                rows.append(f"| `{sub.name}/` | {cell(_docstring(sub / '__init__.py').split(chr(10) * 2)[0])} |\n")
+            if rows:
+                out.append("| module | what it holds |\n| --- | --- |\n" + "".join(rows) + "\n")
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    out.append("## The forbidden imports\n\n")
+    for section in config.sections():
+        contract = config[section]
+        if contract.get("type") == "forbidden":
+            sources = ", ".join(f"`{s}`" for s in contract["source_modules"].split())
+            banned = ", ".join(f"`{s}`" for s in contract["forbidden_modules"].split())
+            out.append(f"- **{contract['name']}**: {sources} never import {banned}.\n")
+    return "".join(out)
+
+
+PAGES: dict[str, Callable[[], str]] = {"backend.md": api_page, "records.md": schema_page, "code.md": code_page}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,14 +3,14 @@
 # The tiny preset, not the official shape (FP32 AdamW there needs ~23 GB and tens of seconds a step on a 2-core
 # CPU), so it is a debug bundle (--allow-debug-shapes) that verifies with --accept-debug. Tiny, not small: on a CPU
 # without native 16-bit matmuls (AVX2 only) a small-preset FP16 run took ~10 minutes, and CI replays the bundle.
-# The llmb tree must match llmb/release_manifest.json (else: python -m llmb.manifest --write, if that is the release).
+# The llmb tree must match llmb/release_manifest.json (else: python -m llmb.bundle.manifest --write, if that is the release).
 # PRESET, STEPS, WARMUP, OUT and NAME override the defaults (e.g. a quick dry run: PRESET=tiny OUT=/tmp/subs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # RESULTS=DIR packages the runs and conformance records already in DIR instead of making them; the bundle itself
 # will do (RESULTS=submissions/llmb/cpu-reference repackages its own runs, e.g. against a new release manifest).
 PRESET=${PRESET:-tiny} STEPS=${STEPS:-3} WARMUP=${WARMUP:-1} OUT=${OUT:-submissions} NAME=${NAME:-cpu-reference}
-python -m llmb.manifest
+python -m llmb.bundle.manifest
 results=${RESULTS:-}
 if [ -z "$results" ]; then
     results=$(mktemp -d)

@@ -2,8 +2,8 @@
 
     python scripts/releases_from_git.py [BRANCH]        # default: main
 
-Use it to resolve a conflict in llmb/releases.json (take the branch's history, then `python -m llmb.manifest --write`
-adds the manifest being landed), or to drop manifests written on a work branch that never reached the branch.
+Use it to resolve a conflict in llmb/releases.json (take the branch's history, then `python -m llmb.bundle.manifest
+--write` adds the manifest being landed), or to drop manifests written on a work branch that never reached the branch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llmb import manifest
+from llmb.bundle import manifest
 
 
 def main(branch: str = "main") -> int:

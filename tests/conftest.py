@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmb import Backend, hookimpl
-from llmb.plugins import pm
+from llmb.registry.plugins import pm
 
 TESTS = Path(__file__).parent
 # The smallest run that exercises everything: the tiny preset, a couple of steps (a debug run, never official).

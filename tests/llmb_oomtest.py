@@ -25,7 +25,7 @@ class OomTestBackend(CpuBackend):
 
     def optimizer_options(self, device, precision, settings) -> dict:
         # The cpu backend's default AdamW (its settings, fused_adamw among them, are not offered here): pure FP16
-        # needs its FP32 arithmetic to follow the reference (llmb/tolerances.py, REPLAY_TOLERANCES).
+        # needs its FP32 arithmetic to follow the reference (llmb/spec/tolerances.py, REPLAY_TOLERANCES).
         return {"fused": True}
 
     def process_model(self, model, optimizer, device, precision, settings):

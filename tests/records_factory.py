@@ -11,9 +11,6 @@ import dataclasses
 import hashlib
 import itertools
 
-from llmb import flops
-from llmb.config import PRESETS
-from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.records import (
     Audit,
     DeviceRef,
@@ -28,6 +25,9 @@ from llmb.records import (
     Timing,
     loss_band,
 )
+from llmb.spec import flops
+from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
+from llmb.spec.presets import PRESETS
 
 DTYPE = {"FP32": "float32", "TF32": "float32", "FP16": "float16", "BF16": "bfloat16"}
 CPU_DEFAULTS = {"compile": "none", "threads": 0, "fused_adamw": True, "oom_above_batch_size": 0}

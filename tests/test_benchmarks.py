@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmb import Backend, runner
-from llmb.config import build_config
-from llmb.errors import UsageError
-from llmb.plugins import get_backend
+from llmb import Backend
+from llmb.api.errors import UsageError
+from llmb.registry.plugins import get_backend
+from llmb.run import runner
+from llmb.spec.presets import build_config
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -108,7 +109,7 @@ def test_step_memory_arm_counts_tensor_peaks_from_allocation_events(bench):
     by_hand = {"ours": {"model": "llmb", "optimizer_options": {"fused": True}}, "hf": {"model": "hf"}}
     result = arms.main({**SPEC, "arm": "step_memory", "by_hand": by_hand, "steps": 1, "warmup_steps": 1})
     config = build_config("tiny")
-    from llmb.flops import parameter_count
+    from llmb.spec.flops import parameter_count
 
     logits = SPEC["batch_size"] * config.sequence_length * config.vocab_size * 4
     weights_and_moments = 3 * 4 * parameter_count(config)

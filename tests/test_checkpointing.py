@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from llmb import checkpointing
-from llmb.config import PRESETS
 from llmb.model import LlamaModel
+from llmb.spec.presets import PRESETS
+from llmb.toolkit import checkpointing
 
 TINY = PRESETS["tiny"]
 

@@ -1,5 +1,6 @@
-"""The clean room's judge and worker are different modules: the judge's (llmb.cleanroom, llmb.clean_verdict and the
-link they share, llmb.clean_link) load nothing of the worker side or what runs a plugin when imported (their imports,
+"""The clean room's judge and worker are different modules: the judge's (llmb.judge.cleanroom, llmb.judge.verdict and
+the link they share, llmb.judge.link) load nothing of the worker side or what runs a plugin when imported (their
+imports,
 anywhere in their source, are .importlinter's judge-no-plugin contract); the worker is named to the spawned process
 by its module's name only."""
 
@@ -10,19 +11,26 @@ import sys
 
 # .importlinter's judge-no-plugin contract checks the judge's imports, transitively and inside functions too (the lint
 # env and tests/test_layers.py run it); this checks what importing the judge really loads.
-WORKER_SIDE = {"llmb.clean_worker", "llmb.runner", "llmb.run_jobs", "llmb.conformance", "llmb.default_plugins"}
+WORKER_SIDE = {
+    "llmb.run.clean_worker",
+    "llmb.run.runner",
+    "llmb.run.jobs",
+    "llmb.conformance.check",
+    "llmb.default_plugins",
+}
 
 
 def test_importing_the_judge_loads_no_worker_side():
-    code = "import sys, llmb.cleanroom; print(' '.join(sys.modules))"
+    code = "import sys, llmb.judge.cleanroom; print(' '.join(sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(proc.stdout.split())
-    assert "llmb.cleanroom" in loaded
-    assert not loaded & (WORKER_SIDE | {"llmb.plugins"})
+    assert "llmb.judge.cleanroom" in loaded
+    assert not loaded & (WORKER_SIDE | {"llmb.registry.plugins"})
 
 
 def test_the_worker_the_judge_names_exists():
-    from llmb import clean_worker, cleanroom
+    from llmb.judge import cleanroom
+    from llmb.run import clean_worker
 
     assert cleanroom.WORKER_MODULE == clean_worker.__name__
     assert clean_worker.task_named(cleanroom.RUN_TASK) is clean_worker.run_task

@@ -1,6 +1,6 @@
 import pytest
 
-from llmb.codediff import file_status, full_diff, parse_diffs
+from llmb.bundle.codediff import file_status, full_diff, parse_diffs
 
 CASES = [
     ("plain change", "a\nb\nc\n", "a\nB\nc\n"),

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from llmb import Backend, Setting
-from llmb.config import PRESETS
-from llmb.conformance import check_plugin, failed_checks, normalise_name
+from llmb.conformance.check import check_plugin, failed_checks, normalise_name
 from llmb.records import CONFORMANCE_SCHEMA as SCHEMA
 from llmb.records import Conformance
-from llmb.runner import RunOptions, run
+from llmb.run.runner import RunOptions, run
+from llmb.spec.presets import PRESETS
 
 STEPS = 2
 

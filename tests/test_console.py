@@ -1,5 +1,5 @@
 """Text from others (plugins, results, bundles, exceptions, paths) reaches the terminal as the characters it holds:
-never parsed as rich markup, control characters shown as \\xNN, each detail capped (llmb/console.py)."""
+never parsed as rich markup, control characters shown as \\xNN, each detail capped (llmb/terminal/console.py)."""
 
 import json
 
@@ -7,10 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from llmb import Backend
-from llmb import console as term
+from llmb.api.errors import LlmbError
+from llmb.api.settings import Setting
 from llmb.cli import cli
-from llmb.errors import LlmbError
-from llmb.settings import Setting
+from llmb.terminal import console as term
 
 # rich markup that would raise MarkupError ([/]) or restyle ([bold]), and the ESC sequences of a hostile terminal
 # title, a clipboard write and a screen clear.
@@ -160,8 +160,8 @@ def test_hostile_bundle_fields_in_verify(tmp_path):
 
 
 def test_sweep_keeps_secret_settings_off_the_command_line():
-    from llmb import runner, sweep
-    from llmb.config import PRESETS
+    from llmb.run import runner, sweep
+    from llmb.spec.presets import PRESETS
 
     options = runner.RunOptions(
         config=PRESETS["tiny"], preset="tiny", plugin="cpu", device="cpu", settings={"threads": "1", "tok": "S3CRET"}
@@ -176,8 +176,8 @@ def test_sweep_keeps_secret_settings_off_the_command_line():
 
 @pytest.mark.parametrize("value", ['{"a": 1', "[1]"])
 def test_secret_options_env_must_be_an_object(monkeypatch, value):
-    from llmb.run_request import secret_options
-    from llmb.settings import SECRET_OPTIONS_ENV
+    from llmb.api.settings import SECRET_OPTIONS_ENV
+    from llmb.run.request import secret_options
 
     monkeypatch.setenv(SECRET_OPTIONS_ENV, value)
     with pytest.raises(LlmbError):
@@ -190,7 +190,7 @@ def test_secret_options_env_must_be_an_object(monkeypatch, value):
 def test_oversubscribed_host_is_named():
     from records_factory import make_result
 
-    from llmb.host_load import oversubscribed
+    from llmb.run.host_load import oversubscribed
 
     busy = make_result(load_average=20.0, threads_per_rank=[1])
     assert "load average 20.0" in oversubscribed(busy)
@@ -210,7 +210,7 @@ def test_unknown_baseline_is_a_usage_error_naming_the_methods(tmp_path):
 def test_debug_shapes_refused_once_with_their_count():
     from records_factory import make_result
 
-    from llmb.submission import PackageOptions, select_results
+    from llmb.submit.package import PackageOptions, select_results
 
     records = [make_result(preset="tiny") for _ in range(25)]
     with pytest.raises(LlmbError) as refused:
@@ -222,7 +222,7 @@ def test_debug_shapes_refused_once_with_their_count():
 def test_project_from_a_debug_run_warns_and_names_the_shape():
     from records_factory import make_result
 
-    from llmb import project
+    from llmb.report import time_to_solution as project
 
     comm = {"operation": "all_reduce", "world_size": 2, "results": [{"bytes": 1024, "algbw_bytes_per_second": 1e9}]}
     shape = project.Shape(layers=2, hidden=4, ffn=16, seq=8, global_batch=4, tp=2, pp=1, dp=2, bytes_per_element=2)

@@ -8,9 +8,11 @@ import sys
 import pytest
 import torch
 
-from llmb import compilers, conformance, fp8, roofline, runner
-from llmb.config import PRESETS
-from llmb.plugins import get_backend
+from llmb.conformance import check as conformance
+from llmb.registry.plugins import get_backend
+from llmb.run import roofline, runner
+from llmb.spec.presets import PRESETS
+from llmb.toolkit import compilers, fp8
 
 
 def test_the_settings_are_declared():

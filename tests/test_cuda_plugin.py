@@ -8,12 +8,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from llmb import checkpointing, compilers, fp8, peaks
+from llmb.api.errors import UsageError
 from llmb.cli import cli
-from llmb.config import build_config
-from llmb.errors import UsageError
 from llmb.model import LlamaModel, count_parameters
-from llmb.plugins import get_backend, resolve_settings
+from llmb.registry.plugins import get_backend, resolve_settings
+from llmb.spec import peak_table as peaks
+from llmb.spec.presets import build_config
+from llmb.toolkit import checkpointing, compilers, fp8
 
 HAS_CUDA = torch.cuda.is_available() and torch.version.hip is None
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
@@ -78,7 +79,7 @@ def test_settings_are_declared_and_validated():
 
 
 def test_the_features_are_llmbs_shared_ones():
-    # One source of truth: the cuda plugin offers what llmb.checkpointing / compilers / fp8 implement.
+    # One source of truth: the cuda plugin offers what llmb.toolkit.checkpointing / compilers / fp8 implement.
     settings = {s.name: s for s in CUDA.settings()}
     assert settings["activation_checkpointing"].choices == checkpointing.MODES
     assert settings["compile"].choices == ("none", *compilers.INDUCTOR_MODES, compilers.THUNDER)

@@ -11,10 +11,12 @@ import pytest
 import torch
 from conftest import TINY_CPU as TINY
 
-from llmb import commbench, distributed, run_jobs, runner
-from llmb.config import PRESETS
-from llmb.errors import LlmbError, UsageError
-from llmb.train import synthetic_batch
+from llmb.api.errors import LlmbError, UsageError
+from llmb.audit.evidence import synthetic_batch
+from llmb.distributed import job as distributed
+from llmb.run import commbench, runner
+from llmb.run import jobs as run_jobs
+from llmb.spec.presets import PRESETS
 
 # A 2-process job here: two interpreters importing torch plus a few tiny steps; minutes mean a hang.
 JOB_TIMEOUT = 240

@@ -44,8 +44,9 @@ def test_a_docstring_changed_without_regenerating_fails_the_check(tmp_path, monk
 
 def test_the_reference_covers_every_export_method_hook_and_record():
     import llmb
-    from llmb import hookspecs, records
-    from llmb.backend import Backend
+    from llmb import records
+    from llmb.api import hookspecs
+    from llmb.api.backend import Backend
 
     module = gen_docs()
     api, schema = module.api_page(), module.schema_page()

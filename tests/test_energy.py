@@ -1,4 +1,5 @@
-"""Energy per token (llmb.energy): the backend's counter read at the windows' edges, the judge's figures and checks.
+"""Energy per token (llmb.records.energy): the backend's counter read at the windows' edges, the judge's figures and
+checks.
 
 No host here has a GPU, and most have no readable RAPL: the counters below that stand in for hardware say they are
 mocks. The one real counter tested is the host's RAPL, where it is readable."""
@@ -19,8 +20,10 @@ import torch
 from conftest import TINY, invoke, run_record
 from records_factory import make_result
 
-from llmb import Backend, EnergyCounter, energy, records, submission
-from llmb.clean_verdict import JudgedWindow, finish
+from llmb import Backend, EnergyCounter, records
+from llmb.judge.verdict import JudgedWindow, finish
+from llmb.records import energy
+from llmb.submit import package as submission
 
 
 class MockWattsBackend(Backend):

@@ -1,4 +1,5 @@
-"""The run evidence and its replay (llmb.evidence), the judge's protocol and checks (llmb.cleanroom): real torch on
+"""The run evidence and its replay (llmb.audit.evidence), the judge's protocol and checks (llmb.judge.cleanroom):
+real torch on
 the CPU, in this process."""
 
 import threading
@@ -7,10 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmb import clean_link, clean_verdict, clean_worker, cleanroom, evidence, replay, runner, tolerances
-from llmb.config import PRESETS
+from llmb.audit import evidence
+from llmb.judge import cleanroom, replay
+from llmb.judge import link as clean_link
+from llmb.judge import verdict as clean_verdict
 from llmb.model import LlamaModel
-from llmb.train import build_optimizer
+from llmb.run import clean_worker, runner
+from llmb.spec import tolerances
+from llmb.spec.presets import PRESETS
+from llmb.training.loop import build_optimizer
 
 TINY = PRESETS["tiny"]
 
@@ -181,7 +187,7 @@ def test_a_pure_16_bit_loss_is_bracketed_by_the_untrained_loss_and_twice_the_rep
 
 
 def test_the_replay_rows_cover_the_official_shape_on_a_gpu():
-    """What the H100 gave at the official shape (llmb/tolerances.py) fits the replay's rows, not the conformance
+    """What the H100 gave at the official shape (llmb/spec/tolerances.py) fits the replay's rows, not the conformance
     rows measured on the CPU at the tiny preset."""
     measured = {("TF32", "pure"): 3.5e-5, ("BF16", "pure"): 9.9e-4, ("FP8", "amp"): 6e-4}
     for (effective, mode), first_loss in measured.items():
@@ -236,7 +242,7 @@ def test_the_judge_loads_plain_data_only_and_says_what_it_refused(message, refus
 
 
 def test_worker_errors_come_back_as_one_line_of_the_same_kind():
-    from llmb.errors import LlmbError, UsageError
+    from llmb.api.errors import LlmbError, UsageError
 
     assert clean_link.error_line(UsageError("bad")) == ("UsageError", "bad")
     assert clean_link.error_line(RuntimeError("boom\ntrace")) == ("LlmbError", "RuntimeError: boom")
@@ -256,7 +262,7 @@ def test_installed_plugins_are_listed_without_importing_them():
     import sys
 
     code = (
-        "import json, sys; from llmb import cleanroom; found = cleanroom.installed_plugins(); "
+        "import json, sys; from llmb.judge import cleanroom; found = cleanroom.installed_plugins(); "
         "print(json.dumps([[p['name'] for p in found], [m for m in sys.modules if m.startswith('llmb_')]]))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
@@ -268,7 +274,7 @@ def test_installed_plugins_are_listed_without_importing_them():
 def test_each_record_is_kept_before_its_replay_and_the_replayed_one_replaces_it():
     """A record exists before the judge's replay (a minute or more at the official shape), marked unchecked, so a run
     stopped during the replay keeps its measurement; the replayed record then takes the same file name."""
-    from llmb.results import result_filename
+    from llmb.records.result_files import result_filename
 
     options = runner.RunOptions(
         config=TINY, preset="tiny", plugin="cpu", device="cpu", precision="FP32", steps=2, warmup_steps=1

@@ -10,8 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner
 from conftest import markdown_table_widths
 
-from llmb import features
 from llmb.cli import cli
+from llmb.run import feature_matrix as features
 
 ROOT = Path(__file__).resolve().parents[1]
 

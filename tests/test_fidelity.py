@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmb import runner, train
-from llmb.config import PRESETS
+from llmb.audit import evidence
+from llmb.run import runner
+from llmb.spec.presets import PRESETS
+from llmb.training import loop as train
 
 COMPILED_EVENT = "Torch-Compiled Region"  # what a step of a torch.compile'd module shows in the profiler
 
@@ -72,13 +74,13 @@ def test_a_compiled_model_runs_compiled_on_every_timed_step(step_ranges):
 def test_the_replay_in_micro_batches_equals_one_whole_batch():
     """Gradient accumulation over micro-batches: the same mean loss and gradients as one pass of the whole batch,
     up to FP32 rounding (the replay's tolerances start at 1e-6)."""
-    from llmb import replay
+    from llmb.judge import replay
     from llmb.model import LlamaModel
 
     config = PRESETS["tiny"]
     torch.manual_seed(0)
     model = LlamaModel(config)
-    batch = train.synthetic_batch(config, 3 * replay.micro_rows(config) + 1, 5, torch.device("cpu"))
+    batch = evidence.synthetic_batch(config, 3 * replay.micro_rows(config) + 1, 5, torch.device("cpu"))
     whole, _ = model(batch, labels=batch)
     whole.backward()
     whole_grads = [p.grad.clone() for p in model.parameters()]
@@ -97,8 +99,8 @@ def test_the_replay_in_micro_batches_equals_one_whole_batch():
 
 REPLAY_PEAK = """
 import json, sys
-from llmb import replay
-from llmb.config import PRESETS
+from llmb.judge import replay
+from llmb.spec.presets import PRESETS
 replayed = replay.replay(PRESETS["tiny"], 0, int(sys.argv[1]), 1, 12345, 2, 5)
 print(json.dumps({"peak": replayed.peak_rss_bytes, "losses": replayed.losses}))
 """
@@ -156,7 +158,7 @@ def test_the_run_progress_draws_no_frames_of_its_own():
     measured as the judge's own CPU time)."""
     import threading
 
-    from llmb import progress_bars
+    from llmb.terminal import progress as progress_bars
 
     with progress_bars.run_progress() as progress:
         shown = progress_bars.RichProgress(progress, "FP32")

@@ -16,10 +16,15 @@ import pytest
 from click.testing import CliRunner
 from records_factory import make_result
 
-from llmb import bundle_format, names, plugins, report, submission, sweep, verify
+from llmb import report, verify
+from llmb.api.settings import Setting
+from llmb.bundle import layout as bundle_format
 from llmb.records import SWEEP_LOG_SCHEMA
-from llmb.results import write_json_atomic
-from llmb.settings import Setting
+from llmb.records.result_files import write_json_atomic
+from llmb.registry import plugins
+from llmb.run import sweep
+from llmb.spec import vocab as names
+from llmb.submit import package as submission
 
 
 def write_sweep(out: Path, trials: list[tuple[int, str, float]]) -> list[sweep.Trial]:
@@ -304,7 +309,7 @@ def test_the_packager_says_a_line_before_it_runs_a_conformance_check():
 
 def busy_host(monkeypatch, load: float, cpus: int) -> None:
     """A host with other work on it: its load cannot be made to order in a test, so the two readings are set."""
-    from llmb import sysinfo
+    from llmb.run import sysinfo
 
     monkeypatch.setattr(sysinfo, "load_average", lambda: [load, load, load])
     monkeypatch.setattr(sysinfo, "cpu_affinity", lambda: list(range(cpus)))
@@ -338,8 +343,8 @@ def test_the_cpu_plugin_leaves_the_busy_cores_to_their_work(monkeypatch):
     ],
 )
 def test_busy_host_advice_works_for_the_plugin_in_use(monkeypatch, settings, threads, advised, not_advised):
-    from llmb import sysinfo
-    from llmb.host_load import oversubscribed
+    from llmb.run import sysinfo
+    from llmb.run.host_load import oversubscribed
 
     busy_host(monkeypatch, load=3.0, cpus=2)
     before = sysinfo.busy_before_run(threads, settings)
@@ -357,9 +362,9 @@ def test_busy_host_advice_works_for_the_plugin_in_use(monkeypatch, settings, thr
 
 
 def test_a_sweeps_defaults_scale_to_its_device(tmp_path):
-    from llmb import names
-    from llmb.config import build_config
-    from llmb.runner import RunOptions
+    from llmb.run.runner import RunOptions
+    from llmb.spec import vocab as names
+    from llmb.spec.presets import build_config
 
     run = RunOptions(
         config=build_config("tiny"), preset="tiny", plugin="cpu", device="cpu", steps=None, warmup_steps=None
@@ -387,13 +392,13 @@ def test_peak_on_a_cpu_measures_a_shape_that_suits_it():
 
 
 def names_module():
-    from llmb import names
+    from llmb.spec import vocab as names
 
     return names
 
 
 def test_emulated_16_bit_precisions_are_named_from_the_cpu_flags(monkeypatch):
-    from llmb import sysinfo
+    from llmb.run import sysinfo
 
     # A CPU with other flags than this host's: /proc/cpuinfo is what the test sets.
     monkeypatch.setattr(sysinfo, "_cpuinfo", lambda: {"flags": "fpu sse avx2"})
@@ -405,7 +410,7 @@ def test_emulated_16_bit_precisions_are_named_from_the_cpu_flags(monkeypatch):
 def test_long_commands_show_an_estimate_of_the_time_left():
     from rich.progress import TimeRemainingColumn
 
-    from llmb.progress_bars import progress_columns
+    from llmb.terminal.progress import progress_columns
 
     assert any(isinstance(column, TimeRemainingColumn) for column in progress_columns())
 
@@ -433,7 +438,7 @@ def test_new_plugin_prints_an_install_command_with_the_test_extra(tmp_path):
 
 def test_stubs_that_only_call_the_base_class_are_not_counted_as_overridden():
     from llmb import Backend
-    from llmb.backend import overridden
+    from llmb.api.backend import overridden
 
     class Stubbed(Backend):
         name = "stubbed"
@@ -455,7 +460,7 @@ def test_stubs_that_only_call_the_base_class_are_not_counted_as_overridden():
 
 
 def test_the_scaffolds_settings_table_is_checked_against_its_settings(tmp_path, register_backend):
-    from llmb.scaffold import write_plugin
+    from llmb.run.scaffold import write_plugin
 
     target = write_plugin("acme", tmp_path / "llmb-acme")
     module = load_module(target / "llmb_acme.py", "llmb_acme")
@@ -468,7 +473,7 @@ def test_the_scaffolds_settings_table_is_checked_against_its_settings(tmp_path, 
 
 
 def test_the_scaffolds_readme_runs_what_the_main_readme_runs(tmp_path):
-    from llmb.scaffold import write_plugin
+    from llmb.run.scaffold import write_plugin
 
     scaffold = (write_plugin("acme", tmp_path / "llmb-acme") / "README.md").read_text()
     main = (Path(__file__).resolve().parent.parent / "docs" / "vendors" / "writing-a-plugin.md").read_text()
@@ -498,7 +503,7 @@ def test_the_readme_lists_every_check_check_plugin_prints_and_one_device_name(tm
     assert readme_conformance_checks() == printed
 
     # One device name: the run's summary names the device as check-plugin did.
-    from llmb.result_view import print_record
+    from llmb.run.result_view import print_record
 
     run = replace(make_result(), device=record.device)
     shown = CliRunner().invoke(click.Command("show", callback=lambda: print_record(run, tmp_path / "r.json")), [])
@@ -558,8 +563,8 @@ def test_a_sweep_estimates_what_is_left_from_its_trial_bound(tmp_path):
 
     from rich.console import Console
 
-    from llmb.config import build_config
-    from llmb.runner import RunOptions
+    from llmb.run.runner import RunOptions
+    from llmb.spec.presets import build_config
 
     options = sweep.SweepOptions(run=RunOptions(config=build_config("tiny"), preset="tiny"), out=tmp_path)
     options = replace(options, max_batch_size=16, repeats=3)
@@ -576,7 +581,7 @@ def test_a_cpu_sweep_names_the_precisions_this_cpu_emulates_before_its_trials(mo
     # Which precisions a CPU emulates depends on its flags (AMX or AVX512 here or not): both cases are set here.
     import torch
 
-    from llmb import sweep, sysinfo
+    from llmb.run import sweep, sysinfo
 
     monkeypatch.setattr(sysinfo, "cpu_emulated_precisions", lambda: ["BF16", "FP16"])
     line = sweep.emulated_note(torch.device("cpu"), ["FP32", "TF32", "FP16", "BF16"])
@@ -590,7 +595,7 @@ def test_a_cpu_sweep_names_the_precisions_this_cpu_emulates_before_its_trials(mo
 def test_a_search_says_each_note_once_on_its_shared_display():
     from rich.console import Console
 
-    from llmb import sweep
+    from llmb.run import sweep
 
     stream = io.StringIO()
     display = sweep.LiveDisplay(Console(file=stream, width=200))

@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmb import Backend, census, fp8, roofline, runner
-from llmb.config import PRESETS
-from llmb.errors import UsageError
+from llmb import Backend
+from llmb.api.errors import UsageError
+from llmb.audit import census
 from llmb.model import LlamaModel
+from llmb.run import roofline, runner
+from llmb.spec.presets import PRESETS
+from llmb.toolkit import fp8
 
 REASON = fp8.torchao_unavailable()
 needs_torchao = pytest.mark.skipif(REASON is not None, reason=f"torchao float8 cannot run here: {REASON}")

@@ -1,4 +1,4 @@
-"""llmb.guard: the identities captured before any plugin import, and what a comparison names after a change.
+"""llmb.audit.guard: the identities captured before any plugin import, and what a comparison names after a change.
 
 Each test changes one watched object in this process and puts it back (monkeypatch), so the comparison sees the
 change while it lasts and nothing afterwards.
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import llmb.model
-import llmb.train
-from llmb import guard
+import llmb.training.loop
+from llmb.audit import guard
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +32,9 @@ def test_nothing_changed_compares_clean(baseline):
         (torch.optim, "AdamW", "torch.optim.AdamW was replaced"),
         (torch.optim.AdamW, "step", "torch.optim.AdamW.step was replaced"),
         (llmb.model.LlamaModel, "forward", "llmb.model.LlamaModel.forward was replaced"),
-        (llmb.train.Trainer, "measure", "llmb.train.Trainer.measure was replaced"),
-        (llmb.train, "time", "llmb.train.time was replaced"),
-        (llmb.train, "ADAMW_HYPERPARAMETERS", "llmb.train.ADAMW_HYPERPARAMETERS was replaced"),
+        (llmb.training.loop.Trainer, "measure", "llmb.training.loop.Trainer.measure was replaced"),
+        (llmb.training.loop, "time", "llmb.training.loop.time was replaced"),
+        (llmb.training.loop, "ADAMW_HYPERPARAMETERS", "llmb.training.loop.ADAMW_HYPERPARAMETERS was replaced"),
     ],
 )
 def test_a_replaced_object_is_named(baseline, monkeypatch, holder, name, reported):
@@ -52,7 +52,9 @@ def test_every_module_of_the_package_is_watched_without_a_list(baseline, monkeyp
         if "__pycache__" not in path.parts
     } - {"llmb.__init__", "llmb"}
     assert set(guard.llmb_module_names()) == on_disk - guard.UNWATCHED_LLMB_MODULES
-    from llmb import cleanroom, distributed, mesh, replay
+    from llmb.distributed import job as distributed
+    from llmb.distributed import mesh
+    from llmb.judge import cleanroom, replay
 
     judging = [(replay, "compare"), (mesh, "stage_layers"), (distributed, "JobJudge"), (cleanroom, "finish")]
     for module, name in judging:
@@ -62,12 +64,12 @@ def test_every_module_of_the_package_is_watched_without_a_list(baseline, monkeyp
 
 
 def test_state_a_run_sets_on_an_llmb_class_is_not_a_change_but_its_code_is(baseline, monkeypatch):
-    from llmb import distributed
+    from llmb.distributed import job as distributed
 
     monkeypatch.setattr(distributed.Heartbeat, "_current", object())  # a job's one heartbeat, set while it runs
     assert guard.compare(baseline) == []
     monkeypatch.setattr(distributed.Heartbeat, "stop", lambda *args: None)
-    assert "llmb.distributed.Heartbeat.stop was replaced" in "\n".join(guard.compare(baseline))
+    assert "llmb.distributed.job.Heartbeat.stop was replaced" in "\n".join(guard.compare(baseline))
 
 
 def test_a_method_added_to_tensor_shadowing_a_c_method_is_named(baseline, monkeypatch):
@@ -87,7 +89,7 @@ def test_a_global_optimizer_hook_is_named(baseline):
 
 def test_constants_are_read_only_and_compared_by_value():
     with pytest.raises(TypeError):
-        llmb.train.ADAMW_HYPERPARAMETERS["lr"] = 1e-3
+        llmb.training.loop.ADAMW_HYPERPARAMETERS["lr"] = 1e-3
 
 
 def test_an_aten_kernel_overridden_through_torch_library_is_named(baseline):
@@ -95,7 +97,7 @@ def test_an_aten_kernel_overridden_through_torch_library_is_named(baseline):
     import subprocess
 
     code = (
-        "import torch, warnings; from llmb import guard; b = guard.capture(); warnings.simplefilter('ignore');"
+        "import torch, warnings; from llmb.audit import guard; b = guard.capture(); warnings.simplefilter('ignore');"
         "lib = torch.library.Library('aten', 'IMPL'); lib.impl('mm', lambda a, b: a, 'CPU');"
         "print(guard.compare(b))"
     )

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmb.config import build_config
 from llmb.model import LlamaModel
+from llmb.spec.presets import build_config
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test])")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # benchmarks/hf.py, not part of llmb

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from llmb import bundle_archive, bundle_io, submission, verify
-from llmb.bundle_io import Limits, Refused
+from llmb import verify
+from llmb.bundle import archive as bundle_archive
+from llmb.bundle import reader as bundle_io
+from llmb.bundle.reader import Limits, Refused
 from llmb.records import PLUGIN_SOURCE_SCHEMA
+from llmb.submit import package as submission
 
 REFERENCE = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
 SECONDS = 10.0

@@ -17,14 +17,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmb import Backend, Setting, plugin_source, results, submission, sysinfo
+from llmb import Backend, Setting
+from llmb.api.errors import LlmbError, UsageError
+from llmb.api.settings import recorded, resolve_settings
+from llmb.bundle import plugin_source
 from llmb.cli import cli
-from llmb.config import PRESETS
-from llmb.errors import LlmbError, UsageError
-from llmb.redact import REDACTED, scrub
+from llmb.records import result_files as results
 from llmb.report import load
-from llmb.settings import recorded, resolve_settings
-from llmb.sweep import LOG_NAME, SweepLog, read_log
+from llmb.run import sysinfo
+from llmb.run.sweep import LOG_NAME, SweepLog, read_log
+from llmb.spec.presets import PRESETS
+from llmb.spec.redact import REDACTED, scrub
+from llmb.submit import package as submission
 
 REFERENCE = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
 TINY = ["--preset", "tiny", "--device", "cpu", "--steps", "1", "--warmup-steps", "1"]
@@ -107,8 +111,8 @@ SECRET_OPTIONS = {"license_token": "SECRET-A", "vendor_blob": "SECRET-B", "api_k
 
 
 def test_secret_settings_reach_the_plugin_but_never_a_record(register_backend):
-    from llmb.conformance import check_plugin
-    from llmb.runner import RunOptions, run
+    from llmb.conformance.check import check_plugin
+    from llmb.run.runner import RunOptions, run
 
     register_backend(SecretPlugin())
     options = RunOptions(
@@ -311,7 +315,7 @@ def test_a_result_whose_write_fails_is_printed_and_saved_under_the_temporary_fol
 
 
 def test_a_second_sweep_on_a_locked_folder_is_refused_with_one_line(tmp_path, monkeypatch):
-    from llmb import sysinfo
+    from llmb.run import sysinfo
 
     # As on a CPU that emulates 16-bit (whether this one does depends on its flags): a refused sweep warns of nothing.
     monkeypatch.setattr(sysinfo, "cpu_emulated_precisions", lambda: ["BF16", "FP16"])

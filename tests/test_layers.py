@@ -1,9 +1,9 @@
-"""Layers point one way: what reads records never imports what runs plugins (checked in fresh interpreters);
-`import llmb` and every `--help` import no torch; the runner and distributed do not import each other."""
+"""Layers point one way: every folder of llmb is a layer of .importlinter's contracts, which hold; what reads records
+never imports what runs plugins (checked in fresh interpreters); `import llmb` and every `--help` import no torch."""
 
 from __future__ import annotations
 
-import ast
+import configparser
 import resource
 import subprocess
 import sys
@@ -11,27 +11,33 @@ from pathlib import Path
 
 import pytest
 
-from llmb import names
 from llmb.cli import cli
+from llmb.spec import vocab as names
 
 PACKAGE = Path(__file__).resolve().parents[1] / "llmb"
 
 
-def imported_llmb_modules(module: str) -> set[str]:
-    """The llmb modules a module imports anywhere in its source (top level or inside functions)."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("llmb.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("llmb"):
-            found |= {node.module} if node.module != "llmb" else {f"llmb.{alias.name}" for alias in node.names}
-    return {name.removeprefix("llmb.") for name in found}
+def layers() -> list[str]:
+    """The packages of .importlinter's layers contract, highest layer first."""
+    config = configparser.ConfigParser()
+    config.read(PACKAGE.parent / ".importlinter")
+    lines = config["importlinter:contract:layers"]["layers"].split()
+    return [name for name in lines if name not in ("|", ":")]
 
 
-def test_distributed_does_not_import_the_runner():
-    assert "runner" in imported_llmb_modules("runner") or "distributed" in imported_llmb_modules("runner")
-    assert "runner" not in imported_llmb_modules("distributed")
+def test_every_folder_of_llmb_is_a_layer():
+    """A new folder (or a module at llmb's top) cannot escape the contracts: each is a layer of the layers contract.
+    The cpu plugin (default_plugins) is a plugin, not a layer: the judge contract keeps the judge out of it."""
+    folders = {f"llmb.{p.parent.name}" for p in PACKAGE.glob("*/__init__.py")} - {"llmb.default_plugins"}
+    modules = {f"llmb.{p.stem}" for p in PACKAGE.glob("*.py")} - {"llmb.__init__", "llmb.__main__"}
+    assert folders | modules == set(layers()), sorted((folders | modules) ^ set(layers()))
+
+
+def test_the_distributed_job_sits_below_the_runner():
+    order = layers()
+    assert order.index("llmb.run") < order.index("llmb.distributed") and order.index("llmb.judge") < order.index(
+        "llmb.distributed"
+    )
 
 
 def modules_after(code: str) -> set[str]:
@@ -48,7 +54,7 @@ def modules_after(code: str) -> set[str]:
 def test_import_llmb_imports_no_torch():
     loaded = modules_after("import llmb\nfrom llmb import Backend, Peak, PrecisionFact, Setting, hookimpl")
     assert "torch" not in loaded
-    assert not {"llmb.runner", "llmb.distributed", "llmb.plugins"} & loaded
+    assert not {"llmb.run.runner", "llmb.distributed.job", "llmb.registry.plugins"} & loaded
 
 
 def test_every_help_answers_without_importing_torch():
@@ -81,7 +87,7 @@ def test_llmb_help_takes_under_a_second():
 
 
 def test_the_cli_vocabulary_matches_what_the_modules_build():
-    from llmb import distributed
+    from llmb.distributed import job as distributed
 
     assert distributed.PARALLEL is names.PARALLEL
 
@@ -111,7 +117,10 @@ def test_the_layers_contracts_hold():
 def test_what_reads_records_imports_no_torch():
     """The check the issue names: `python -c "import llmb.records, llmb.report, llmb.verify"` loads no torch (a
     fresh interpreter: the contracts see imports, this sees what really loads)."""
-    loaded = modules_after("import llmb.records, llmb.report, llmb.verify, llmb.leaderboard, llmb.reproduce")
-    assert {"llmb.records", "llmb.report", "llmb.verify", "llmb.leaderboard"} <= loaded
+    loaded = modules_after(
+        "import llmb.records, llmb.report, llmb.verify, llmb.submit.leaderboard, llmb.submit.reproduce"
+    )
+    assert {"llmb.records", "llmb.report", "llmb.verify", "llmb.submit.leaderboard"} <= loaded
     assert "torch" not in loaded
-    assert not {m for m in loaded if m.startswith(("llmb.runner", "llmb.plugins", "llmb.train", "llmb.cleanroom"))}
+    run_side = ("llmb.run", "llmb.training", "llmb.judge", "llmb.audit", "llmb.distributed", "llmb.toolkit")
+    assert not {m for m in loaded if m.startswith(run_side)}

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import invoke
 
-from llmb import leaderboard, submission
 from llmb.records import Result
+from llmb.submit import leaderboard
+from llmb.submit import package as submission
 
 REFERENCE = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
 HOSTILE = "<script>alert('owned')</script><img src=x onerror=alert(1)>"

@@ -11,7 +11,7 @@ from pathlib import Path
 from test_leaderboard import REFERENCE, forged_copy, renamed_copy
 from test_report_browser import FLAGS, browser
 
-from llmb import leaderboard
+from llmb.submit import leaderboard
 
 
 def dump_dom(chrome: str, url: str, profile: Path) -> str:

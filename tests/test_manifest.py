@@ -1,7 +1,7 @@
 import json
 
-from llmb import manifest
-from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
+from llmb.bundle import manifest
+from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 
 
 def test_shipped_release_manifest_is_up_to_date():
@@ -66,8 +66,8 @@ def test_writing_the_manifest_records_a_release_and_the_nearest_release_names_ch
     assert manifest.known_release(released, package)["digest"] == manifest.digest(released)
     assert manifest.record_release(released, package) is False  # once
     (package / "releases.json").read_text()
-    edited = dict(released["files"], **{"llmb/train.py": manifest.sha256_bytes(b"a faster loop\n")})
+    edited = dict(released["files"], **{"llmb/training/loop.py": manifest.sha256_bytes(b"a faster loop\n")})
     assert manifest.known_release({"files": edited}, package) is None
     nearest, changed = manifest.nearest_release(edited, package)
-    assert nearest["digest"] == manifest.digest(released) and changed == ["llmb/train.py"]
+    assert nearest["digest"] == manifest.digest(released) and changed == ["llmb/training/loop.py"]
     assert "llmb/releases.json" not in manifest.compute(package)["files"]

@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from llmb.config import PRESETS
-from llmb.flops import parameter_count
 from llmb.model import LlamaModel, apply_rotary, causal_lm_loss, count_parameters, rotate_half
+from llmb.spec.flops import parameter_count
+from llmb.spec.presets import PRESETS
 from llmb.spec.shape import OFFICIAL_CONFIG
 
 
@@ -54,7 +54,7 @@ def test_causal_attention_does_not_see_the_future():
 
 
 def test_installed_model_matches_the_released_fingerprint():
-    from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
+    from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 
     assert model_fingerprint() == RELEASED_MODEL_FINGERPRINT
 
@@ -63,7 +63,7 @@ def test_the_release_table_names_every_release_and_the_pinned_one_as_current():
     import re
     from pathlib import Path
 
-    from llmb.fingerprint import MODEL_RELEASES, RELEASED_MODEL_FINGERPRINT
+    from llmb.spec.fingerprint import MODEL_RELEASES, RELEASED_MODEL_FINGERPRINT
 
     rules = (Path(__file__).resolve().parents[1] / "docs" / "rules.md").read_text()
     rows = {

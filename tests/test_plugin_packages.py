@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY, only_record
 
-from llmb.scaffold import write_plugin
+from llmb.run.scaffold import write_plugin
 
 pytest.importorskip("hatchling", reason="building a plugin package offline needs hatchling (the test extra)")
 pytestmark = pytest.mark.slow  # each builds and installs a package, then runs llmb in subprocesses

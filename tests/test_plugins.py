@@ -6,11 +6,12 @@ import pytest
 from click.testing import CliRunner
 from conftest import TINY, invoke, run_record
 
-from llmb import Backend, Peak, Setting, hookimpl, plugins
-from llmb.backend import overridden, public_methods
+from llmb import Backend, Peak, Setting, hookimpl
+from llmb.api.backend import overridden, public_methods
+from llmb.api.errors import PluginError, UsageError
 from llmb.cli import cli
-from llmb.errors import PluginError, UsageError
-from llmb.plugins import call, get_backend, resolve_settings, select_backend
+from llmb.registry import plugins
+from llmb.registry.plugins import call, get_backend, resolve_settings, select_backend
 
 
 class HostBackend(Backend):

@@ -4,9 +4,10 @@ import pytest
 import torch
 from conftest import TINY_CPU, invoke
 
-from llmb import Backend, Peak, PrecisionFact, precision
-from llmb.config import PRESETS
-from llmb.flops import fom, model_flops_per_token, parameter_count
+from llmb import Backend, Peak, PrecisionFact
+from llmb.audit import precision
+from llmb.spec.flops import fom, model_flops_per_token, parameter_count
+from llmb.spec.presets import PRESETS
 from llmb.spec.shape import OFFICIAL_CONFIG
 
 TINY = [*TINY_CPU, "--steps", "3"]

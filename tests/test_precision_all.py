@@ -1,4 +1,4 @@
-"""`--precision all` is expanded once (llmb.names.expand_precision): the run, the clean room's worker and the sweep
+"""`--precision all` is expanded once (llmb.spec.vocab.expand_precision): the run, the clean room's worker and the sweep
 ask it, and no other llmb module writes its own loop over the precisions a plugin supports."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from llmb import names
+from llmb.spec import vocab as names
 
 PACKAGE = Path(__file__).resolve().parents[1] / "llmb"
 SUPPORTED = ("BF16", "FP32")  # out of llmb's order: the expansion's order is llmb's, never the plugin's
@@ -28,7 +28,8 @@ class Job:
 
 
 def test_the_sweep_and_the_clean_room_expand_alike(monkeypatch):
-    from llmb import clean_worker, plugins, sweep
+    from llmb.registry import plugins
+    from llmb.run import clean_worker, sweep
 
     plugin = SimpleNamespace(backend=SimpleNamespace(precisions=lambda: SUPPORTED))
     monkeypatch.setattr(plugins, "select_backend", lambda name: plugin)
@@ -64,7 +65,7 @@ def precision_filters(tree: ast.AST) -> list[int]:
 def test_one_definition_of_the_expansion():
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
     written = {name: lines for name, source in sources.items() if (lines := precision_filters(ast.parse(source)))}
-    assert set(written) == {"names.py"}, written
+    assert set(written) == {"spec/vocab.py"}, written
     # The three places that take `all` ask for it: the run (in the CLI), the clean room's worker and the sweep.
-    asking = {name.split("/")[0].removesuffix(".py") for name, text in sources.items() if "expand_precision(" in text}
-    assert {"cli", "clean_worker", "sweep"} <= asking, asking
+    asking = {name.removesuffix(".py") for name, text in sources.items() if "expand_precision(" in text}
+    assert {"run/clean_worker", "run/sweep"} <= asking and any(name.startswith("cli/") for name in asking), asking

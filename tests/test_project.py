@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 from records_factory import make_result
 
-from llmb import project
 from llmb.cli import cli
 from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
+from llmb.report import time_to_solution as project
 
 RESULT = {"tflops": 1e-6}  # 1e6 FLOP/s per device
 COMM = {

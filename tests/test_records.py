@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from records_factory import make_result
 
-from llmb import records, report, submission, sweep, verify
+from llmb import records, report, verify
 from llmb.records import (
     Commbench,
     Conformance,
@@ -19,7 +19,9 @@ from llmb.records import (
     headline,
     median_index,
 )
-from llmb.train import Measurement, median_measurement
+from llmb.run import sweep
+from llmb.submit import package as submission
+from llmb.training.loop import Measurement, median_measurement
 
 FOUR = [100.0, 110.0, 120.0, 130.0]  # tokens/s of four runs of one group
 

@@ -15,10 +15,9 @@ from click.testing import CliRunner
 from conftest import markdown_table_widths
 from records_factory import make_result
 
-from llmb import runner
 from llmb.cli import cli
-from llmb.config import build_config
 from llmb.records import PeakInfo, Precision
+from llmb.records.result_files import write_result
 from llmb.report import (
     efficiency_figure,
     load,
@@ -29,7 +28,8 @@ from llmb.report import (
     scaling_tables,
     versus_batch_figure,
 )
-from llmb.results import write_result
+from llmb.run import runner
+from llmb.spec.presets import build_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SIMULATED = "oomtest | oom_above_batch_size=1"  # the sweep's plugin and settings: the test backend's memory limit

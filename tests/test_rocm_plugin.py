@@ -10,10 +10,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from llmb import fp8
+from llmb.api.errors import UsageError
 from llmb.cli import cli
-from llmb.errors import UsageError
-from llmb.plugins import get_backend, resolve_settings
+from llmb.registry.plugins import get_backend, resolve_settings
+from llmb.toolkit import fp8
 
 HAS_ROCM = torch.version.hip is not None and torch.cuda.is_available()
 needs_rocm = pytest.mark.skipif(not HAS_ROCM, reason="no ROCm device on this machine")
@@ -22,7 +22,7 @@ ROCM = llmb_rocm.RocmBackend()
 
 
 def test_the_rocm_plugin_leaves_every_gpu_it_knows_to_llmbs_table():
-    # llmb/peaks.py has the MI250X (per GCD) and MI300X (tests/test_peaks.py); the plugin declares none.
+    # llmb/spec/peak_table.py has the MI250X (per GCD) and MI300X (tests/test_peaks.py); the plugin declares none.
     assert llmb_rocm.PEAKS == () and ROCM.peak_sources() == {}
     assert llmb_cuda.match_peak("AMD Instinct MI300X", "BF16", llmb_rocm.PEAKS) is None
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from llmb import CpuBackend, roofline
+from llmb import CpuBackend
 from llmb.cli import cli
-from llmb.config import PRESETS
-from llmb.flops import model_flops_per_token
+from llmb.run import roofline
+from llmb.spec.flops import model_flops_per_token
+from llmb.spec.presets import PRESETS
 
 TINY = PRESETS["tiny"]
 
@@ -151,7 +152,7 @@ def test_an_fp8_roofline_on_a_device_without_float8_gemms_is_none(monkeypatch):
 
 
 def test_every_run_records_its_compile_cost_and_the_measured_matmul_peak():
-    from llmb import runner
+    from llmb.run import runner
 
     options = runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", steps=2, warmup_steps=3)
     record = runner.run(options).to_dict()

@@ -6,10 +6,10 @@ import importlib.util
 import pytest
 from click.testing import CliRunner
 
-from llmb.backend import overridden, public_methods
+from llmb.api.backend import overridden, public_methods
 from llmb.cli import cli
-from llmb.plugins import get_backend, resolve_settings
-from llmb.scaffold import contract
+from llmb.registry.plugins import get_backend, resolve_settings
+from llmb.run.scaffold import contract
 
 
 def new_plugin(*args):

@@ -13,10 +13,13 @@ import pytest
 import torch
 from conftest import install_plugin
 
-from llmb import cluster, distributed, mesh, ranks, run_jobs, runner
-from llmb.config import PRESETS
-from llmb.errors import UsageError
-from llmb.train import synthetic_batch
+from llmb.api.errors import UsageError
+from llmb.audit.evidence import synthetic_batch
+from llmb.distributed import cluster, mesh, ranks
+from llmb.distributed import job as distributed
+from llmb.run import jobs as run_jobs
+from llmb.run import runner
+from llmb.spec.presets import PRESETS
 
 TINY = ["--device", "cpu", "--preset", "tiny", "--steps", "2", "--warmup-steps", "1"]
 JOB_TIMEOUT = 300
@@ -452,7 +455,7 @@ def test_each_layout_equals_one_process_on_the_same_global_batch(nproc, layouts)
 def test_the_scaling_table_keeps_layouts_apart_and_flags_a_baseline_on_other_threads():
     from records_factory import make_result
 
-    from llmb.mesh import Layout
+    from llmb.distributed.mesh import Layout
     from llmb.records import JobLayout
     from llmb.report import point_from_record, scaling_tables
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import TINY_SWEEP
 
-from llmb import grid
-from llmb.errors import UsageError
+from llmb.api.errors import UsageError
+from llmb.run import grid
 
 
 def test_search_items_parse_into_a_grid_and_its_combinations():

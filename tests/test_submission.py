@@ -15,20 +15,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmb import manifest, runner, submission, sysinfo, verify
+from llmb import verify
+from llmb.api.errors import LlmbError, UsageError
+from llmb.bundle import manifest
 from llmb.cli import cli
-from llmb.config import build_config
-from llmb.conformance import check_plugin
-from llmb.errors import LlmbError, UsageError
+from llmb.conformance.check import check_plugin
 from llmb.records import Result
-from llmb.submission import PackageOptions
+from llmb.run import runner, sysinfo
+from llmb.spec.presets import build_config
+from llmb.submit import package as submission
+from llmb.submit.package import PackageOptions
 
 SECRET = "hunter2-do-not-record"
 
 
 def tiny_run(precision: str) -> runner.Result:
     """A run as `llmb run` makes it: in a worker, judged from this process (a bundle holds clean-room runs only)."""
-    from llmb import cleanroom
+    from llmb.judge import cleanroom
 
     options = runner.RunOptions(
         config=build_config("tiny"), preset="tiny", device="cpu", precision=precision, steps=2, warmup_steps=1
@@ -407,7 +410,7 @@ def package_changed(made, tmp_path, name: str) -> Path:
 def test_changed_files_are_shown_as_diffs_that_verify(made, tmp_path):
     root = package_changed(made, tmp_path, "flops.py")
     sub = json.loads((root / "submission.json").read_text())
-    assert sub["division"] == "open" and sub["llmb_changes"] == ["llmb/flops.py", "llmb/vendor_extra.py"]
+    assert sub["division"] == "open" and sub["llmb_changes"] == ["llmb/spec/flops.py", "llmb/vendor_extra.py"]
     diff = (root / submission.CODE_DIFF).read_text()
     assert "+# a vendor's change" in diff and "--- /dev/null\n+++ b/llmb/vendor_extra.py" in diff
     assert failing(verify.verify(root, accept_debug=True)) == {}
@@ -421,7 +424,7 @@ def test_a_changed_training_loop_fails_verify(made, tmp_path):
     root = package_changed(made, tmp_path, "train.py")
     found = failing(verify.verify(root, accept_debug=True))
     assert set(found) == {"model and loop unchanged"}
-    assert "llmb/train.py is changed" in found["model and loop unchanged"]
+    assert "llmb/training/loop.py is changed" in found["model and loop unchanged"]
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed on this machine")
@@ -433,7 +436,7 @@ def test_released_text_comes_from_git_history_or_the_change_is_refused(made, tmp
     )
     options.package_dir = package
     (package / "flops.py").write_text((package / "flops.py").read_text() + "# changed\n")
-    with pytest.raises(LlmbError, match="llmb/flops.py differs from the release .* --release-source"):
+    with pytest.raises(LlmbError, match="llmb/spec/flops.py differs from the release .* --release-source"):
         submission.package(options)
     # Now commit the released text to git, as a development checkout has it.
     (package / "flops.py").write_text((made["package"] / "flops.py").read_text())

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import TINY_SWEEP
 
-from llmb import sweep
-from llmb.config import build_config
-from llmb.errors import UsageError
-from llmb.runner import RunOptions
+from llmb.api.errors import UsageError
+from llmb.run import sweep
+from llmb.run.runner import RunOptions
+from llmb.spec.presets import build_config
 
 
 def trial(batch, tps=None, status="ok", index=0):

@@ -5,8 +5,8 @@ import dataclasses
 
 from records_factory import make_result
 
-from llmb import sysinfo
 from llmb.records import DeviceRef
+from llmb.run import sysinfo
 
 
 def test_the_cpu_plugin_s_named_device_is_the_accelerator():
@@ -66,7 +66,7 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
-from llmb.redact import value_for_record  # noqa: E402
+from llmb.spec.redact import value_for_record  # noqa: E402
 
 SECRET_FORMS = [
     "--tpu_token SECRETvalue",

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmb import Backend, compilers, conformance
-from llmb.errors import UsageError
+from llmb import Backend
+from llmb.api.errors import UsageError
+from llmb.conformance import check as conformance
+from llmb.toolkit import compilers
 
 REASON = compilers.thunder_unavailable()
 needs_thunder = pytest.mark.skipif(REASON is not None, reason=f"Thunder cannot run here: {REASON}")
@@ -35,8 +37,8 @@ def test_where_thunder_cannot_run_the_reason_is_one_line():
 
 @needs_thunder
 def test_thunder_keeps_the_parameters_and_trains_like_eager():
-    from llmb.config import PRESETS
     from llmb.model import LlamaModel
+    from llmb.spec.presets import PRESETS
 
     torch.manual_seed(0)
     eager = LlamaModel(PRESETS["tiny"])

@@ -1,5 +1,5 @@
 """Known vendor libraries' process-wide replacements: accepted only from a listed release whose files are one of the
-official wheels pinned in llmb (llmb/vendor_releases/), never by the RECORD a wheel brings.
+official wheels pinned in llmb (llmb/audit/vendor_releases/), never by the RECORD a wheel brings.
 
 A stand-in library is built here as a wheel, pinned with llmb's own `pin` command, and laid out as pip would install
 it; the real case, IPEX 2.8.0's `ipex.optimize`, is exercised in tests/test_xpu.py (tox -e ipex), and a look-alike
@@ -14,8 +14,8 @@ import zipfile
 
 import pytest
 
-from llmb import vendor_libraries
-from llmb.vendor_libraries import VendorLibrary
+from llmb.audit import vendor_libraries
+from llmb.audit.vendor_libraries import VendorLibrary
 
 SOURCE = "def replacement(*args, **kwargs):\n    return None\n"
 LIBRARY = VendorLibrary("fake-vendor", "fakevendor", ("1.0",), ("/build/fakevendor/csrc/",))
@@ -131,7 +131,7 @@ def test_a_modified_library_or_an_unknown_release_is_not_trusted(library, monkey
 def test_the_guard_accepts_the_librarys_replacement_and_names_any_other(library):
     import torch
 
-    from llmb import guard
+    from llmb.audit import guard
 
     _, module = library
     baseline = guard.capture()

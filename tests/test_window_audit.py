@@ -4,12 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmb import peaks, precision
-from llmb.config import PRESETS
-from llmb.dispatch_audit import DtypeRecorder
-from llmb.model import LlamaModel
-from llmb.train import build_optimizer, synthetic_batch
-from llmb.window_audit import (
+from llmb.audit import precision
+from llmb.audit.dispatch import DtypeRecorder
+from llmb.audit.evidence import synthetic_batch
+from llmb.audit.window import (
     WindowAudit,
     equal_to,
     gradient_problems,
@@ -17,6 +15,10 @@ from llmb.window_audit import (
     unchanged_parameters,
     vector_copies,
 )
+from llmb.model import LlamaModel
+from llmb.spec import peak_table as peaks
+from llmb.spec.presets import PRESETS
+from llmb.training.loop import build_optimizer
 
 
 def _step(model, optimizer, batch):

@@ -113,9 +113,9 @@ def test_tiny_runs_fp32_and_bf16_on_the_cpu_pjrt_device(tmp_path):
 
 @requires_torch_xla
 def test_runner_runs_xla_in_process(monkeypatch):
-    """llmb.runner.run end to end in this process (what the conformance checker does), with a plugin setting."""
-    from llmb.config import PRESETS
-    from llmb.runner import RunOptions, run
+    """llmb.run.runner.run end to end in this process (what the conformance checker does), with a plugin setting."""
+    from llmb.run.runner import RunOptions, run
+    from llmb.spec.presets import PRESETS
 
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     options = RunOptions(
@@ -163,13 +163,14 @@ def test_two_runs_in_one_process_keep_their_own_state(monkeypatch):
 
 @requires_torch_xla
 def test_a_cpu_backward_before_xla_in_the_same_process_is_one_clear_error():
-    """`llmb run` gives the plugin a fresh worker process, so only an in-process caller of llmb.runner.run (a notebook,
+    """`llmb run` gives the plugin a fresh worker process, so only an in-process caller of llmb.run.runner.run (a
+    notebook,
     a script) can have run a CPU backward before torch_xla initialised: it gets one line saying so."""
     script = (
         "import torch; x = torch.ones(2, requires_grad=True); x.sum().backward()\n"
-        "from llmb.config import PRESETS\n"
-        "from llmb.errors import LlmbError\n"
-        "from llmb.runner import RunOptions, run\n"
+        "from llmb.spec.presets import PRESETS\n"
+        "from llmb.api.errors import LlmbError\n"
+        "from llmb.run.runner import RunOptions, run\n"
         "options = RunOptions(config=PRESETS['tiny'], preset='tiny', plugin='xla', device='xla', precision='FP32',\n"
         "                     steps=1, warmup_steps=1)\n"
         "try:\n"
@@ -197,9 +198,9 @@ def test_amp_mode_is_refused_before_the_loop():
     """XLA autocast leaves SDPA's inputs in mixed dtypes (measured, torch-xla 2.9): amp is refused in one line."""
     import torch
 
-    from llmb.config import PRESETS
-    from llmb.errors import UsageError
+    from llmb.api.errors import UsageError
     from llmb.model import LlamaModel
+    from llmb.spec.presets import PRESETS
 
     model = LlamaModel(PRESETS["tiny"])  # FP32 weights: what --precision-mode amp hands the plugin
     with pytest.raises(UsageError, match="--precision-mode pure only"):

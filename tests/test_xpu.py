@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from llmb import CpuBackend
 from llmb.cli import cli
-from llmb.plugins import registrations, select_backend
+from llmb.registry.plugins import registrations, select_backend
 
 HAS_IPEX = importlib.util.find_spec("intel_extension_for_pytorch") is not None
 requires_ipex = pytest.mark.skipif(
@@ -30,7 +30,7 @@ TINY = ["--plugin", "xpu", "--preset", "tiny", "--steps", "2", "--warmup-steps",
 @pytest.fixture
 def xpu(register_backend):
     """The xpu backend, from its entry point where the package is installed, else registered from its source."""
-    from llmb import plugins
+    from llmb.registry import plugins
 
     plugins.load(["xpu"])
     if "xpu" not in registrations():
@@ -128,7 +128,8 @@ def test_ipex_post_processing_trains_on_the_cpu(xpu, tmp_path, precision):
     assert result.exit_code == 0, result.output
     (record,) = records
     # ipex.optimize replaces torch functions and aten kernels process-wide: the guard accepts them as a known,
-    # unmodified IPEX release's own (llmb/vendor_libraries.py) and records how many; nothing makes the run invalid.
+    # unmodified IPEX release's own (llmb/audit/vendor_libraries.py) and records how many; nothing makes the run
+    # invalid.
     assert record["invalid_reasons"] == [], record["invalid_reasons"]
     label = f"intel-extension-for-pytorch {importlib.metadata.version('intel-extension-for-pytorch')}"
     assert record["facts"]["vendor_library_replacements"][label] > 0
@@ -153,7 +154,7 @@ def test_ipex_refuses_mixed_precision(xpu, tmp_path):
 
 OVERRIDE_BESIDE_IPEX = """
 import torch
-from llmb import guard
+from llmb.audit import guard
 baseline = guard.capture()  # before IPEX is imported, as llmb captures it before any plugin import
 import intel_extension_for_pytorch as ipex
 model = torch.nn.Linear(8, 8)

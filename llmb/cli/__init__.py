@@ -8,7 +8,7 @@ import os
 import click
 
 from llmb.cli import measure, plugins, report, run, submission, sweep
-from llmb.cluster import quiet_native_logs
+from llmb.distributed.cluster import quiet_native_logs
 
 
 @click.group()

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmb import bounds, names
-from llmb import console as term
-from llmb.config import PRESETS  # torch-free: the shapes themselves, so --help names them from their one source
-from llmb.errors import LlmbError
+from llmb.api.errors import LlmbError
+from llmb.cli import click_types as bounds
+from llmb.spec import vocab as names
+from llmb.spec.presets import PRESETS  # torch-free: the shapes themselves, so --help names them from their one source
+from llmb.terminal import console as term
 
 if TYPE_CHECKING:  # annotations only: distributed imports torch
-    from llmb.distributed import LaunchSpec
+    from llmb.distributed.job import LaunchSpec
 
 console = term.out
 err_console = term.err
@@ -92,7 +93,7 @@ def pop_shape(params: dict[str, Any]) -> dict[str, int | None]:
 
 def _known_plugin(ctx, param, value: str | None) -> str | None:
     """--plugin checked as it is parsed, from installed metadata (no torch import): a typo is answered at once."""
-    from llmb import plugins  # lazy: the entry points are read only when --plugin is given
+    from llmb.registry import plugins  # lazy: the entry points are read only when --plugin is given
 
     if value is not None:
         try:
@@ -155,7 +156,7 @@ def launch_spec(
         if nnodes != 1 or node_rank or master_addr or master_port:
             raise click.UsageError("--nnodes, --node-rank, --master-addr and --master-port need --nproc-per-node")
         return None
-    from llmb import distributed  # lazy: torch
+    from llmb.distributed import job as distributed  # lazy: torch
 
     spec = distributed.LaunchSpec(nproc_per_node, nnodes, node_rank, master_addr, master_port, timeout)
     spec.check()  # a usage error (an unresolvable --master-addr) before anything touches the disk
@@ -201,7 +202,7 @@ def device_scaled(name: str) -> str:
 
 def loop_options(steps_help: str, scaled: bool = False) -> Callable[[Callable], Callable]:
     """The measured loop's length and seed, then the model's shape: one set for run and sweep. Scaled (a sweep's):
-    a step count not given is the device's (None here: llmb.sweep.scaled_to_device), and --help says which."""
+    a step count not given is the device's (None here: llmb.run.sweep.scaled_to_device), and --help says which."""
 
     def default(name: str, value: int) -> dict:
         return (

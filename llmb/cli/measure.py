@@ -7,8 +7,9 @@ import json
 
 import click
 
-from llmb import bounds, names
-from llmb import console as term
+from llmb.api.errors import LlmbError
+from llmb.api.settings import parse_options
+from llmb.cli import click_types as bounds
 from llmb.cli.common import (
     EXISTING_FILE,
     console,
@@ -19,8 +20,8 @@ from llmb.cli.common import (
     model_options,
     plugin_options,
 )
-from llmb.errors import LlmbError
-from llmb.settings import parse_options
+from llmb.spec import vocab as names
+from llmb.terminal import console as term
 
 
 @click.command(name="peak")
@@ -51,10 +52,10 @@ from llmb.settings import parse_options
 def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
     # Lazy, here and in every command below: the modules that do the work import torch; --help must not.
-    from llmb import roofline, sysinfo
-    from llmb.config import build_config
     from llmb.records import ROOFLINE_SCHEMA, device_label, envelope
-    from llmb.results import write_json_atomic
+    from llmb.records.result_files import write_json_atomic
+    from llmb.run import roofline, sysinfo
+    from llmb.spec.presets import build_config
 
     kind = roofline.device_for(plugin, device).type
     if "preset" not in given_on_command_line():  # a shape that suits the device: minutes, not hours, on a CPU
@@ -120,8 +121,9 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
 @handle_errors
 def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:
     """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
-    from llmb import commbench, distributed
-    from llmb.results import check_writable, write_json_atomic
+    from llmb.distributed import job as distributed
+    from llmb.records.result_files import check_writable, write_json_atomic
+    from llmb.run import commbench
 
     options = commbench.CommOptions(plugin=plugin, device=device, iters=iters, warmup=warmup, dtype=dtype)
     if out is not None:
@@ -199,9 +201,9 @@ def project_command(
 ) -> None:
     """Project the step time and seed FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and
     beta; with --check, hold the projection against a measured run."""
-    from llmb import project
     from llmb.records import Commbench, RecordError, Result
-    from llmb.results import load_result
+    from llmb.records.result_files import load_result
+    from llmb.report import time_to_solution as project
 
     try:
         result, comm = load_result(result_path), load_result(comm_path)

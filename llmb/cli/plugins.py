@@ -9,10 +9,11 @@ from pathlib import Path
 import click
 from rich.text import Text
 
-from llmb import bounds, names
-from llmb import console as term
+from llmb.api.settings import parse_options
+from llmb.cli import click_types as bounds
 from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options
-from llmb.settings import parse_options
+from llmb.spec import vocab as names
+from llmb.terminal import console as term
 
 
 @click.command(name="plugins")
@@ -20,7 +21,7 @@ from llmb.settings import parse_options
 @handle_errors
 def plugins_command(as_json: bool) -> None:
     """List installed backends: plugin, devices, precisions, methods overridden, settings, peak sources."""
-    from llmb import plugins  # lazy: loading the backends imports torch
+    from llmb.registry import plugins  # lazy: loading the backends imports torch
 
     described = [plugins.describe(r) for r in plugins.all_registrations().values()]
     for name, error in plugins.load_errors.items():
@@ -78,8 +79,8 @@ def setting_line(s: dict) -> Text:
 def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
     """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
     # Lazy: the conformance check and the results import torch; --help must not.
-    from llmb import conformance
-    from llmb.results import check_writable
+    from llmb.conformance import check as conformance
+    from llmb.records.result_files import check_writable
 
     check_writable(out.parent)  # before the check runs, not after
     requested = precision_name.upper()  # ALL, as run and sweep take it: every precision the plugin supports
@@ -125,7 +126,7 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
 @handle_errors
 def new_plugin(name: str, directory: Path | None) -> None:
     """Write an installable plugin package: a llmb.Backend subclass with every method stubbed, a vendor's start."""
-    from llmb.scaffold import install_command, write_plugin  # lazy: only `new-plugin` writes files
+    from llmb.run.scaffold import install_command, write_plugin  # lazy: only `new-plugin` writes files
 
     target = write_plugin(name, directory)
     term.say(f"wrote plugin {name!r} to {target}; install it with: {install_command(target)}")

@@ -7,9 +7,10 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from llmb import bounds, names
-from llmb import console as term
+from llmb.cli import click_types as bounds
 from llmb.cli.common import console, handle_errors
+from llmb.spec import vocab as names
+from llmb.terminal import console as term
 
 
 @click.command(name="report")
@@ -69,7 +70,7 @@ def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
 def features_command(paths, markdown) -> None:
     """The feature matrix from result, conformance and attempt records: each feature by single device, DDP and
     FSDP, and each pair of features (yes only where a run exists and conformed)."""
-    from llmb import features  # lazy: the records it loads import torch
+    from llmb.run import feature_matrix as features  # lazy: the records it loads import torch
 
     records = features.load_records(paths)
     for line in records.skipped:  # every file left out is named, with why
@@ -103,8 +104,9 @@ def leaderboard_command(bundles: tuple[Path, ...], out: Path, replay: bool) -> N
     """Verify submission bundles (folders or .tar.gz) and write a static site of them: a sortable index of systems by
     precision and one page per submission with its evidence. A bundle that fails is listed as failed, with why."""
     # Lazy: verifying the bundles imports the records (torch); --help must not.
-    from llmb import leaderboard, outputs
-    from llmb.results import check_writable
+    from llmb.records import outputs
+    from llmb.records.result_files import check_writable
+    from llmb.submit import leaderboard
 
     outputs.refuse_overlap({"--out": out}, bundles)  # before anything is made: the site never enters a bundle
     check_writable(out)

@@ -1,4 +1,4 @@
-"""`llmb run`: its options, parsed into the runner's RunOptions, then handed to llmb.run_request."""
+"""`llmb run`: its options, parsed into the runner's RunOptions, then handed to llmb.run.request."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from llmb import bounds, names
+from llmb.api.settings import parse_options
+from llmb.cli import click_types as bounds
 from llmb.cli.common import (
     LAUNCH_PARAMETERS,
     handle_errors,
@@ -18,7 +19,7 @@ from llmb.cli.common import (
     pop_shape,
     precision_options,
 )
-from llmb.settings import parse_options
+from llmb.spec import vocab as names
 
 
 @click.command()
@@ -89,9 +90,10 @@ def run(
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
     # Lazy: the model's config, the results and the runner import torch; --help must not.
-    from llmb import run_request, runner
-    from llmb.config import build_config
-    from llmb.results import check_writable
+    from llmb.records.result_files import check_writable
+    from llmb.run import request as run_request
+    from llmb.run import runner
+    from llmb.spec.presets import build_config
 
     # What is left in ``fields`` once the launch and the shape are taken out is runner.RunOptions's fields, each
     # under its own name (--precision-mode: mode, --dist-timeout: timeout_seconds): click fills them.

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 from rich.text import Text
 
-from llmb import console as term
-from llmb import names
 from llmb.cli.common import console, err_console, handle_errors
+from llmb.spec import vocab as names
+from llmb.terminal import console as term
 
 
 @click.command(name="package-submission")
@@ -61,7 +61,9 @@ def package_submission(
 ) -> None:
     """Write a submission bundle: results, system, code diff, plugin source, conformance, summary, manifest."""
     # Lazy: packaging may run check-plugin, and the records import torch; --help must not.
-    from llmb import conformance, submission, verify
+    from llmb import verify
+    from llmb.conformance import check as conformance
+    from llmb.submit import package as submission
 
     options = submission.PackageOptions(
         submitter=submitter,
@@ -143,7 +145,7 @@ def verify_command(path: Path, accept_debug: bool, replay: bool, replay_steps: i
 def reproduce_command(path: Path, tolerance: float, runs: int) -> None:
     """Re-run each headline of a bundle here (its shipped plugin source and settings) and compare; exit 1 if any
     headline exceeds its reproduction by more than the tolerance."""
-    from llmb import reproduce  # lazy: reproducing runs the plugin
+    from llmb.submit import reproduce  # lazy: reproducing runs the plugin
 
     rows = reproduce.reproduce(path, tolerance=tolerance, runs=runs)
     table = term.table(f"llmb reproduce {path}")

@@ -1,5 +1,5 @@
-"""`llmb sweep`: its options, parsed into a sweep's options (and a search's), then handed to llmb.sweep and
-llmb.grid."""
+"""`llmb sweep`: its options, parsed into a sweep's options (and a search's), then handed to llmb.run.sweep and
+llmb.run.grid."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from llmb import bounds
-from llmb import console as term
+from llmb.api.errors import UsageError
+from llmb.api.settings import parse_options
+from llmb.cli import click_types as bounds
 from llmb.cli.common import (
     console,
     device_scaled,
@@ -19,8 +20,7 @@ from llmb.cli.common import (
     plugin_options,
     precision_options,
 )
-from llmb.errors import UsageError
-from llmb.settings import parse_options
+from llmb.terminal import console as term
 
 
 @click.command()
@@ -93,9 +93,9 @@ def sweep(
     """Find the best batch size per precision (and, with --search, the best plugin settings): each trial its own
     `llmb run` process, resumable."""
     # Lazy: the sweep and the runner import torch; --help must not.
-    from llmb import grid, runner
-    from llmb import sweep as sweeps
-    from llmb.config import build_config
+    from llmb.run import grid, runner
+    from llmb.run import sweep as sweeps
+    from llmb.spec.presets import build_config
 
     if resume and not (out / sweeps.LOG_NAME).is_file():
         # Nothing to continue: starting a sweep here would run whatever the defaults are (the official shape, every

@@ -10,18 +10,10 @@ import sys
 
 import torch
 
-from llmb import (
-    Backend,
-    EnergyCounter,
-    PrecisionFact,
-    Setting,
-    checkpointing,
-    compilers,
-    energy,
-    fp8,
-    hookimpl,
-    sysinfo,
-)
+from llmb import Backend, EnergyCounter, PrecisionFact, Setting, hookimpl
+from llmb.records import energy
+from llmb.run import sysinfo
+from llmb.toolkit import checkpointing, compilers, fp8
 
 COMPILE_MODES = ("none", "default", "max-autotune", compilers.THUNDER)
 

@@ -1,5 +1,5 @@
 """The numeric formats and the rules' lowest-bit principle, torch-free: what reads a record's audit (verify, the
-report) ranks formats without importing torch. llmb.precision maps torch's dtypes through the same names.
+report) ranks formats without importing torch. llmb.audit.precision maps torch's dtypes through the same names.
 
 Formats are ranked by mantissa bits, most first: FP32 (24) > TF32 (11) > FP16 (11, narrow range) > BF16 (8) > FP8.
 """

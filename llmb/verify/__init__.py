@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmb import bundle_io
-from llmb.bundle_io import DEFAULT_LIMITS, Limits, Refused
+from llmb.bundle import reader as bundle_io
+from llmb.bundle.reader import DEFAULT_LIMITS, Limits, Refused
 from llmb.verify.bundle import Bundle, ResultFiles, Row, headline_view  # noqa: F401 - verify's public names
 from llmb.verify.bundle_checks import (  # noqa: F401 - evidence_problems importable from here as before
     check_clones,
@@ -51,7 +51,7 @@ from llmb.verify.result_checks import (  # noqa: F401 - the per-result checks, i
 
 def verify(path: Path, accept_debug: bool = False, limits: Limits = DEFAULT_LIMITS, replay_steps: int = 0) -> list[Row]:
     """Every check on a bundle folder or a .tar.gz of one; all rows must pass. The bundle is opened under
-    llmb.bundle_io's limits (an archive unpacked in a limited child process into a temporary folder)."""
+    llmb.bundle.reader's limits (an archive unpacked in a limited child process into a temporary folder)."""
     path = Path(path)
     kind = "bundle" if path.is_dir() else "archive"
     try:

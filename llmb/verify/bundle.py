@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llmb import bundle_io
-from llmb.bundle_io import Limits
+from llmb.bundle import reader as bundle_io
+from llmb.bundle.reader import Limits
 from llmb.records import (
     Result,
 )

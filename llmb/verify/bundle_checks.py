@@ -9,8 +9,9 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
-from llmb import bundle_evidence, bundle_io, codediff, manifest
-from llmb.bundle_format import (
+from llmb.bundle import codediff, manifest
+from llmb.bundle import reader as bundle_io
+from llmb.bundle.layout import (
     CODE_DIFF,
     CODE_STATUS,
     MANIFEST_FILE,
@@ -24,7 +25,6 @@ from llmb.bundle_format import (
     headlines,
     render_summary,
 )
-from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.records import (
     CONFORMANCE_SCHEMA,
     PLUGIN_SOURCE_SCHEMA,
@@ -34,7 +34,9 @@ from llmb.records import (
     RecordError,
     Result,
 )
-from llmb.redact import value_for_record
+from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
+from llmb.spec.redact import value_for_record
+from llmb.verify import evidence_checks as bundle_evidence
 from llmb.verify.bundle import Bundle, per_result
 
 

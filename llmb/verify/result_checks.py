@@ -6,17 +6,19 @@ from __future__ import annotations
 import math
 from pathlib import PurePosixPath
 
-from llmb import energy, flops, peaks
-from llmb.config import ADAMW_HYPERPARAMETERS, official_reasons
-from llmb.fingerprint import RELEASED_MODEL_FINGERPRINT
-from llmb.names import PRECISIONS
 from llmb.records import (
     Result,
+    energy,
     loss_band,
     median_index,
 )
+from llmb.spec import flops
+from llmb.spec import peak_table as peaks
+from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.spec.formats import DTYPE_NAME_FORMAT, RANK, lowest
-from llmb.tolerances import MIN_STEP_SHARE_OF_WINDOW
+from llmb.spec.presets import ADAMW_HYPERPARAMETERS, official_reasons
+from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW
+from llmb.spec.vocab import PRECISIONS
 from llmb.verify.bundle import Bundle, per_result
 
 # Recorded figures are full-precision JSON floats, so a recomputation agrees to far better than this.

@@ -1,5 +1,6 @@
 """llmb plugin for NVIDIA GPUs through torch.cuda: events, memory stats, peaks for GPUs llmb's table lacks, and the
-training features llmb shares with every plugin (llmb.checkpointing, llmb.compilers, llmb.fp8: the cpu plugin's too).
+training features llmb shares with every plugin (llmb.toolkit.checkpointing, llmb.toolkit.compilers, llmb.toolkit.fp8:
+the cpu plugin's too).
 
 Settings (-O key=value): compile, fused_adamw, activation_checkpointing, fp8, fp8_emulate. See README.md.
 """
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llmb import Backend, EnergyCounter, Peak, PrecisionFact, Setting, checkpointing, compilers, fp8, hookimpl
-from llmb.errors import UsageError
+from llmb import Backend, EnergyCounter, Peak, PrecisionFact, Setting, hookimpl
+from llmb.api.errors import UsageError
+from llmb.toolkit import checkpointing, compilers, fp8
 
 COMPILE_MODES = ("none", *compilers.INDUCTOR_MODES, compilers.THUNDER)
 # float8 GEMMs (torch._scaled_mm) need Ada or Hopper tensor cores or newer: compute capability 8.9.
@@ -46,9 +48,11 @@ SETTINGS = [
 ]
 
 
-# Peaks are llmb's (llmb/peaks.py: every GPU this plugin was written for, each with its public source); a plugin
-# declares one only for a GPU that table lacks (llmb/peaks.py's rules: the table wins for any GPU it has). PEAKS
-# below is where such a GPU goes: dense figures by the precision that really ran (sparse 2:4 figures are twice these
+# Peaks are llmb's (llmb/spec/peak_table.py: every GPU this plugin was written for, each with its public source); a
+# plugin declares one only for a GPU that table lacks (llmb/spec/peak_table.py's rules: the table wins for any GPU it
+# has).
+# PEAKS below is where such a GPU goes: dense figures by the precision that really ran (sparse 2:4 figures are twice
+# these
 # and never used), FP32 the non-tensor-core rate, TF32/FP16/BF16 the tensor-core rates.
 
 

@@ -2,7 +2,7 @@
 
 HIP mirrors the CUDA API in torch, so `RocmBackend` subclasses llmb_cuda's `CudaBackend`: the device services and
 the post-processing are inherited. What differs: hardware detection, ROCm's BLAS and TunableOp setup, and the
-facts recorded (peaks are llmb's table's: llmb/peaks.py has the MI250X and MI300X).
+facts recorded (peaks are llmb's table's: llmb/spec/peak_table.py has the MI250X and MI300X).
 
 Settings (-O key=value): llmb_cuda's compile, fused_adamw, activation_checkpointing, fp8 and fp8_emulate, plus
 tunableop and hipblaslt.
@@ -23,8 +23,8 @@ SETTINGS = [
     Setting("hipblaslt", bool, True, "prefer hipBLASLt over rocBLAS for GEMMs (TORCH_BLAS_PREFER_HIPBLASLT)"),
 ]
 
-# Peaks for AMD GPUs llmb's table (llmb/peaks.py) lacks, in llmb_cuda's PeakEntry form; empty: the table has the
-# MI250X (per GCD) and MI300X, and it wins for any GPU it has (tests/test_peaks.py keeps this so).
+# Peaks for AMD GPUs llmb's table (llmb/spec/peak_table.py) lacks, in llmb_cuda's PeakEntry form; empty: the table has
+# the MI250X (per GCD) and MI300X, and it wins for any GPU it has (tests/test_peaks.py keeps this so).
 PEAKS: tuple[PeakEntry, ...] = ()
 
 

@@ -36,8 +36,9 @@ MATMUL_FORMAT = {
 # Environment switches that make torch_xla store FP32 tensors as BF16 on the device while torch still says float32.
 BF16_ENV = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
-# Dense BF16 peak per chip for TPUs llmb's table (llmb/peaks.py) lacks, keyed by PJRT device kind, with the page that
-# publishes it. Empty: the table has TPU v4, v5e and v5p, and it wins for any device it has (tests/test_peaks.py
+# Dense BF16 peak per chip for TPUs llmb's table (llmb/spec/peak_table.py) lacks, keyed by PJRT device kind, with the
+# page that publishes it. Empty: the table has TPU v4, v5e and v5p, and it wins for any device it has
+# (tests/test_peaks.py
 # keeps this so).
 PEAK_BF16_TFLOPS: dict[str, tuple[float, str]] = {}
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from llmb import manifest, submission, verify
+from llmb import verify
+from llmb.bundle import manifest
 from llmb.records import Result
+from llmb.submit import package as submission
 
 REFERENCE = Path(__file__).resolve().parents[2] / "submissions" / "llmb" / "cpu-reference"
 
@@ -47,7 +49,8 @@ def test_the_reference_bundle_verifies_before_any_forgery(bundle):
 
 
 def test_an_edited_loop_written_as_the_release_manifest_is_not_the_release(bundle):
-    """The attack: edit llmb/train.py, run `python -m llmb.manifest --write` in one's own copy, package. The
+    """The attack: edit llmb/training/loop.py, run `python -m llmb.bundle.manifest --write` in one's own copy, package.
+    The
     bundle then says every file is unchanged against "the release". verify knows the released manifests."""
     edited = manifest.sha256_bytes(b"# a faster loop\n")
 

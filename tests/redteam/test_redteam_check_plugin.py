@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from redteam_kit import install
 
 from llmb.cli import cli
-from llmb.tolerances import tolerance_for
+from llmb.spec.tolerances import tolerance_for
 
 # Every Linear computes with BF16 inputs, what a BF16 matmul unit does, while every tensor and every kernel stays
 # FP32: the inputs are rounded to BF16's 8-bit mantissa by integer arithmetic on their bits (no BF16 tensor is ever
@@ -45,9 +45,9 @@ torch.nn.Linear.forward = _forward
 # The same, with the in-process guard blinded (a residual risk of the worker: the plugin owns that process), so the
 # only thing left to catch it is the clean reference.
 BLIND_GUARD = """
-import llmb.guard
+import llmb.audit.guard
 
-llmb.guard.problems = lambda *args, **kwargs: []
+llmb.audit.guard.problems = lambda *args, **kwargs: []
 """
 
 

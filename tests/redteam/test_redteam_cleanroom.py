@@ -9,7 +9,7 @@ from redteam_kit import install, reasons, run
 SLOW_CLOCK = """
 import time as _time
 
-import llmb.train as _train
+import llmb.training.loop as _train
 
 
 class _SlowClock:
@@ -42,7 +42,7 @@ def test_a_patched_measure_that_scales_its_times_is_caught(tmp_path):
     code = """
     import dataclasses
 
-    import llmb.train as _train
+    import llmb.training.loop as _train
 
     _measure = _train.Trainer.measure
 
@@ -129,7 +129,7 @@ def _process_model(model, optimizer, device, precision, settings):
 @pytest.mark.parametrize(
     "name, cheat, extra",
     [
-        # Honest only when llmb/conformance.py is on the stack (check-plugin).
+        # Honest only when llmb/conformance/check.py is on the stack (check-plugin).
         ("stack", "return not any('conformance' in f.filename for f in inspect.stack())", ()),
         # Honest only at a check-plugin preset's shape.
         ("shape", "return model.config.intermediate_size not in (128, 1024)", ("--intermediate-size", "96")),
@@ -197,7 +197,7 @@ PICKLE_INTO_THE_JUDGE = (
     """
 import gc as _gc
 
-import llmb.clean_worker as _clean_worker
+import llmb.run.clean_worker as _clean_worker
 """
     + PAYLOAD
     + """
@@ -223,7 +223,8 @@ def test_a_pickle_sent_through_the_link_never_runs_in_the_judge(tmp_path):
 
 # In a job (--nproc-per-node), torch's launcher runs in the judging process. Started with a function, each rank's
 # return value came back through a multiprocessing queue that the launcher unpickled: a plugin in a rank finds the
-# queue and puts its pickle first. The ranks are commands now (llmb.rank_worker): no queue, nothing unpickled.
+# queue and puts its pickle first. The ranks are commands now (llmb.run.rank_worker): no queue, nothing
+# unpickled.
 PICKLE_INTO_THE_LAUNCHER = (
     """
 import gc as _gc

@@ -9,9 +9,10 @@ import shutil
 import pytest
 from redteam_kit import TINY, llmb
 
-from llmb import submission, verify
-from llmb.clean_verdict import headline_figures
+from llmb import verify
+from llmb.judge.verdict import headline_figures
 from llmb.records import Result
+from llmb.submit import package as submission
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ for. Stage: run; reason: "judge: the worker's record says <field> ...; the judge
 import pytest
 from redteam_kit import install, reasons, run
 
-from llmb.flops import model_flops_per_token
+from llmb.spec.flops import model_flops_per_token
 from llmb.spec.shape import ModelConfig
 
 

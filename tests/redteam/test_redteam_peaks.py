@@ -5,7 +5,7 @@ its declaration (an inflated MFU). Stage: run (and verify's peak check); reason:
 import pytest
 from redteam_kit import install, reasons, run
 
-from llmb import peaks
+from llmb.spec import peak_table as peaks
 
 AMBIGUOUS_NAME = """
 def _device_name(device):

@@ -132,12 +132,12 @@ GLOBAL_PRE_HOOK = Attack(
 HYPERPARAMETER_LR = Attack(
     "hyperparameter_lr",
     """
-    import llmb.train
+    import llmb.training.loop
 
     try:
-        llmb.train.ADAMW_HYPERPARAMETERS["lr"] = 1e-3  # read-only now: TypeError
+        llmb.training.loop.ADAMW_HYPERPARAMETERS["lr"] = 1e-3  # read-only now: TypeError
     except TypeError:
-        llmb.train.ADAMW_HYPERPARAMETERS = {**llmb.train.ADAMW_HYPERPARAMETERS, "lr": 1e-3}
+        llmb.training.loop.ADAMW_HYPERPARAMETERS = {**llmb.training.loop.ADAMW_HYPERPARAMETERS, "lr": 1e-3}
     """,
 )
 ATEN_MM_OVERRIDE = Attack(
@@ -162,11 +162,11 @@ SLOW_CLOCK = Attack(
     import time as _time
     import types
 
-    import llmb.train
+    import llmb.training.loop
 
     _real = _time.perf_counter
     _start = _real()
-    llmb.train.time = types.SimpleNamespace(perf_counter=lambda: _start + (_real() - _start) / 1.5)
+    llmb.training.loop.time = types.SimpleNamespace(perf_counter=lambda: _start + (_real() - _start) / 1.5)
     """,
 )
 
@@ -302,10 +302,10 @@ CAUGHT_BY_RUN = [
     pytest.param(ADAMW_HALF_STEPS, "torch.optim.AdamW.step was replaced", id="adamw_half_steps", marks=slow),
     pytest.param(GLOBAL_PRE_HOOK, "_global_optimizer_pre_hooks changed", id="global_pre_hook", marks=slow),
     pytest.param(
-        HYPERPARAMETER_LR, "llmb.train.ADAMW_HYPERPARAMETERS was replaced", id="hyperparameter_lr", marks=slow
+        HYPERPARAMETER_LR, "llmb.training.loop.ADAMW_HYPERPARAMETERS was replaced", id="hyperparameter_lr", marks=slow
     ),
     pytest.param(ATEN_MM_OVERRIDE, "the dispatcher's kernels for aten::mm changed", id="aten_mm_override", marks=slow),
-    pytest.param(SLOW_CLOCK, "llmb.train.time was replaced", id="slow_clock", marks=slow),
+    pytest.param(SLOW_CLOCK, "llmb.training.loop.time was replaced", id="slow_clock", marks=slow),
     pytest.param(LATE_MEDIUM, "window: backend state changed since the audit", id="late_medium"),
     pytest.param(DROPPED_LAYER, "received no gradient", id="dropped_layer", marks=slow),
     pytest.param(FROZEN, "model parameters are frozen", id="frozen", marks=slow),

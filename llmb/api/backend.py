@@ -1,0 +1,222 @@
+"""The vendor contract: a hardware plugin registers `Backend` instances, and llmb asks them about the device.
+
+Every question the harness asks of a device is a method here, with the harness's default as its body: a subclass
+overrides only what its hardware does differently. The harness keeps what makes a result a result (the model, the
+AdamW construction, the loop, the timer and the precision audit); a backend never sees them except through the
+arguments given here. This module imports no torch, so `import llmb` stays cheap.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import platform
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for annotations only: importing torch here would make `llmb --help` pay for it
+    import torch
+
+    from llmb.api.settings import Setting
+
+
+@dataclass(frozen=True)
+class PrecisionFact:
+    """One fact about backend state; ``implies`` is the numeric format it lets run, or None if it says nothing."""
+
+    name: str
+    value: Any
+    implies: str | None = None
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A device's dense peak FLOP/s for one precision, and where it is published (a datasheet URL, a page)."""
+
+    flops: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.flops > 0:
+            raise ValueError(f"a peak must be a positive FLOP/s figure, got {self.flops!r}")
+        if not self.source.strip():
+            raise ValueError("a peak needs its public source: llmb never reports an MFU nobody can check")
+
+
+@dataclass(frozen=True)
+class EnergyCounter:
+    """A device's energy counter as a backend offers it (Backend.energy_counter): ``read()`` gives joules from any
+    origin, never decreasing (a hardware counter's wraparound already undone); ``scope`` says what it covers (one GPU,
+    a CPU socket with every process on it); ``limit_watts`` is the device's power limit where known, against which the
+    judge checks the window's average power."""
+
+    read: Callable[[], float]
+    scope: str
+    limit_watts: float | None = None
+
+
+class Backend:
+    """One device kind as llmb drives it. Subclass it, override what your hardware needs, register an instance.
+
+    ``device`` is a ``torch.device``; ``precision`` one of FP32, TF32, FP16, BF16; ``settings`` the backend's
+    validated settings as a dict (every declared setting present, given or default).
+    """
+
+    #: The name `llmb run --plugin` takes; a plugin's backends are named after its entry point
+    #: (docs/vendors/writing-a-plugin.md).
+    name: str = ""
+
+    # Identity and capability
+
+    def device_types(self) -> list[str]:
+        """The torch device types this backend serves, the default first."""
+        return ["cpu"]
+
+    def precisions(self) -> list[str]:
+        """The precisions this backend can run, a subset of FP32, TF32, FP16, BF16."""
+        return ["FP32"]
+
+    def available(self) -> bool:
+        """True when this backend's hardware is present (used when no --plugin is given)."""
+        return False
+
+    def settings(self) -> list[Setting]:
+        """The settings this backend accepts through -O key=value."""
+        return []
+
+    # Backend setup and model post-processing
+
+    def setup(self, device: torch.device, precision: str, settings: dict) -> None:
+        """Configure the framework before the model exists: backend flags, environment, vendor libraries."""
+
+    def process_model(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        precision: str,
+        settings: dict,
+    ) -> torch.nn.Module:
+        """Return the post-processed model (compile, fused kernels, wrappers); never build a new model."""
+        return model
+
+    def optimizer_options(self, device: torch.device, precision: str, settings: dict) -> dict:
+        """AdamW implementation options only: any of foreach, fused, capturable."""
+        return {}
+
+    def step_end(self, device: torch.device) -> None:
+        """Finish one training step where the device needs it (e.g. cut a lazy graph); runs inside the timed window."""
+
+    # Device services for the timer and the records
+
+    def synchronize(self, device: torch.device) -> None:
+        """Block until all work queued on the device is done. The timer calls it at both edges of the window."""
+        if device.type == "cpu":
+            return  # eager CPU kernels have finished when they return
+        import torch
+
+        accelerator = getattr(torch, "accelerator", None)
+        current = accelerator.current_accelerator() if accelerator and accelerator.is_available() else None
+        if current is not None and current.type == device.type:
+            accelerator.synchronize(device)
+            return
+        from llmb.api.errors import UsageError
+
+        raise UsageError(
+            f"backend {self.name!r} cannot synchronise device {str(device)!r}; llmb will not time an asynchronous "
+            "device without it"
+        )
+
+    def new_event(self, device: torch.device) -> Any:
+        """A new timing event (record(), synchronize(), elapsed_time(other) in ms), or None: host timing."""
+        return None
+
+    def reset_peak_memory(self, device: torch.device) -> None:
+        """Reset the device's peak-memory counter before the measured steps."""
+
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
+        """The device's peak allocated memory in bytes since the last reset, or None when unknown."""
+        return None
+
+    def energy_counter(self, device: torch.device) -> EnergyCounter | str:
+        """The device's energy counter, read at both edges of each measured window, or a sentence saying why there is
+        none (the record keeps it)."""
+        return f"backend {self.name!r} offers no energy counter"
+
+    def device_name(self, device: torch.device) -> str:
+        """The device's marketing name (e.g. "NVIDIA H100 80GB HBM3")."""
+        return platform.processor() or device.type
+
+    def device_count(self, device: torch.device) -> int:
+        """How many devices of this type the host has."""
+        return 1
+
+    def device_memory_bytes(self, device: torch.device) -> int | None:
+        """The device's total memory in bytes, or None (the host CPU: its memory is the system's, not a device's)."""
+        return None
+
+    def peak_flops(self, device: torch.device, precision: str) -> Peak | None:
+        """The device's dense peak FLOP/s for the precision with its public source, or None (never a guess)."""
+        return None
+
+    def peak_sources(self) -> dict[str, str]:
+        """Every device this backend knows a peak for, with the figure's public source (listed by `llmb plugins`)."""
+        return {}
+
+    def precision_facts(self, device: torch.device, precision: str, settings: dict) -> list[PrecisionFact]:
+        """Facts about backend state that decide the numeric format that runs (read by the precision audit)."""
+        return []
+
+    def run_facts(self, device: torch.device) -> dict:
+        """Facts to record with the run: vendor library versions, driver, runtime."""
+        return {}
+
+    def distributed_backend(self, device: torch.device) -> str | None:
+        """The torch.distributed process-group backend for the device; None: torch's default for its type."""
+        return None
+
+
+def public_methods() -> list[str]:
+    """The contract: every public method of Backend, in definition order."""
+    return [name for name, value in vars(Backend).items() if callable(value) and not name.startswith("_")]
+
+
+def overridden(backend: Backend) -> list[str]:
+    """The contract methods this backend's class (or a base between it and Backend) defines itself, leaving out
+    those whose body only hands its arguments to the base class's (a `new-plugin` stub): they change nothing."""
+    cls = type(backend)
+    return [
+        name
+        for name in public_methods()
+        if getattr(cls, name) is not getattr(Backend, name) and not _only_calls_super(getattr(cls, name))
+    ]
+
+
+def _only_calls_super(method) -> bool:
+    """Whether a method's body (past its docstring) is `[return] super().<its name>(<its parameters, in order>)`."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError):  # no source (a C function, an interactive definition): an override
+        return False
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, ast.FunctionDef):
+        return False
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Return)):
+        return False
+    call = body[0].value
+    params = [a.arg for a in function.args.args[1:]]
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == function.name
+        and isinstance(call.func.value, ast.Call)
+        and isinstance(call.func.value.func, ast.Name)
+        and call.func.value.func.id == "super"
+        and not call.keywords
+        and [a.id if isinstance(a, ast.Name) else None for a in call.args] == params
+    )

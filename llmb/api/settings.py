@@ -1,0 +1,114 @@
+"""Plugin settings: declared by a plugin, given on the command line as -O key=value, validated here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmb.api.errors import UsageError
+from llmb.spec.redact import REDACTED, is_secret
+
+# How a sweep hands secret settings to its trials' `llmb run`: an environment is readable by its user only, a command
+# line by anyone on the host.
+SECRET_OPTIONS_ENV = "LLMB_SECRET_OPTIONS"
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+BOOL_WORDS = "/".join(w for pair in zip(_TRUE, _FALSE, strict=True) for w in pair)  # what the error message names
+
+
+def parse_bool(raw: str) -> bool:
+    """A yes/no word, in any case: the one parser of llmb's boolean values."""
+    word = raw.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"expected one of {BOOL_WORDS}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One plugin setting: its name, type (str, int, float or bool), default, help and optional choices.
+
+    secret=True (a license token, a password): its value is never recorded in a result or a conformance record and
+    is shown as <redacted>. A setting whose name looks like a credential (llmb.spec.redact.is_secret) is treated the
+    same.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    secret: bool = False
+
+    @property
+    def hidden(self) -> bool:
+        return self.secret or is_secret(self.name)
+
+    def parse(self, raw: str) -> Any:
+        if self.type is bool:
+            return parse_bool(raw)
+        value = self.type(raw)
+        if self.choices is not None:
+            # Choices match in any case, as every choice on llmb's command line does (bounds.choice).
+            matched = [c for c in self.choices if str(c).lower() == str(value).lower()]
+            if not matched:
+                raise ValueError(f"expected one of {', '.join(map(str, self.choices))}")
+            value = matched[0]
+        return value
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "type": self.type.__name__,
+            "default": REDACTED if self.hidden and self.default not in ("", None) else self.default,
+            "help": self.help,
+            "choices": list(self.choices) if self.choices else None,
+            "secret": self.hidden,
+        }
+
+
+def parse_options(options: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """Turn ("key=value", ...) into a dict; a malformed item is a usage error."""
+    parsed: dict[str, str] = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"-O expects key=value, got {item!r}")
+        parsed[key.strip()] = value.strip()
+    return parsed
+
+
+def resolve_settings(plugin_name: str, declared: list[Setting], given: dict[str, str]) -> dict[str, Any]:
+    """Validate the given raw values against the declared settings; return every setting's value."""
+    by_name = {s.name: s for s in declared}
+    for key in given:
+        if key not in by_name:
+            known = ", ".join(sorted(by_name)) or "none"
+            raise UsageError(f"plugin {plugin_name!r} has no setting {key!r} (settings: {known})")
+    values = Resolved({s.name: s.default for s in declared})
+    values.secret = frozenset(s.name for s in declared if s.hidden)
+    for key, raw in given.items():
+        try:
+            values[key] = by_name[key].parse(raw)
+        except ValueError as exc:
+            if key in values.secret:  # int("...") quotes its input: say only what was expected
+                raise UsageError(
+                    f"plugin {plugin_name!r} setting {key}={REDACTED}: not a valid {by_name[key].type.__name__}"
+                ) from None
+            raise UsageError(f"plugin {plugin_name!r} setting {key}={raw!r}: {exc}") from None
+    return values
+
+
+class Resolved(dict):
+    """Resolved setting values that remember which are secret, so that `recorded` can leave them out."""
+
+    secret: frozenset[str] = frozenset()
+
+
+def recorded(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings as a result or conformance record keeps them: a secret's value (declared secret=True, or a
+    credential-like name) replaced by <redacted>."""
+    secret = getattr(values, "secret", frozenset())
+    return {k: REDACTED if k in secret or is_secret(k) else v for k, v in values.items()}

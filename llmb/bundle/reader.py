@@ -1,0 +1,238 @@
+"""Reading a bundle that someone else made, an archive or a folder, under limits, without trusting a byte of it.
+
+A folder is scanned under the limits an archive is unpacked under (llmb.bundle.archive: the archive's own walk and
+its limited child process, into a temporary folder that is always removed). Every path built from bundle data must
+name a plain file inside the bundle, and no file is read but a regular one, under its size limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+# The limits, the name checks and the archive's unpacking are llmb.bundle.archive's (a script run in a child process
+# with the standard library only); every reader of bundles imports them from here, as before.
+from llmb.bundle.archive import (  # noqa: F401
+    DEFAULT_LIMITS,
+    HASH_CHUNK,
+    MAX_PATH,
+    PART_PATTERN,
+    BadFile,
+    Limits,
+    Refused,
+    check_part,
+    relative_parts,
+    unpack,
+)
+
+# Top-level names Python imports from the current folder or from a folder on sys.path.
+IMPORTABLE_NAMES = {"llmb", "conftest.py", "sitecustomize.py", "usercustomize.py", "__main__.py"}
+IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".pyd")
+MANIFEST_FILE = "MANIFEST.sha256"  # the file that marks a bundle's root (llmb.submit.package writes it)
+
+
+def inside(root: Path, name: str) -> Path:
+    """The path under root that bundle data names, refused unless it is a plain path that stays inside root."""
+    path = Path(root).joinpath(*relative_parts(name))
+    resolved, base = path.resolve(), Path(root).resolve()
+    if resolved != base and base not in resolved.parents:
+        raise BadFile(f"{name[:80]!r} leads outside the bundle")
+    return path
+
+
+def _open_plain(root: Path, name: str) -> int:
+    """A file descriptor for a regular, singly linked file of the bundle, never through a link."""
+    path = inside(root, name)
+    current = Path(root)
+    for part in relative_parts(name):
+        current = current / part
+        if current.is_symlink():
+            raise BadFile(f"{name} is a link")
+    try:
+        # O_NONBLOCK: a FIFO put in place of a file must not hang the reader; O_NOFOLLOW: nor a late link.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise BadFile(f"{name} is missing") from None
+    except OSError as exc:
+        raise BadFile(f"{name} is unreadable ({exc.__class__.__name__})") from None
+    info = os.fstat(fd)
+    problem = None
+    if stat.S_ISDIR(info.st_mode):
+        problem = f"{name} is missing (a folder is there)"
+    elif not stat.S_ISREG(info.st_mode):
+        problem = f"{name} is not a regular file"
+    elif info.st_nlink > 1:
+        problem = f"{name} has {info.st_nlink} hard links"
+    if problem:
+        os.close(fd)
+        raise BadFile(problem)
+    return fd
+
+
+def read_bytes(root: Path, name: str, max_bytes: int) -> bytes:
+    """A file of the bundle, refused before reading when it is larger than max_bytes."""
+    fd = _open_plain(root, name)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise BadFile(f"{name} is {size} bytes (limit {max_bytes})")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:  # it grew while we read
+        raise BadFile(f"{name} is over {max_bytes} bytes (limit {max_bytes})")
+    return data
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """A file someone else may have put in place (a result, a log, a system file): refused unless it is a regular
+    file of at most max_bytes, and never waited on (a FIFO named x.json would hang a plain open())."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadFile(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise BadFile(f"{path}: not a regular file")
+        if info.st_size > max_bytes:
+            raise BadFile(f"{path}: {info.st_size} bytes (limit {max_bytes})")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BadFile(f"{path}: over {max_bytes} bytes (limit {max_bytes})")
+    return data
+
+
+def sha256_file(path: Path, max_bytes: int | None = None) -> str:
+    """sha256 of a file read in chunks (a large file never sits in memory whole), never through a link."""
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    read = 0
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise BadFile(f"{path.name} is not a regular file")
+        while chunk := f.read(HASH_CHUNK):
+            read += len(chunk)
+            if max_bytes is not None and read > max_bytes:
+                raise BadFile(f"{path.name} is over {max_bytes} bytes")
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# Folders
+
+
+def scan_folder(root: Path, limits: Limits = DEFAULT_LIMITS) -> dict[str, int]:
+    """Every file of a bundle folder (relative path -> size), refused unless each entry is a plain folder or a
+    singly linked regular file with a plain name, within the limits. Nothing is read."""
+    files: dict[str, int] = {}
+    total = entries = 0
+    pending: list[tuple[Path, tuple[str, ...]]] = [(Path(root), ())]
+    while pending:
+        folder, parts = pending.pop()
+        try:
+            listing = os.scandir(folder)  # iterated, never listed whole: a million entries stop at the limit
+        except OSError as exc:
+            raise Refused(f"cannot list {'/'.join(parts) or '.'} ({exc.__class__.__name__})") from None
+        with listing:
+            for entry in listing:
+                rel = "/".join((*parts, entry.name))
+                entries += 1
+                if entries > limits.members:
+                    raise Refused(f"more than {limits.members} members")
+                if not PART_PATTERN.match(entry.name):
+                    raise Refused(f"name {rel[:120]!r} is not a plain file name")
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):
+                    raise Refused(f"symlink {rel}")
+                if stat.S_ISDIR(info.st_mode):
+                    if len(parts) + 1 > limits.depth:
+                        raise Refused(f"{rel} is more than {limits.depth} folders deep")
+                    pending.append((Path(entry.path), (*parts, entry.name)))
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    raise Refused(f"special file {rel} (device, fifo or other)")
+                if info.st_nlink > 1:
+                    raise Refused(f"hard-linked file {rel} ({info.st_nlink} links)")
+                if info.st_size > limits.member_bytes:
+                    raise Refused(f"member {rel!r} is {info.st_size} bytes (limit {limits.member_bytes})")
+                total += info.st_size
+                if total > limits.total_bytes:
+                    raise Refused(f"members total more than {limits.total_bytes} bytes")
+                files[rel] = info.st_size
+    return files
+
+
+def importable_names(folder: Path, namespaces: bool = True) -> list[str]:
+    """Entries of a folder that Python would import if the folder were the current one or on sys.path; without
+    ``namespaces``, a folder with no __init__.py (a namespace package, which never wins over an installed one) is
+    not counted."""
+    found = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        name = entry.name
+        namespace = entry.is_dir(follow_symlinks=False) and not os.path.lexists(os.path.join(entry.path, "__init__.py"))
+        if namespace and not namespaces:
+            continue
+        if name in IMPORTABLE_NAMES or name.endswith(IMPORTABLE_SUFFIXES):
+            found.append(name)
+        elif entry.is_dir(follow_symlinks=False) and os.path.lexists(os.path.join(entry.path, "__init__.py")):
+            found.append(name + "/")
+    return found
+
+
+def find_root(extracted: Path) -> Path:
+    """The one folder in an unpacked archive that holds a MANIFEST.sha256 (at most three levels down)."""
+    found = [
+        Path(d)
+        for d, _, files in os.walk(extracted)
+        if MANIFEST_FILE in files and len(Path(d).relative_to(extracted).parts) <= 3
+    ]
+    if len(found) != 1:
+        raise Refused(f"expected one bundle folder holding {MANIFEST_FILE}, found {len(found)}")
+    return found[0]
+
+
+def _refuse_importable(top: Path, root: Path) -> None:
+    """Every folder from the archive's top down to the bundle root: no name there may be importable."""
+    folder = root
+    while True:
+        # Above the root (an archive's wrapper folders, e.g. the repository's llmb/cpu-reference/ layout) a folder
+        # named like a package is only a namespace: the bundle is unpacked in a folder of its own, never imported.
+        names = importable_names(folder, namespaces=folder == root)
+        if names:
+            where = folder.relative_to(top).as_posix()
+            raise Refused(
+                f"importable names at {where if where != '.' else 'the top'}: {', '.join(names[:5])} "
+                "(a bundle holds no Python module where Python would import it)"
+            )
+        if folder == top or top not in folder.parents:
+            return
+        folder = folder.parent
+
+
+@contextlib.contextmanager
+def open_bundle(path: Path, limits: Limits = DEFAULT_LIMITS) -> Iterator[Path]:
+    """The checked root folder of a bundle folder or a .tar.gz of one; a temporary unpacking is removed after."""
+    path = Path(path)
+    if path.is_dir():
+        scan_folder(path, limits)
+        _refuse_importable(path, path)
+        yield path
+        return
+    if not path.is_file():
+        raise Refused(f"{path} is neither a bundle folder nor a .tar.gz archive")
+    tmp = tempfile.mkdtemp(prefix="llmb-verify-")
+    try:
+        top = Path(tmp) / "bundle"
+        top.mkdir()
+        unpack(path, top, limits)
+        scan_folder(top, limits)  # the unpacked tree gets the folder checks too
+        root = find_root(top)
+        _refuse_importable(top, root)
+        yield root
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,292 @@
+"""The clean room: `llmb run` judges from a process that has imported no plugin.
+
+The process the user starts (the judge) never loads a plugin. It listens on a local socket with a random key and
+starts the worker (a fresh interpreter: multiprocessing's spawn, or torch's launcher for a job), which imports the
+selected plugin and trains. For each measured window the worker says it is ready; the judge reads its own clock,
+draws a fresh challenge and hands it over; the worker draws the window's batch from it, trains, and answers with the
+window's losses and the device-computed digest of the trained parameters; the judge reads its clock again on the
+answer. The headline comes from those two readings, so nothing in the plugin's process (a patched clock, loop or
+timer, fake device events) can shorten the window, and no work can start before the judge's clock does. The worker's
+own figures stay in the record as information, checked against the judge's. The judge then replays the headline
+window's first steps on the CPU (llmb.audit.evidence) before it writes the record. `llmb check-plugin` uses the same
+worker (`serve`): the candidate is traced there and the reference is computed and compared here
+(llmb.conformance.check).
+
+This module is the judge's side; the worker's is llmb.run.clean_worker, which the judge names to the spawned process
+and never imports; the verdict on a worker's record is llmb.judge.verdict's; what both sides share, llmb.judge.link.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import multiprocessing
+import os
+import pickle
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Listener
+
+from llmb.api.errors import LlmbError
+from llmb.audit import evidence
+from llmb.judge.link import ERRORS, KEY_ENV, error_line
+from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed_plugins: importable from here as before)
+    AskedRuns,
+    JudgedWindow,
+    finish,
+    installed_plugins,
+    result_of,
+)
+
+# What a window's seal may add to its answer: the digests at its two edges, and what they cover (a job's).
+SEALED_KEYS = ("digest_start", "digest_end", "moments_end", "digest_scope")
+# The worker side, named and imported only in the worker's own process: this one imports no plugin, and nothing
+# that runs one.
+WORKER_MODULE = "llmb.run.clean_worker"
+RUN_TASK = f"{WORKER_MODULE}.run_task"
+
+
+def in_process() -> bool:
+    """LLMB_IN_PROCESS=1: run and judge in this process (tests with plugins registered in memory); such a record
+    says clean_room false and is never valid."""
+    return os.environ.get("LLMB_IN_PROCESS") == "1"
+
+
+class Judge:
+    """The clean side of the link: serves one worker connection in a thread of the clean process."""
+
+    clean = True
+
+    def __init__(self, progress=None, notes=None, on_result=None) -> None:
+        self.key = secrets.token_bytes(32)
+        # Called here with each result and its windows as it arrives, while the worker waits (the replay must not
+        # share the CPU with the next measurement): `llmb run --precision all` keeps each precision at once.
+        self.on_result = on_result
+        self.listener = Listener(("127.0.0.1", 0), authkey=self.key)
+        self.progress = progress
+        self.notes = notes or (lambda text: None)
+        self.windows: list[JudgedWindow] = []
+        self.results: list[tuple[dict | None, list[JudgedWindow]]] = []
+        self.error: tuple[str, str] | None = None
+        self.connected = threading.Event()
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="llmb-judge", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.listener.address
+
+    def start(self) -> Judge:
+        self.thread.start()
+        return self
+
+    def _serve(self) -> None:
+        try:
+            connection = self.listener.accept()
+        except OSError:
+            return
+        self.connected.set()
+        with connection:
+            while True:
+                try:
+                    done = self._handle(connection, receive(connection))
+                except (EOFError, OSError):
+                    break
+                except Exception as exc:  # not plain data, or not a message of llmb's: the worker is not llmb's
+                    detail = str(exc) if isinstance(exc, RefusedMessage) else f"{type(exc).__name__}: {exc}"
+                    self.error = ("LlmbError", f"the worker process sent what llmb never sends ({detail})")
+                    break
+                if done:
+                    break
+        self.finished.set()
+
+    def _handle(self, connection, message: tuple) -> bool:
+        """One message from the worker; True when it is done."""
+        kind = message[0]
+        if kind == "open":
+            opened = time.perf_counter()  # the clock starts before the challenge exists anywhere
+            challenge = secrets.randbits(evidence.CHALLENGE_BITS)
+            self.windows.append(JudgedWindow(challenge, opened))
+            connection.send(("challenge", challenge))
+        elif kind == "close":
+            closed = time.perf_counter()
+            if self.windows and self.windows[-1].closed is None:
+                self.windows[-1].closed = closed
+                self.windows[-1].answer = message[1] if isinstance(message[1], dict) else {}
+        elif kind == "seal":
+            # The digests of the window just closed; they come after its clock stopped, and only once.
+            window = self.windows[-1] if self.windows else None
+            sealed = isinstance(message[1], dict) and window is not None and window.closed is not None
+            if sealed and "digest_end" not in window.answer:
+                window.answer.update({k: message[1][k] for k in SEALED_KEYS if k in message[1]})
+        elif kind == "phase" and self.progress is not None:
+            self.progress.phase(str(message[1]), int(message[2]))
+        elif kind == "advance" and self.progress is not None:
+            self.progress.advance()
+        elif kind == "note":
+            self.notes(str(message[1]))
+        elif kind == "result":
+            windows, self.windows = self.windows, []
+            self.results.append((message[1], windows))
+            if self.on_result is not None:
+                try:
+                    self.on_result(message[1], windows)
+                except Exception as exc:
+                    self.error = error_line(exc)
+            connection.send(("kept", None))
+        elif kind == "error":
+            self.error = (str(message[1]), str(message[2]))
+        elif kind == "done":
+            return True
+        return False
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def exception(self) -> LlmbError | None:
+        """The worker's error as the one-line exception it stands for, or None."""
+        if self.error is None:
+            return None
+        kind, text = self.error
+        return ERRORS.get(kind, LlmbError)(text)
+
+    def raise_error(self) -> None:
+        error = self.exception()
+        if error is not None:
+            raise error
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """What the judge accepts from the worker: data that pickle builds without naming anything (None, booleans,
+    numbers, strings, bytes, lists, tuples, dicts, sets). The worker is the plugin's process, and unpickling runs
+    whatever callable a pickle names: a plugin that found the link could otherwise run code in the judge."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name} instead of plain data")
+
+
+class RefusedMessage(ValueError):
+    """What the worker sent is not a message of llmb's."""
+
+
+def receive(connection) -> tuple:
+    """One message from the worker, as plain data: a non-empty tuple (EOFError when the worker has gone)."""
+    data = connection.recv_bytes()
+    try:
+        message = PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:
+        raise RefusedMessage(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(message, tuple) or not message:
+        raise RefusedMessage(f"a {type(message).__name__} instead of a message")
+    return message
+
+
+def start_worker(*args) -> None:
+    """The spawned worker's first call, in its own process: llmb.run.clean_worker.worker_main, imported there."""
+    importlib.import_module(WORKER_MODULE).worker_main(*args)
+
+
+def serve(task, jobs: list, launch=None, progress=None, notes=None, on_result=None) -> tuple[list, LlmbError | None]:
+    """Run ``task`` over ``jobs`` in a worker judged from this process, which imports no plugin. Returns what the
+    worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
+    it failed after them: the caller keeps what was finished before raising it. ``on_result(result, windows)`` is
+    called as each result arrives, the worker waiting (see Judge)."""
+
+    judge = Judge(progress, notes, on_result).start()
+    try:
+        if launch is not None:
+            _launch_ranks(launch, task, jobs, judge)
+        else:
+            context = multiprocessing.get_context("spawn")
+            worker = context.Process(
+                target=start_worker, args=(task, jobs, judge.address, judge.key), name="llmb-worker"
+            )
+            worker.start()
+            worker.join()
+            if not judge.connected.is_set() and worker.exitcode:
+                raise LlmbError(f"the worker process exited with code {worker.exitcode} before it started")
+        judge.finished.wait(timeout=30)
+    finally:
+        judge.close()
+    return judge.results, judge.exception()
+
+
+def _launch_ranks(launch, task, jobs: list, judge: Judge) -> None:
+    """The job's ranks as commands (llmb.run.rank_worker), not functions: torch's launcher would unpickle a
+    function's
+    return value here, and a plugin in a rank can write to that queue. The jobs go in a file only this user can
+    read, the key in the environment."""
+    from llmb.distributed import job as distributed
+
+    folder = tempfile.mkdtemp(prefix="llmb-jobs-")
+    try:
+        jobs_file = os.path.join(folder, "jobs.pickle")
+        with open(jobs_file, "wb") as file:
+            pickle.dump((task, jobs), file)
+        host, port = judge.address
+        os.environ[KEY_ENV] = judge.key.hex()
+        try:
+            distributed.launch_module(launch, "llmb.run.rank_worker", jobs_file, str(host), str(port))
+        finally:
+            os.environ.pop(KEY_ENV, None)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_clean(
+    runs: list,
+    launch=None,
+    progress=None,
+    notes=None,
+    replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
+    replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
+):
+    """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
+    ranks of a torchrun job)."""
+    records, error = run_clean_keeping(runs, launch, progress, notes, replay_steps, replay_whole=replay_whole)
+    if error is not None:
+        raise error
+    return records
+
+
+def run_clean_keeping(
+    runs: list,
+    launch=None,
+    progress=None,
+    notes=None,
+    replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
+    on_record=None,
+    on_pending=None,
+    replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
+) -> tuple[list[dict], LlmbError | None]:
+    """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
+    failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
+    ``on_record(record)`` gets each judged record as soon as it exists: in a single worker, while the worker waits
+    before its next run, so a run stopped later (a signal, a job's time limit) has kept the precisions before it.
+    ``on_pending(record)`` gets it first, before its replay (finish), to keep while the replay runs (at the official
+    shape a minute or more of the host's CPU and 23 GB of its memory)."""
+    from llmb.distributed import job as distributed
+
+    world = distributed.current_world()
+    judged: list[dict] = []
+    asked = AskedRuns(runs, launch, world)
+
+    def keep(result: object, windows: list[JudgedWindow]) -> None:
+        if result is None or (world is not None and world.rank != 0):
+            return
+        typed = result_of(result)
+        record = finish(typed, windows, replay_steps, on_pending, asked.figures_for(typed.to_dict()), replay_whole)
+        judged.append(record)
+        if on_record is not None:
+            on_record(record)
+
+    # A launched job's ranks go on together: rank 0 cannot wait for a replay while its peers wait in a collective.
+    streamed = launch is None
+    results, error = serve(RUN_TASK, runs, launch, progress, notes, keep if streamed else None)
+    if not streamed:
+        for result, windows in results:
+            keep(result, windows)
+    return judged, error

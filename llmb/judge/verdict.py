@@ -1,0 +1,352 @@
+"""The judge's verdict on a worker's record: what it asked for (AskedRuns, judge_figures), the headline from its own
+clock, the windows' evidence and the replay (finish), and every check of the worker's figures against its own."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from llmb.api.errors import LlmbError
+from llmb.audit import evidence
+from llmb.judge import replay
+from llmb.records import RecordError, Result, energy, median_index
+from llmb.spec import flops
+from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW
+
+# perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
+# judge's. Slack for the two clock reads' own granularity.
+NESTING_SLACK_SECONDS = 1e-4
+
+
+def installed_plugins() -> list[dict]:
+    """Every installed llmb plugin with its distribution and version, read from metadata (nothing is imported):
+    llmb.registry.plugins.installed, the one list of installed plugins."""
+    from llmb.registry.plugins import installed_records
+
+    return installed_records()
+
+
+@dataclass
+class JudgedWindow:
+    challenge: int
+    opened: float
+    closed: float | None = None
+    answer: dict = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return (self.closed or math.nan) - self.opened
+
+
+class AskedRuns:
+    """What the judge asked the worker for, run by run: the figures a headline is made of are the judge's own (the
+    options it sent, the job it launched), never fields of the worker's record. `--precision all` is one request
+    that the worker answers with one record per precision the plugin supports, in llmb's order."""
+
+    def __init__(self, runs: list, launch=None, world=None) -> None:
+        self.runs = list(runs)
+        if launch is not None:
+            self.world_size, self.nodes, self.job = launch.nproc_per_node * launch.nnodes, launch.nnodes, True
+        elif world is not None:
+            self.world_size, self.nodes, self.job = world.world_size, world.nodes, True
+        else:
+            self.world_size, self.nodes, self.job = 1, 1, False
+        self.index = 0
+        self.last_precision: str | None = None
+
+    def figures_for(self, record: dict) -> dict:
+        """The judge's figures for the next record the worker sent."""
+        from llmb.audit import precision
+
+        options = self.runs[min(self.index, len(self.runs) - 1)]
+        got = str((record.get("precision") or {}).get("requested"))
+        if options.precision == "ALL":
+            order = list(precision.PRECISIONS)
+            earlier = self.last_precision is not None and (
+                got not in order or order.index(got) <= order.index(self.last_precision)
+            )
+            if earlier and self.index + 1 < len(self.runs):  # this ALL request is answered; the next one starts
+                self.index += 1
+                self.last_precision = None
+                return self.figures_for(record)
+            self.last_precision = got
+            requested = got if got in order else None  # None: any benchmark precision, the worker's choice
+        else:
+            requested = options.precision
+            self.index += 1
+        return judge_figures(options, requested, self.world_size, self.nodes, self.job)
+
+
+def judge_figures(options, requested: str | None, world_size: int, nodes: int, job: bool) -> dict:
+    """The figures of one asked run, from the options and the job's size alone (`requested` None: `--precision
+    all` asked for whichever benchmark precision the worker ran)."""
+    from llmb.spec.presets import official_reasons
+
+    dp = world_size // max(1, options.tp * options.pp)
+    microbatches = options.microbatches or math.gcd(options.pp, options.batch_size)
+    return {
+        "steps": options.steps,
+        "repeats": options.repeats,
+        "warmup_steps": options.warmup_steps,
+        "batch_size": options.batch_size,
+        "seed": options.seed,
+        "preset": options.preset,
+        "config": options.config.to_dict(),
+        "official": not official_reasons(options.config),
+        "world_size": world_size,
+        "nodes": nodes,
+        # Each data-parallel rank trains batch_size x grad_accum sequences a step; tensor and pipeline peers add none.
+        "global_batch_size": options.batch_size * options.grad_accum * dp,
+        "tp": options.tp,
+        "pp": options.pp,
+        "dp": dp,
+        "grad_accum": options.grad_accum,
+        "microbatches": microbatches,
+        "parallel": (options.parallel if options.parallel not in (None, "none") else "ddp") if job else "none",
+        "precision": requested,
+        "mode": options.mode,
+        # The FLOPs a token costs, from the shape the judge asked for (flops.parameter_count, tested against the
+        # model itself): the record's TFLOP/s, MFU and matmul-peak efficiency never rest on the worker's count.
+        "model_flops_per_token": flops.model_flops_per_token(options.config),
+    }
+
+
+# The record's fields that the judge's own figures replace once compared (figure_problems): the headline, its FLOPs
+# and the replay are made of these. The layout's are replaced inside the record's layout too.
+JUDGED_LAYOUT = ("world_size", "tp", "pp", "dp", "grad_accum", "microbatches", "nodes")
+JUDGED_FIELDS = (
+    *("steps", "repeats", "batch_size", "seed", "global_batch_size", "parallel", "model_flops_per_token"),
+    *JUDGED_LAYOUT,
+)
+
+
+def figure_problems(record: dict, asked: dict) -> list[str]:
+    """Every field of the worker's record that disagrees with what the judge asked for, named."""
+    layout = record.get("layout") or {}
+    said = {
+        **{key: record.get(key) for key in ("steps", "repeats", "warmup_steps", "batch_size", "seed", "preset")},
+        "config": record.get("config"),
+        "official": record.get("official"),
+        "global_batch_size": record.get("global_batch_size"),
+        **{key: record.get(key) for key in JUDGED_LAYOUT},
+        "parallel": record.get("parallel"),
+        "precision": (record.get("precision") or {}).get("requested"),
+        "mode": (record.get("precision") or {}).get("mode"),
+        "model_flops_per_token": record.get("model_flops_per_token"),
+    }
+    for key in JUDGED_LAYOUT:
+        if key in layout:
+            said[f"layout.{key}"] = layout[key]
+            asked = {**asked, f"layout.{key}": asked[key]}
+    problems = []
+    for key, value in said.items():
+        expected = asked[key]
+        if key == "precision" and expected is None:
+            continue  # --precision all: the precision is the worker's choice among the benchmark's
+        if value != expected:
+            problems.append(f"judge: the worker's record says {key} {value!r}; the judge asked for {expected!r}")
+    return problems
+
+
+def result_of(record: object) -> Result:
+    """The worker's record as a typed Result, checked field by field: it comes from the plugin's process."""
+    try:
+        return Result.from_dict(record)
+    except (RecordError, TypeError, ValueError) as exc:
+        raise LlmbError(f"the worker process sent a malformed result: {exc}") from None
+
+
+# The reason a record saved before its replay carries until the replay's verdict replaces it.
+REPLAY_PENDING = (
+    "replay: not finished (the run stopped while the judge replayed its window): the run's function is unchecked"
+)
+
+
+def finish(
+    record: dict,
+    windows: list[JudgedWindow],
+    replay_steps: int,
+    on_pending=None,
+    asked=None,
+    replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
+) -> dict:
+    """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
+    the worker's figures against its own, and the replay. ``asked`` (judge_figures) is what the judge asked for:
+    the steps, batch, job and shape the headline is computed from, and a record that says otherwise is invalid,
+    naming the field. Without it (a record finished again from its own fields) the record's figures are used.
+    The replay covers the first `replay_steps` steps of the headline window, or with probability `replay_whole`
+    (drawn after every window was answered) the whole of it.
+    ``on_pending`` gets the record as it stands before the replay (marked REPLAY_PENDING), to keep while the replay
+    runs."""
+    result = record
+    record = record.to_dict() if hasattr(record, "to_dict") else dict(record)  # a typed Result, or its dict
+    invalid = list(record.get("invalid_reasons", []))
+    if asked is not None:
+        invalid += figure_problems(record, asked)
+        # From here on the record carries the judge's figures: what the headline and the replay are made of.
+        record.update({key: asked[key] for key in JUDGED_FIELDS})
+        if isinstance(record.get("layout"), dict):
+            record["layout"] = {**record["layout"], **{k: asked[k] for k in JUDGED_LAYOUT if k in record["layout"]}}
+        record["config"] = asked["config"]
+        record["sequence_length"] = asked["config"]["sequence_length"]
+        if not asked["official"]:
+            record["official"] = False
+    repeats = int(record["repeats"])
+    closed = [w for w in windows if w.closed is not None]
+    if len(closed) != repeats or len(windows) != repeats:
+        invalid.append(
+            f"judge: {len(closed)} of {repeats} measured windows were opened and closed through the clean clock"
+        )
+    for index, window in enumerate(closed):
+        invalid += nesting_problems(index, window)
+    invalid += record_problems(record, closed)
+    evidence_windows = [
+        evidence.Window(
+            challenge=w.challenge,
+            clean_seconds=w.seconds,
+            losses=list(w.answer.get("losses") or []),
+            digest_start=list(w.answer.get("digest_start") or []),
+            digest_end=list(w.answer.get("digest_end") or []),
+            worker_seconds=_number(w.answer.get("worker_window_seconds")),
+            moments_end=list(w.answer.get("moments_end") or []),
+        ).to_dict()
+        | {"digest_scope": str(w.answer.get("digest_scope", "model"))}
+        for w in closed
+    ]
+    steps = int(record["steps"])
+    for index, window in enumerate(evidence_windows):
+        if len(window["losses"]) != steps:
+            invalid.append(f"judge: window {index + 1} answered {len(window['losses'])} losses for {steps} steps")
+    record = dict(record)
+    if closed:
+        seconds = [w.seconds for w in closed]
+        headline = median_index([1 / s for s in seconds])  # by throughput: the headline rule
+        timing = dict(record["timing"])
+        timing["worker_window_seconds"] = timing.get("window_seconds")
+        timing["worker_repeat_window_seconds"] = timing.get("repeat_window_seconds")
+        timing.update(
+            window_seconds=seconds[headline],
+            repeat_window_seconds=seconds,
+            clock="judge",
+        )
+        record["timing"] = timing
+        record.update(headline_figures(record, seconds[headline]))
+        chosen = evidence_windows[headline]["losses"]
+        if chosen:
+            record["loss"] = {**record["loss"], "first": chosen[0], "last": chosen[-1]}
+    else:
+        headline = 0
+    # The energy over the judge's own windows, from the counter readings the worker answered at each close.
+    tokens = int(record.get("global_batch_size") or record["batch_size"]) * int(record["config"]["sequence_length"])
+    record["energy"], problems = energy.summarise(
+        record.get("energy"),
+        [w.answer.get("energy_joules") for w in closed],
+        [w.seconds for w in closed],
+        tokens * steps / int(record.get("world_size") or 1),
+    )
+    invalid += problems
+    record["evidence"] = {
+        "schema": evidence.SCHEMA,
+        "digest": "per parameter, in the model's order: [sum, sum of squares] of its elements in float64",
+        "windows": evidence_windows,
+        "headline_window": headline,
+    }
+    record["judge"] = {
+        "clean_room": True,
+        "clock": "time.perf_counter of a process that imported no plugin",
+        "pid": os.getpid(),
+        "installed_plugins": installed_plugins(),
+    }
+    if evidence_windows and replay_steps > 0 and len(closed) == repeats:
+        if on_pending is not None:
+            pending = {**record, "evidence": {**record["evidence"], "replay": None}}
+            on_pending(_sealed(result, pending, [*invalid, REPLAY_PENDING]))
+        # Drawn now, after the worker answered for every step of every window: any step may be checked.
+        depth, whole = replay.draw_replay_steps(replay_steps, steps, replay_whole)
+        # On the run's own accelerator where torch drives it without a plugin (replay.replay_device), else the CPU.
+        replayed = replay.replay_record(record, depth, device=(record.get("device") or {}).get("spec"))
+        replayed["drawn"] = {"floor_steps": replay_steps, "whole_window_probability": replay_whole, "whole": whole}
+        record["evidence"]["replay"] = replayed
+        invalid += [f"replay: {detail}" for detail in replay.failed(replayed)]
+    elif replay_steps <= 0:
+        record["evidence"]["replay"] = None
+        invalid.append("replay: not run (--replay-steps 0): the run's function is unchecked")
+    return _sealed(result, record, invalid)
+
+
+def _sealed(result, record: dict, invalid: list[str]):
+    """The judged record with its invalid reasons and verdict, typed as the worker's record came (Result or dict)."""
+    record = {**record, "invalid_reasons": invalid, "valid": bool(record.get("official")) and not invalid}
+    return type(result).from_dict(record) if hasattr(result, "to_dict") else record
+
+
+def nesting_problems(index: int, window: JudgedWindow) -> list[str]:
+    """The worker's window, read on the same host clock, must lie inside the judge's."""
+    start, end = _number(window.answer.get("worker_start")), _number(window.answer.get("worker_end"))
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return [f"judge: window {index + 1}'s answer carries no worker clock readings"]
+    slack = NESTING_SLACK_SECONDS
+    if start < window.opened - slack or end > window.closed + slack or end < start:
+        return [
+            f"clock: the plugin's process timed window {index + 1} from {start:.6f} to {end:.6f}, outside the clean "
+            f"clock's {window.opened:.6f} to {window.closed:.6f} (its clock is not the host's)"
+        ]
+    return []
+
+
+def record_problems(record: dict, closed: list[JudgedWindow]) -> list[str]:
+    """The worker's own figures against what it answered at each close and the judge's clock: its record's
+    windows must be the ones it timed, and its step times must fill the judged window."""
+    timing = record.get("timing") or {}
+    claimed = timing.get("repeat_window_seconds") or []
+    problems = []
+    for index, window in enumerate(closed[: len(claimed)]):
+        own, said = _number(window.answer.get("worker_window_seconds")), _number(claimed[index])
+        if not (math.isfinite(said) and own * (1 - 1e-9) <= said <= window.seconds + NESTING_SLACK_SECONDS):
+            problems.append(
+                f"timing: the plugin's process recorded window {index + 1} as {said:.6f} s; it timed {own:.6f} s "
+                f"and the clean clock {window.seconds:.6f} s"
+            )
+    if closed:
+        headline = median_index([1 / w.seconds for w in closed])
+        steps = [_number(s) for s in timing.get("step_seconds") or []]
+        window = closed[headline].seconds
+        # The headline repeat's step times, from the plugin's process (device events or host clock): information,
+        # but a set that leaves most of the judged window unexplained says the plugin's timer is not the device's.
+        worker_headline = median_index([1 / _number(w) for w in claimed]) if len(claimed) == len(closed) else headline
+        if worker_headline == headline and steps and sum(steps) < MIN_STEP_SHARE_OF_WINDOW * window:
+            problems.append(
+                f"timing: the plugin's step times add up to {sum(steps):.6f} s, under "
+                f"{MIN_STEP_SHARE_OF_WINDOW:.0%} of the {window:.6f} s the clean clock measured"
+            )
+    return problems
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def headline_figures(record: dict, window_seconds: float) -> dict:
+    """Every figure derived from the window, from the record's own shape, batch and job."""
+    from llmb.model import ModelConfig
+
+    config = ModelConfig(**record["config"])
+    world_size = int(record.get("world_size") or 1)
+    # What the data-parallel ranks ran, as the run recorded it (tensor and pipeline peers add no samples).
+    global_batch = int(record.get("global_batch_size") or int(record["batch_size"]) * world_size)
+    steps = int(record["steps"])
+    tokens_per_second = global_batch * config.sequence_length * steps / window_seconds
+    tflops = flops.achieved_tflops(tokens_per_second / world_size, record["model_flops_per_token"])
+    # The matmul rate the run measured after its window (llmb.run.roofline): the efficiency from the judge's figure.
+    matmul_peak = _number(record.get("measured_matmul_peak"))
+    matmul_peak = matmul_peak if math.isfinite(matmul_peak) else 0.0
+    return {
+        "tokens_per_second": tokens_per_second,
+        "tokens_per_second_per_device": tokens_per_second / world_size,
+        "samples_per_second": global_batch * steps / window_seconds,
+        "tflops": tflops,
+        "mfu": flops.mfu(tflops, record.get("peak_flops")),
+        "fom": flops.fom(config, global_batch, window_seconds / steps),
+        "matmul_peak_efficiency": tflops * 1e12 / matmul_peak if matmul_peak > 0 else None,
+    }

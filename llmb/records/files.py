@@ -1,0 +1,100 @@
+"""Reading record files written by anyone: one file's fault is that file's, never the whole command's.
+
+Every reader of many records (report, features, package-submission, a resumed sweep) reads each file through
+``read_object`` and each record through ``parse``: a file that is not a record raises ``Unreadable`` with one line
+saying why (truncated, not UTF-8, nested too deep, a number out of range, not an object...), and the reader skips it
+and names it with ``skipped_line``. Nothing that JSON or the record types can raise on hostile input escapes as a
+traceback or as an unnamed ``error: RecursionError``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from llmb.bundle.reader import read_regular
+from llmb.records import RECORD_LIMIT, RecordError
+
+# llmb's records nest a few levels (result -> timing -> windows -> ...); far deeper is no record, and a structure
+# nested past Python's recursion limit would break every later step (dumping, copying, comparing) if let through.
+MAX_DEPTH = 64
+
+
+class Unreadable(ValueError):
+    """A file that is not a readable record; the message is one line saying why (without the file's name)."""
+
+
+def _why_not_json(exc: BaseException) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 (byte {exc.start})"
+    if isinstance(exc, RecursionError):
+        return f"nested deeper than {MAX_DEPTH} levels"
+    first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+    return f"not JSON ({first})"
+
+
+def depth_problem(value: Any) -> str | None:
+    """Why a parsed JSON value is no record's shape (nested too deep, a number no float can hold), else None.
+    Walked without recursion, so the check itself cannot overflow the stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+        elif isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > 1023:
+            return f"a number out of range ({item.bit_length()}-bit integer)"
+    return None
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON text as a value, refused (Unreadable) when it is not JSON or is too deep or too large in a number."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise Unreadable(_why_not_json(exc)) from None
+    problem = depth_problem(value)
+    if problem:
+        raise Unreadable(problem)
+    return value
+
+
+def read_object(path: Path, limit: int = RECORD_LIMIT) -> dict:
+    """A file holding one JSON object (a FIFO, a giant or a vanished file refused, never waited on)."""
+    try:
+        data = read_regular(path, limit)
+    except (OSError, ValueError) as exc:  # BadFile (a ValueError) names the file itself: only the why is kept
+        raise Unreadable(str(exc).removeprefix(f"{path}: ")) from None
+    value = loads(data)
+    if not isinstance(value, dict):
+        raise Unreadable(f"not a JSON object (the top level is {type(value).__name__})")
+    return value
+
+
+T = TypeVar("T")
+
+
+def parse(cls: type[T], data: dict) -> T:
+    """A record of type ``cls`` (a records.Typed) from a parsed object; Unreadable names the first bad field."""
+    try:
+        return cls.from_dict(data)  # type: ignore[attr-defined]
+    except RecordError as exc:
+        raise Unreadable(f"incomplete llmb {cls.__name__.lower()} ({exc})") from None
+    except (OverflowError, RecursionError, TypeError, ValueError) as exc:  # a value no field can hold
+        raise Unreadable(f"not an llmb {cls.__name__.lower()} ({exc.__class__.__name__}: {exc})") from None
+
+
+def skipped_line(path: Path | str, why: object) -> str:
+    """The one line a reader prints for a file it leaves out."""
+    return f"{path}: {why}"
+
+
+def duplicate_line(path: Path | str, run_id: str, kept: Path | str) -> str:
+    """The one line for a result left out because a run with the same id was read first."""
+    return f"{path}: run {run_id} already read from {kept} (a second record of one run; this one is left out)"

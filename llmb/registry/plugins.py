@@ -1,0 +1,286 @@
+"""Plugins: found by entry point (group "llmb", plus the built-in cpu plugin), loaded on demand, and the backends they
+register through the one hook, ``register_backends(register)``.
+
+A run imports only the plugin its backend comes from: a backend is named after its plugin's entry point ("cuda", or
+"cuda-something" for a plugin with several), so `llmb run --plugin NAME` loads that entry point alone and no other
+installed plugin's import-time code runs in the benchmark's process. Only `llmb plugins` loads them all;
+auto-selection (no --plugin) loads them all in a throwaway process that names the choice. `installed()` lists every
+plugin from package metadata without importing any.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, TypeVar
+
+import pluggy
+
+from llmb.api import hookspecs
+from llmb.api.backend import Backend
+from llmb.api.errors import LlmbError, PluginError, UsageError
+from llmb.spec.version import __version__
+from llmb.spec.vocab import FIRST_PARTY_PLUGINS
+
+GROUP = "llmb"
+BUILTIN = {"cpu": "llmb.default_plugins.cpu"}
+
+pm = pluggy.PluginManager(GROUP)
+pm.add_hookspecs(hookspecs)
+
+# Plugin name -> "ExceptionType: message" for plugins that failed to import or to register their backends.
+load_errors: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """An installed plugin as its package metadata describes it: nothing of it is imported to know this."""
+
+    name: str  # the entry point's name
+    distribution: str
+    version: str
+    value: str  # the entry point's target, "module" or "module:attribute"
+
+    def describe(self) -> dict:
+        return {"name": self.name, "distribution": self.distribution, "version": self.version}
+
+
+# Plugin name -> its metadata, for each plugin loaded from an entry point.
+_infos: dict[str, PluginInfo] = {}
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A registered backend and the plugin that registered it."""
+
+    backend: Backend
+    plugin: PluginInfo
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def distribution(self) -> str:
+        return self.plugin.distribution
+
+    @property
+    def version(self) -> str:
+        return self.plugin.version
+
+
+def installed() -> list[PluginInfo]:
+    """Every installed llmb plugin (built-ins first, then entry points), from metadata only: nothing is imported."""
+    infos = [PluginInfo(name, "llmb", __version__, value) for name, value in BUILTIN.items()]
+    seen = set(BUILTIN)
+    for ep in entry_points(group=GROUP):
+        if ep.name in seen:
+            continue
+        seen.add(ep.name)
+        dist = ep.dist
+        infos.append(
+            PluginInfo(ep.name, dist.name if dist else "unknown", dist.version if dist else "unknown", ep.value)
+        )
+    return infos
+
+
+def installed_records() -> list[dict]:
+    """`installed()` as plain dicts, for result records."""
+    return [info.describe() for info in installed()]
+
+
+def load(names: Iterable[str] | None = None) -> None:
+    """Import and register the named installed plugins (all when None), each once. A plugin that fails to import is
+    recorded in `load_errors`, never raised: a broken third-party plugin must not break llmb."""
+    # Before any plugin module runs: what the benchmark depends on, to compare after the plugin had its turn.
+    from llmb.audit import guard  # here, not at the top: `import llmb.registry.plugins` loads no torch
+
+    guard.ensure_baseline()
+    wanted = None if names is None else set(names)
+    for info in installed():
+        if wanted is not None and info.name not in wanted:
+            continue
+        if pm.has_plugin(info.name) or pm.is_blocked(info.name) or info.name in load_errors:
+            continue
+        try:
+            module = EntryPoint(info.name, info.value, GROUP).load()
+        except Exception as exc:
+            load_errors[info.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        _infos[info.name] = info
+        pm.register(module, name=info.name)
+
+
+def registrations() -> dict[str, Registration]:
+    """Every backend the loaded plugins register, by name. Each plugin's hook is called on its own, so a failure or
+    a bad registration is charged to the plugin that made it (and its backends are left out)."""
+    found: dict[str, Registration] = {}
+    # Built-ins first, then installed plugins, then any registered in memory (tests), each in registration order.
+    impls = sorted(
+        pm.hook.register_backends.get_hookimpls(),
+        key=lambda impl: 0 if impl.plugin_name in BUILTIN else 1 if impl.plugin_name in _infos else 2,
+    )
+    for impl in impls:
+        plugin = impl.plugin_name
+        info = _infos.get(plugin) or PluginInfo(plugin, "unknown", "unknown", "")
+        mine: list[Backend] = []
+        try:
+            impl.function(register=mine.append)
+            for backend in mine:
+                _check_registration(backend, plugin, found)
+        except Exception as exc:
+            load_errors[plugin] = f"{type(exc).__name__}: {exc}"
+            continue
+        for backend in mine:
+            found[backend.name] = Registration(backend, info)
+    return found
+
+
+def _check_registration(backend: Any, plugin: str, found: dict[str, Registration]) -> None:
+    if not isinstance(backend, Backend):
+        raise TypeError(f"register() takes llmb.Backend instances, got {type(backend).__name__}")
+    name = backend.name
+    if not isinstance(name, str) or not (name == plugin or name.startswith(f"{plugin}-")):
+        raise ValueError(f"backend name {name!r} must be the entry point's name {plugin!r} or start with '{plugin}-'")
+    if name in found:
+        raise ValueError(f"backend {name!r} is already registered by plugin {found[name].plugin.name!r}")
+
+
+def _plugins_for(name: str) -> list[str]:
+    """The installed plugins a backend of this name can come from (its own entry point, by the naming rule)."""
+    return [info.name for info in installed() if name == info.name or name.startswith(f"{info.name}-")]
+
+
+def get_backend(name: str) -> Registration:
+    """The backend of this name, loading only the plugin it can come from; a one-line error otherwise."""
+    sources = _plugins_for(name)
+    load(sources)
+    found = registrations()
+    if name in found:
+        return found[name]
+    for plugin in sources:
+        if plugin in load_errors:
+            raise LlmbError(f"plugin {plugin!r} failed to load: {load_errors[plugin]}")
+    if name in sources:
+        # Installed and loaded, yet no backend by its name: an old hook-per-method plugin, or one that registers
+        # under other names. Say so rather than "no plugin named" beside a list that names it.
+        mine = sorted(n for n, reg in found.items() if reg.plugin.name == name)
+        hint = f"it registers {', '.join(mine)}" if mine else "it registers no llmb.Backend through register_backends"
+        raise UsageError(f"plugin {name!r} has no backend named {name!r}: {hint}")
+    raise UsageError(unknown_plugin(name, sorted({*found, *(info.name for info in installed())})))
+
+
+def check_name(name: str) -> None:
+    """Refuse a backend name that no installed or registered plugin can provide, from metadata only (nothing is
+    imported, torch included), so a mistyped --plugin fails at once instead of after seconds of imports."""
+    known = sorted({*(info.name for info in installed()), *(n for n, _ in pm.list_name_plugin() if n)})
+    if not any(name == n or name.startswith(f"{n}-") for n in known):
+        raise UsageError(unknown_plugin(name, known))
+
+
+def unknown_plugin(name: str, known: list[str]) -> str:
+    """The one-line error for a plugin name nothing provides, with what fixes it."""
+    return f"no plugin named {name!r} (installed: {', '.join(known)}){_install_hint(name, known)}"
+
+
+def _install_hint(name: str, installed_names: list[str]) -> str:
+    """What fixes an unknown plugin name: the install command of a plugin shipped in the checkout, else the
+    closest installed names."""
+    # A fact, not a look at the disk: an installed llmb (not an editable checkout) has no plugins/ folder beside it.
+    if name in FIRST_PARTY_PLUGINS:
+        return f"; it ships with llmb: pip install -e plugins/{name} (from the llmb checkout)"
+    close = difflib.get_close_matches(name, installed_names, n=3)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def all_registrations() -> dict[str, Registration]:
+    """Every installed plugin loaded, and every backend they register (for `llmb plugins` and auto-selection)."""
+    load()
+    return registrations()
+
+
+def select_backend(name: str | None) -> Registration:
+    """The named backend; without a name, the first installed non-built-in backend whose hardware is present,
+    else cpu. Asking for hardware means importing every plugin, so that is done in a throwaway process and only the
+    chosen plugin is imported here (backends registered in memory, which no other process can see, are asked here)."""
+    if name:
+        return get_backend(name)
+    if _in_memory_plugins():
+        return get_backend(first_available(all_registrations()))
+    if all(info.name in BUILTIN for info in installed()):
+        return get_backend("cpu")
+    return get_backend(_probe_in_a_fresh_process())
+
+
+def first_available(found: dict[str, Registration]) -> str:
+    """Auto-selection's rule over loaded backends: the first non-built-in one with its hardware present, else cpu."""
+    for backend_name, registration in found.items():
+        if registration.plugin.name not in BUILTIN and call(registration.backend.available):
+            return backend_name
+    return "cpu"
+
+
+def _in_memory_plugins() -> list[str]:
+    """Plugins registered by code in this process (tests, a library user), not by an installed entry point."""
+    return [name for name, _ in pm.list_name_plugin() if name and name not in BUILTIN and name not in _infos]
+
+
+PROBE = "from llmb.registry import plugins; print(plugins.first_available(plugins.all_registrations()))"
+
+
+def _probe_in_a_fresh_process() -> str:
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LlmbError(f"auto-selecting a plugin failed ({type(exc).__name__}); name one with --plugin") from None
+    chosen = (proc.stdout.strip().splitlines() or [""])[-1]
+    if proc.returncode != 0 or not chosen:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LlmbError(f"auto-selecting a plugin failed ({last}); name one with --plugin")
+    return chosen
+
+
+T = TypeVar("T")
+
+
+def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call a backend's method; a failure leaves as one error naming the backend and the method. (The timed loop
+    calls its few methods directly: the harness's errors still name the run, and the window stays lean.)"""
+    try:
+        return method(*args, **kwargs)
+    except LlmbError:
+        raise
+    except Exception as exc:
+        backend = getattr(method, "__self__", None)
+        raise PluginError(getattr(backend, "name", "?"), method.__name__, exc) from exc
+
+
+def resolve_settings(backend: Backend, given: dict[str, str]) -> dict[str, Any]:
+    """The backend's settings validated against what it declares: every declared setting's value."""
+    from llmb.api.settings import resolve_settings as resolve
+
+    return resolve(backend.name, list(call(backend.settings)), given)
+
+
+def describe(registration: Registration) -> dict:
+    """What `llmb plugins` shows of a backend: origin, devices, precisions, methods overridden, settings, peaks."""
+    from llmb.api.backend import overridden
+
+    backend = registration.backend
+    return {
+        "name": backend.name,
+        "plugin": registration.plugin.name,
+        "distribution": registration.plugin.distribution,
+        "version": registration.plugin.version,
+        "device_types": list(call(backend.device_types)),
+        "precisions": list(call(backend.precisions)),
+        "hardware_available": bool(call(backend.available)),
+        "methods_overridden": overridden(backend),
+        "settings": [s.describe() for s in call(backend.settings)],
+        "peak_sources": dict(call(backend.peak_sources)),
+    }

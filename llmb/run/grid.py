@@ -1,0 +1,139 @@
+"""`llmb sweep --search KEY=V1,V2`: the batch-size sweep over every combination of the plugin settings searched.
+
+The batch size is not the only choice that decides a device's best result: whether the model is compiled, which
+AdamW kernel runs, activation checkpointing. Each combination of the searched settings gets a sweep of its own (a
+sub-folder named after it, resumable like any sweep), and the search summary names, per precision, the combination
+whose headline (the sweep's one headline rule: the median re-run at its best batch) is the highest among those whose
+headline run has no invalid reason (a debug shape is debug for every combination alike).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from llmb.api.errors import UsageError
+from llmb.records import envelope
+from llmb.records.result_files import write_json_atomic
+
+SEARCH_SUMMARY_NAME = "search-summary.json"
+SEARCH_SUMMARY_SCHEMA = "llmb.search-summary/1"
+_VALUE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def parse_search(items: tuple[str, ...] | list[str], fixed: dict) -> dict[str, list[str]]:
+    """KEY=V1,V2 items as {key: [values]} in the order given; one-line usage errors naming the item."""
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--search {item!r}: expected KEY=V1,V2 (a plugin setting and the values to try)")
+        if key in grid:
+            raise UsageError(f"--search {key}: given twice")
+        if key in fixed:
+            raise UsageError(f"--search {key}: also fixed by -O {key}=...; give it in one of them")
+        chosen = [v.strip() for v in values.split(",") if v.strip()]
+        bad = [v for v in chosen if not _VALUE.match(v)]
+        if not chosen or bad:
+            raise UsageError(f"--search {key}: expected comma-separated values like none,default (got {values!r})")
+        grid[key] = list(dict.fromkeys(chosen))
+    return grid
+
+
+def combinations(grid: dict[str, list[str]]) -> list[dict[str, str]]:
+    """Every combination of the searched values, the first value of each setting first."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def folder_name(combination: dict[str, str]) -> str:
+    """The sub-folder of one combination: `compile=default,fused_adamw=true` (values are checked plain words)."""
+    return ",".join(f"{key}={value}" for key, value in combination.items())
+
+
+def search(options, grid: dict[str, list[str]], display=None) -> dict:
+    """One sweep per combination in its own sub-folder of options.out; the search summary written beside them."""
+    from llmb.run import sweep as sweeps
+
+    out = Path(options.out)
+    combos = combinations(grid)
+    summary: dict = {
+        **envelope(SEARCH_SUMMARY_SCHEMA),
+        "searched": grid,
+        "fixed_settings": dict(options.run.settings),
+        "combinations": [],
+        "best": {},
+    }
+    for combo in combos:
+        sub = replace(
+            options, run=replace(options.run, settings={**options.run.settings, **combo}), out=out / folder_name(combo)
+        )
+        entry = {"settings": combo, "folder": folder_name(combo)}
+        try:
+            result = sweeps.sweep(sub, display)
+        except (sweeps.Interrupted, UsageError):
+            raise
+        except Exception as exc:  # one combination that cannot run (a compiler missing) does not stop the others
+            entry["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            result = None
+        if result is not None:
+            entry["precisions"] = {
+                name: {k: p.get(k) for k in ("status", "best_batch_size", "tokens_per_second", "headline_result")}
+                for name, p in result["precisions"].items()
+            }
+        summary["combinations"].append(entry)
+        summary["best"] = best_by_precision(out, summary["combinations"])
+        write_json_atomic(out / SEARCH_SUMMARY_NAME, summary)  # after every combination: nothing finished is lost
+    return summary
+
+
+def best_by_precision(out: Path, entries: list[dict]) -> dict[str, dict]:
+    """Per precision, the combination with the highest headline among headline runs with no invalid reason."""
+    from llmb.records.result_files import read_result
+
+    best: dict[str, dict] = {}
+    for entry in entries:
+        for name, point in (entry.get("precisions") or {}).items():
+            if point.get("status") != "ok" or not point.get("tokens_per_second"):
+                continue
+            try:
+                clean = not read_result(out / entry["folder"] / point["headline_result"]).invalid_reasons
+            except Exception:
+                clean = False
+            if not clean:
+                continue
+            if name not in best or point["tokens_per_second"] > best[name]["tokens_per_second"]:
+                best[name] = {
+                    "settings": entry["settings"],
+                    "folder": entry["folder"],
+                    "best_batch_size": point["best_batch_size"],
+                    "tokens_per_second": point["tokens_per_second"],
+                }
+    return best
+
+
+def print_search(summary: dict, console) -> None:
+    """The combinations' headlines per precision, and the winner of each precision."""
+    from rich.table import Table
+
+    names = sorted({n for e in summary["combinations"] for n in (e.get("precisions") or {})})
+    table = Table(title="llmb sweep --search: headline tokens/s (best batch) per combination")
+    table.add_column("settings")
+    for name in names:
+        table.add_column(name, justify="right")
+    for entry in summary["combinations"]:
+        cells = []
+        for name in names:
+            point = (entry.get("precisions") or {}).get(name) or {}
+            tps = point.get("tokens_per_second")
+            cells.append(f"{tps:,.1f} (b{point['best_batch_size']})" if tps else str(point.get("status", "-")))
+        if entry.get("error"):
+            cells = [entry["error"]] + [""] * (len(names) - 1) if names else []
+        table.add_row(entry["folder"], *cells)
+    console.print(table)
+    for name, best in summary["best"].items():
+        line = f"{name}: best {best['folder']} at batch {best['best_batch_size']}, {best['tokens_per_second']:,.1f}"
+        console.print(line + " tokens/s", markup=False, highlight=False)

@@ -1,0 +1,154 @@
+"""`llmb reproduce BUNDLE`: re-run each headline's configuration here and compare the headline.
+
+No checker can prove a recorded time; a reproduction can refute one. For each precision's headline in the bundle,
+the configuration of its median run (plugin, precision, mode, shape, batch, steps, warmup, repeats, seed, settings)
+is run again by `llmb run` in a subprocess, with the plugin's *shipped* source first on the import path (its entry
+points declared from the shipped pyproject.toml; the built-in cpu plugin is llmb's own). The bundle's headline is
+refuted when it exceeds the reproduced median by more than the tolerance (default 5%: on the same hardware two
+honest runs of the official shape differ by less; on a shared or different machine the comparison says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+from llmb.api.errors import LlmbError, UsageError
+from llmb.bundle import reader as bundle_io
+from llmb.records import Result, group_runs, headline
+from llmb.spec.presets import SHAPE_FIELDS
+
+DEFAULT_TOLERANCE = 0.05
+RUNS = 3  # the reproduction's own median, as a bundle's headline is one
+
+
+@dataclass
+class Reproduction:
+    label: str
+    claimed: float
+    reproduced: float | None
+    ratio: float | None
+    passed: bool
+    detail: str
+
+
+def run_arguments(record: dict) -> list[str]:
+    """`llmb run` arguments for the configuration a result records."""
+    args = [
+        "--plugin",
+        record["plugin"]["name"],
+        "--device",
+        record["device"]["type"],
+        "--precision",
+        record["precision"]["requested"],
+        "--precision-mode",
+        record["precision"]["mode"],
+        "--batch-size",
+        str(record["batch_size"]),
+        "--steps",
+        str(record["steps"]),
+        "--warmup-steps",
+        str(record["warmup_steps"]),
+        "--repeats",
+        str(record["repeats"]),
+        "--seed",
+        str(record["seed"]),
+        "--preset",
+        str(record["preset"]),
+    ]
+    for name in SHAPE_FIELDS:
+        args += [f"--{name.replace('_', '-')}", str(int(record["config"][name]))]
+    for key, value in (record["plugin"].get("settings") or {}).items():
+        args += ["-O", f"{key}={str(value).lower() if isinstance(value, bool) else value}"]
+    return args
+
+
+def shipped_plugin_path(root: Path, distribution: str, site: Path) -> list[str]:
+    """Import paths that make the shipped source of a plugin distribution the one `llmb run` loads: its package
+    folder, and a dist-info declaring the entry points of its pyproject.toml."""
+    source = root / "code" / "plugins" / distribution
+    pyproject = source / "pyproject.toml"
+    if not pyproject.is_file():
+        raise LlmbError(f"the bundle ships no pyproject.toml for plugin distribution {distribution!r}")
+    project = tomllib.loads(pyproject.read_text()).get("project", {})
+    points = (project.get("entry-points") or {}).get("llmb") or {}
+    if not points:
+        raise LlmbError(f"{distribution}'s shipped pyproject.toml declares no llmb entry point")
+    version = str(project.get("version", "0"))
+    info = site / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in points.items())
+    (info / "entry_points.txt").write_text(f"[llmb]\n{lines}")
+    package_root = source / "src" if (source / "src").is_dir() else source
+    return [str(site), str(package_root)]
+
+
+def reproduce_one(root: Path, record: dict, runs: int, timeout: float) -> list[dict]:
+    """Run a result's configuration `runs` times here; the records of the reproduction."""
+    with tempfile.TemporaryDirectory(prefix="llmb-reproduce-") as tmp:
+        env = dict(os.environ)
+        env.pop("LLMB_IN_PROCESS", None)
+        distribution = record["plugin"].get("distribution")
+        if distribution and distribution != "llmb":
+            paths = shipped_plugin_path(root, distribution, Path(tmp) / "site")
+            env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        out = Path(tmp) / "out"
+        for _ in range(runs):
+            command = [sys.executable, "-m", "llmb", "run", *run_arguments(record), "--out", str(out)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise LlmbError(f"the reproduction run failed: {last}")
+        return [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+
+
+def compare(label: str, claimed: float, reproduced: list[dict], tolerance: float, device: str) -> Reproduction:
+    valid = [r for r in reproduced if not r["invalid_reasons"]]
+    if not valid:
+        reasons = reproduced[0]["invalid_reasons"][:1] if reproduced else ["no record"]
+        return Reproduction(label, claimed, None, None, False, f"the reproduction is invalid: {reasons[0]}")
+    median = statistics.median(r["tokens_per_second"] for r in valid)
+    ratio = claimed / median
+    here = valid[0]["device"]["name"]
+    where = "" if here == device else f" (bundle ran on {device}, reproduced on {here}: not the same hardware)"
+    passed = ratio <= 1 + tolerance
+    verdict = "within" if passed else "beyond"
+    detail = (
+        f"claimed {claimed:,.1f} tokens/s, reproduced {median:,.1f} (median of {len(valid)}): {ratio:.3f}x, "
+        f"{verdict} the +{tolerance:.0%} tolerance{where}"
+    )
+    return Reproduction(label, claimed, median, ratio, passed, detail)
+
+
+def reproduce(path: Path, tolerance: float = DEFAULT_TOLERANCE, runs: int = RUNS, timeout: float = 3600) -> list:
+    """Every headline of a bundle, reproduced here."""
+    if tolerance < 0 or runs < 1:
+        raise UsageError("--tolerance must be 0 or more and --runs at least 1")
+    try:
+        opened = bundle_io.open_bundle(Path(path), bundle_io.DEFAULT_LIMITS)
+        root = opened.__enter__()
+    except bundle_io.Refused as exc:
+        raise LlmbError(f"bundle refused: {exc}") from None
+    try:
+        results = [Result.from_dict(json.loads(p.read_text())) for p in sorted((root / "results").rglob("*.json"))]
+        rows = []
+        for group, members in group_runs([r for r in results if not r.invalid_reasons]).items():
+            median_run = headline(members).run.to_dict()
+            reproduced = reproduce_one(root, median_run, runs, timeout)
+            label = f"{median_run['precision']['effective']} {group.plugin} b{median_run['batch_size']}"
+            claimed = median_run["tokens_per_second"]
+            rows.append(compare(label, claimed, reproduced, tolerance, median_run["device"]["name"]))
+        if not rows:
+            raise LlmbError("the bundle has no valid headline to reproduce")
+        return rows
+    finally:
+        opened.__exit__(None, None, None)
