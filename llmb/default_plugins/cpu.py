@@ -13,8 +13,9 @@ import torch
 from llmb import Backend, EnergyCounter, PrecisionFact, Setting, hookimpl
 from llmb.records import energy
 from llmb.run import sysinfo
-from llmb.toolkit import checkpointing, compilers, fp8
+from llmb.toolkit import compilers, features
 
+# No reduce-overhead on the CPU: it is CUDA graphs.
 COMPILE_MODES = ("none", "default", "max-autotune", compilers.THUNDER)
 
 
@@ -33,10 +34,8 @@ class CpuBackend(Backend):
 
     def settings(self) -> list[Setting]:
         return [
-            Setting("compile", str, "none", compilers.HELP, COMPILE_MODES),
-            Setting("activation_checkpointing", str, "none", checkpointing.HELP, checkpointing.MODES),
-            Setting("fp8", str, "none", "train the Linear layers in float8 with this torchao recipe", fp8.RECIPES),
-            Setting("fp8_emulate", bool, True, "torchao's float8 emulation (false: torch._scaled_mm's CPU kernel)"),
+            # On the CPU, float8 emulation by default: torch._scaled_mm's CPU kernel is a reference, not a fast path.
+            *features.settings(compile_modes=COMPILE_MODES, fp8_emulate_default=True),
             Setting(
                 "threads",
                 int,
@@ -50,22 +49,17 @@ class CpuBackend(Backend):
 
     def setup(self, device, precision, settings) -> None:
         # Before the model exists: a compiler or FP8 that cannot run here is one line, not a traceback mid-run.
-        compilers.check_compiler(settings.get("compile", "none"))
-        fp8.check_fp8(settings.get("fp8", "none"))
+        features.check(settings)
         if settings.get("threads"):
             torch.set_num_threads(settings["threads"])
         else:  # chosen before the run with the host's load in view: threads beyond the free cores only contend
             torch.set_num_threads(min(torch.get_num_threads(), sysinfo.free_cores()[2]))
 
     def process_model(self, model, optimizer, device, precision, settings):
-        # torchtitan's order: float8 swaps the Linear modules, checkpointing wraps the layers, the compiler sees all.
-        model = fp8.convert(model, settings.get("fp8", "none"), emulate=settings.get("fp8_emulate", True))
-        model = checkpointing.apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
-        return compilers.compile_model(model, settings.get("compile", "none"))
+        return features.apply(model, settings)
 
     def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
-        recipe = settings.get("fp8", "none")
-        return [PrecisionFact("llmb.fp8", recipe, "FP8" if recipe != "none" else None)]
+        return features.facts(settings)
 
     def optimizer_options(self, device, precision, settings) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}

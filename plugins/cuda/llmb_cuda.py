@@ -14,9 +14,8 @@ import torch
 
 from llmb import Backend, EnergyCounter, Peak, PrecisionFact, Setting, hookimpl
 from llmb.api.errors import UsageError
-from llmb.toolkit import checkpointing, compilers, fp8
+from llmb.toolkit import features
 
-COMPILE_MODES = ("none", *compilers.INDUCTOR_MODES, compilers.THUNDER)
 # float8 GEMMs (torch._scaled_mm) need Ada or Hopper tensor cores or newer: compute capability 8.9.
 FP8_CAPABILITY = (8, 9)
 
@@ -25,35 +24,16 @@ FP8_CAPABILITY = (8, 9)
 # tokens/s at batch 8 where the compiled, fused loop trained 60.8-63.8k at batch 32-64. compile=none and
 # fused_adamw=false remain one -O away (compiling the official shape takes a minute or two of the warmup).
 SETTINGS = [
-    Setting("compile", str, "default", compilers.HELP, COMPILE_MODES),
+    # llmb's shared features (compile, activation_checkpointing, fp8, fp8_emulate), compiled by default.
+    *features.settings(compile_default="default"),
     Setting("fused_adamw", bool, True, "use AdamW's fused CUDA kernel (fused=True); false: torch's per-tensor loop"),
-    # Layer-wise "selective" was renamed selective-layers, beside the per-operator selective-ops: the old name is
-    # outside the choices, so it is a one-line usage error listing the new ones.
-    Setting("activation_checkpointing", str, "none", checkpointing.HELP, checkpointing.MODES),
-    Setting(
-        "fp8",
-        str,
-        "none",
-        "train the Linear layers (not the LM head) in float8 with this torchao recipe; torchao >= 0.18 scales "
-        "dynamically only (no delayed scaling): tensorwise, rowwise, rowwise_with_gw_hp",
-        fp8.RECIPES,
-    ),
-    Setting(
-        "fp8_emulate",
-        bool,
-        False,
-        "torchao's float8 emulation (high-precision GEMMs; for checking numerics, not for timing) instead of "
-        "torch._scaled_mm's float8 kernels",
-    ),
 ]
 
 
 # Peaks are llmb's (llmb/spec/peak_table.py: every GPU this plugin was written for, each with its public source); a
 # plugin declares one only for a GPU that table lacks (llmb/spec/peak_table.py's rules: the table wins for any GPU it
-# has).
-# PEAKS below is where such a GPU goes: dense figures by the precision that really ran (sparse 2:4 figures are twice
-# these
-# and never used), FP32 the non-tensor-core rate, TF32/FP16/BF16 the tensor-core rates.
+# has). PEAKS below is where such a GPU goes: dense figures by the precision that really ran (sparse 2:4 figures are
+# twice these and never used), FP32 the non-tensor-core rate, TF32/FP16/BF16 the tensor-core rates.
 
 
 @dataclass(frozen=True)
@@ -176,10 +156,9 @@ class CudaBackend(Backend):
         # or FP8 that cannot run here is one line before the model exists, not a traceback mid-run.
         if device.index is not None and torch.cuda.is_available():
             torch.cuda.set_device(device)
-        compilers.check_compiler(settings.get("compile", "none"))
-        recipe = settings.get("fp8", "none")
-        fp8.check_fp8(recipe)
-        if recipe != "none" and not settings.get("fp8_emulate"):
+        features.check(settings)
+        recipe = settings["fp8"]
+        if recipe != "none" and not settings["fp8_emulate"]:
             reason = self.fp8_unsupported(device)
             if reason:
                 raise UsageError(f"fp8={recipe}: {reason} (fp8_emulate=true checks the numerics without them)")
@@ -198,10 +177,7 @@ class CudaBackend(Backend):
         return None
 
     def process_model(self, model, optimizer, device, precision, settings):
-        # torchtitan's order: float8 swaps the Linear modules, checkpointing wraps the layers, the compiler sees all.
-        model = fp8.convert(model, settings.get("fp8", "none"), emulate=bool(settings.get("fp8_emulate")))
-        model = checkpointing.apply_activation_checkpointing(model, settings.get("activation_checkpointing", "none"))
-        return compilers.compile_model(model, settings.get("compile", "none"))
+        return features.apply(model, settings)
 
     def optimizer_options(self, device, precision, settings) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}
@@ -243,9 +219,8 @@ class CudaBackend(Backend):
         # reads); they are recorded so a reader sees what else ran. Fused AdamW keeps FP32 math for FP32 parameters.
         # FP8 does (the cpu plugin's fact, so both plugins' records say it alike); the audit's dtype census finds
         # the float8 tensors too.
-        recipe = settings.get("fp8", "none")
         facts = [
-            PrecisionFact("llmb.fp8", recipe, "FP8" if recipe != "none" else None),
+            *features.facts(settings),
             PrecisionFact("llmb_cuda.fp8_emulate", bool(settings.get("fp8_emulate"))),
             PrecisionFact("llmb_cuda.compile", settings.get("compile", "none")),
             PrecisionFact("llmb_cuda.fused_adamw", bool(settings.get("fused_adamw"))),

@@ -1,0 +1,65 @@
+"""The training features every plugin may offer, written once: their settings, the checks made before the model
+exists, the post-processing in torchtitan's order, and the precision fact the audit reads.
+
+A plugin offers them by adding `settings(...)` to its own settings and calling `check`, `apply` and `facts` from
+its Backend's `setup`, `process_model` and `precision_facts` (the cpu and cuda plugins do; a vendor's may). The
+values come resolved (llmb.api.settings.resolve_settings fills every default), so no default is restated here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from llmb.api.backend import PrecisionFact
+from llmb.api.settings import Setting
+from llmb.toolkit import checkpointing, compilers, fp8
+
+# Every compiler mode a plugin may offer: none, Inductor's modes, Thunder.
+COMPILE_MODES = ("none", *compilers.INDUCTOR_MODES, compilers.THUNDER)
+FP8_HELP = (
+    "train the Linear layers (not the LM head) in float8 with this torchao recipe; torchao >= 0.18 scales "
+    "dynamically only (no delayed scaling): tensorwise, rowwise, rowwise_with_gw_hp"
+)
+FP8_EMULATE_HELP = (
+    "torchao's float8 emulation (high-precision GEMMs: checks the numerics anywhere) instead of torch._scaled_mm's "
+    "float8 kernels"
+)
+# The fact every plugin's FP8 records under one name, so records say it alike whichever plugin ran.
+FP8_FACT = "llmb.fp8"
+
+
+def settings(
+    compile_default: str = "none",
+    compile_modes: tuple[str, ...] = COMPILE_MODES,
+    fp8_emulate_default: bool = False,
+) -> list[Setting]:
+    """The features' settings: compile, activation_checkpointing, fp8, fp8_emulate, with the plugin's defaults."""
+    return [
+        Setting("compile", str, compile_default, compilers.HELP, compile_modes),
+        Setting("activation_checkpointing", str, "none", checkpointing.HELP, checkpointing.MODES),
+        Setting("fp8", str, "none", FP8_HELP, fp8.RECIPES),
+        Setting("fp8_emulate", bool, fp8_emulate_default, FP8_EMULATE_HELP),
+    ]
+
+
+def check(values: Mapping[str, Any]) -> None:
+    """Before the model exists: a compiler or an FP8 recipe that cannot run here is one line, not a traceback."""
+    compilers.check_compiler(values["compile"])
+    fp8.check_fp8(values["fp8"])
+
+
+def apply(model: nn.Module, values: Mapping[str, Any]) -> nn.Module:
+    """torchtitan's order: float8 swaps the Linear modules, checkpointing wraps the layers, the compiler sees all."""
+    model = fp8.convert(model, values["fp8"], emulate=bool(values["fp8_emulate"]))
+    model = checkpointing.apply_activation_checkpointing(model, values["activation_checkpointing"])
+    return compilers.compile_model(model, values["compile"])
+
+
+def facts(values: Mapping[str, Any]) -> list[PrecisionFact]:
+    """FP8 lowers the run's format by itself: the fact says so (the audit's dtype census finds the float8 tensors
+    too); the other features keep the precision the harness set."""
+    recipe = values["fp8"]
+    return [PrecisionFact(FP8_FACT, recipe, "FP8" if recipe != "none" else None)]
