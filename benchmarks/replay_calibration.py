@@ -3,8 +3,7 @@
 Each arm trains a copy of the same initial model for --steps steps on one batch (a measured window's semantics), and
 llmb.judge.replay.compare judges its losses and parameter digest against the FP32 arm's, exactly as the clean room
 judges a window against its FP32 CPU replay (on the GPU the FP32 arm matched the CPU replay exactly). One JSON line per
-arm
-goes to --out; `llmb/spec/tolerances.py` (REPLAY_TOLERANCES) cites what this printed on an H100 on 2026-11-22
+arm goes to --out; `llmb/spec/tolerances.py` (REPLAY_TOLERANCES) cites what this printed on an H100 on 2026-11-22
 (raw/h100-20261122/replay_calibration.jsonl).
 
     python benchmarks/replay_calibration.py --device cuda --preset official --seeds 0,1 --batch-sizes 1,8,16

@@ -1,6 +1,5 @@
-"""The run evidence and its replay (llmb.audit.evidence), the judge's protocol and checks (llmb.judge.cleanroom):
-real torch on
-the CPU, in this process."""
+"""The run evidence and its replay (llmb.audit.evidence), the judge's protocol and checks (llmb.judge.cleanroom): real
+torch on the CPU, in this process."""
 
 import threading
 from pathlib import Path

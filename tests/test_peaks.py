@@ -1,7 +1,6 @@
 """llmb's peak table (llmb/spec/peak_table.py), the one copy of every device's dense peak FLOP/s: device names match
 one row or none (never a neighbour's figure), figures are dense and per torch device, and the first-party plugins
-declare no
-peak for a device the table has (a plugin's own table is only for devices llmb's lacks)."""
+declare no peak for a device the table has (a plugin's own table is only for devices llmb's lacks)."""
 
 from __future__ import annotations
 

@@ -164,8 +164,7 @@ def test_two_runs_in_one_process_keep_their_own_state(monkeypatch):
 @requires_torch_xla
 def test_a_cpu_backward_before_xla_in_the_same_process_is_one_clear_error():
     """`llmb run` gives the plugin a fresh worker process, so only an in-process caller of llmb.run.runner.run (a
-    notebook,
-    a script) can have run a CPU backward before torch_xla initialised: it gets one line saying so."""
+    notebook, a script) can have run a CPU backward before torch_xla initialised: it gets one line saying so."""
     script = (
         "import torch; x = torch.ones(2, requires_grad=True); x.sum().backward()\n"
         "from llmb.spec.presets import PRESETS\n"

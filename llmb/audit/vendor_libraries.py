@@ -8,11 +8,11 @@ of these hold, and records it:
 
 1. the library is a release listed in `KNOWN` below (a new release is added here, after reading what it replaces);
 2. its installed files are one official release wheel's, byte for byte: llmb ships the sha256 of every file of the
-   library's package in each official wheel (llmb/audit/vendor_releases/, written by `python -m
-   llmb.audit.vendor_libraries pin
-   WHEEL...` from wheels pip downloaded from the registry, which checks each wheel against the index's hash). A
-   wheel's own RECORD is never trusted: a look-alike wheel writes a RECORD that matches its own files. The installed
-   package must hold exactly one pinned wheel's files (byte code caches aside), so no file can be added either;
+   library's package in each official wheel (llmb/audit/vendor_releases/, written by
+   `python -m llmb.audit.vendor_libraries pin WHEEL...` from wheels pip downloaded from the registry, which checks each
+   wheel against the index's hash). A wheel's own RECORD is never trusted: a look-alike wheel writes a RECORD that
+   matches its own files. The installed package must hold exactly one pinned wheel's files (byte code caches aside),
+   so no file can be added either;
 3. the replacement is the library's own: a Python function whose code was compiled from one of those files, or an
    aten kernel that the dispatcher says was registered from the library's C++ source tree (`registered at ...`
    names the source file the binary was built from; a `torch.library` registration from Python reads `/dev/null`).

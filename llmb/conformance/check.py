@@ -208,8 +208,7 @@ def candidate(options: RunOptions) -> dict:
 
 def candidate_task(jobs: list[RunOptions], link, world) -> Iterator[bytes]:
     """check-plugin's work in the worker (llmb.run.clean_worker.worker_main): each requested precision (ALL: every one
-    the
-    plugin supports) prepared and traced there, sent to the judge as tensors and plain data (`pack`)."""
+    the plugin supports) prepared and traced there, sent to the judge as tensors and plain data (`pack`)."""
     for options in clean_worker.expand_all(jobs, link):
         yield pack(candidate(options))
 

@@ -215,10 +215,9 @@ def serve(task, jobs: list, launch=None, progress=None, notes=None, on_result=No
 
 
 def _launch_ranks(launch, task, jobs: list, judge: Judge) -> None:
-    """The job's ranks as commands (llmb.run.rank_worker), not functions: torch's launcher would unpickle a
-    function's
-    return value here, and a plugin in a rank can write to that queue. The jobs go in a file only this user can
-    read, the key in the environment."""
+    """The job's ranks as commands (llmb.run.rank_worker), not functions: torch's launcher would unpickle a function's
+    return value here, and a plugin in a rank can write to that queue. The jobs go in a file only this user can read,
+    the key in the environment."""
     from llmb.distributed import job as distributed
 
     folder = tempfile.mkdtemp(prefix="llmb-jobs-")

@@ -1,9 +1,8 @@
 """One rank of a clean-room job: `python -m llmb.run.rank_worker JOBS HOST PORT`, started by torch's launcher
 for the judging process (cleanroom.serve). JOBS is the file the judge wrote (the task and its jobs, pickled: the judge's
-own
-data); the judge's key comes in the environment (clean_link.KEY_ENV), never on the command line, which other users
-can read. A failure goes to the rank's JSON error file (torch's error handler, what its `record` writes): the
-launcher's only news of it, and the traceback stays there."""
+own data); the judge's key comes in the environment (clean_link.KEY_ENV), never on the command line, which other users
+can read. A failure goes to the rank's JSON error file (torch's error handler, what its `record` writes): the launcher's
+only news of it, and the traceback stays there."""
 
 from __future__ import annotations
 

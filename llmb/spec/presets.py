@@ -10,8 +10,8 @@ from llmb.spec.shape import OFFICIAL_CONFIG, ModelConfig
 from llmb.spec.vocab import SHAPE_FIELDS
 
 # The benchmark's optimizer, fixed: torch.optim.AdamW with these hyperparameters (no decay on 1-D parameters).
-# Read-only; llmb.audit.guard compares it before and after a plugin ran, and verify re-checks every recorded run
-# against it.
+# Read-only; llmb.audit.guard compares it before and after a plugin ran, and verify re-checks every recorded run against
+# it.
 ADAMW_HYPERPARAMETERS = MappingProxyType({"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01})
 
 PRESETS: dict[str, ModelConfig] = {

@@ -41,11 +41,10 @@ def tolerance_for(effective: str, mode: str) -> Tolerance:
 
 # The run's own replay (llmb/audit/evidence.py) holds a window, at the run's shape on its device, to an FP32 replay
 # on the CPU; the conformance rows above come from the tiny and small presets on the CPU, and at the official shape on a
-# GPU
-# the errors are larger. Measured on an NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, 2026-11-22; each mode against FP32
-# on the same GPU, which matched the CPU replay exactly at batch 8; 2 seeds x batch 1, 8, 16; 3 steps on one batch:
-# benchmarks/replay_calibration.py, raw figures in benchmarks/raw/h100-20261122/), worst first loss / worst later
-# loss (steps 2-3):
+# GPU the errors are larger. Measured on an NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, 2026-11-22; each mode against
+# FP32 on the same GPU, which matched the CPU replay exactly at batch 8; 2 seeds x batch 1, 8, 16; 3 steps on one batch:
+# benchmarks/replay_calibration.py, raw figures in benchmarks/raw/h100-20261122/), worst first loss / worst later loss
+# (steps 2-3):
 #   TF32 3.5e-5 / 9.0e-5; FP16 amp 2.1e-5 / 1.7e-4; BF16 amp 3.1e-4 / 4.1e-3; FP8 amp (torchao tensorwise, one run
 #   at batch 8) 6.0e-4 / 1.7e-2; FP16 pure 1.2e-4; BF16 pure 9.9e-4 (both at batch 1, from weights rounded to 16 bits).
 # About three times the worst, rounded up to 1, 2, 3 or 5. Pure FP16/BF16 weights cannot hold most of AdamW's 1e-5

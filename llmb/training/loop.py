@@ -181,8 +181,7 @@ class Trainer:
         synchronised: the answer cannot exist before the device has computed the last forward. The digest of the
         trained parameters (llmb.audit.evidence.digest) follows in a second message, `seal`, once the clock has
         stopped: at the small preset on one CPU thread it costs 0.3-0.7 s, which inside the window cost a 5-step window
-        10-20%
-        of its throughput. ``on_step`` runs between steps (the window audit's attribute reads); nothing wraps a
+        10-20% of its throughput. ``on_step`` runs between steps (the window audit's attribute reads); nothing wraps a
         step, since any mode pushed around one would change how a compiled model runs (llmb.audit.window)."""
         backend, device = self.backend, self.device
         pairs = steps if self.has_events else 0

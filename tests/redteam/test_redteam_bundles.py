@@ -50,8 +50,7 @@ def test_the_reference_bundle_verifies_before_any_forgery(bundle):
 
 def test_an_edited_loop_written_as_the_release_manifest_is_not_the_release(bundle):
     """The attack: edit llmb/training/loop.py, run `python -m llmb.bundle.manifest --write` in one's own copy, package.
-    The
-    bundle then says every file is unchanged against "the release". verify knows the released manifests."""
+    The bundle then says every file is unchanged against "the release". verify knows the released manifests."""
     edited = manifest.sha256_bytes(b"# a faster loop\n")
 
     def forge_manifest(released):

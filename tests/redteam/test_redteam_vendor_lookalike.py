@@ -2,8 +2,7 @@
 `intel-extension-for-pytorch 2.8.0` (a real release llmb accepts replacements from) is installed beside the plugin,
 its files matching its own RECORD, and its `optimize()` swaps `LlamaModel.forward` on the class for one that skips
 half the layers. llmb knows the release by the hashes of its official wheels' files (llmb/audit/vendor_releases/), so
-the
-swap is the plugin's code, not the library's. Stage: run; reason: the identity check names the replaced forward."""
+the swap is the plugin's code, not the library's. Stage: run; reason: the identity check names the replaced forward."""
 
 import base64
 import hashlib
