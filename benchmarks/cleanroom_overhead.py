@@ -30,10 +30,11 @@ from common import command_line, console, fmt_bytes, load, machine, print_machin
 
 from llmb.audit import evidence
 from llmb.judge import cleanroom
-from llmb.model import OFFICIAL_CONFIG, LlamaModel
+from llmb.model import LlamaModel
 from llmb.run import clean_worker
 from llmb.spec import flops
 from llmb.spec.presets import PRESETS
+from llmb.spec.shape import OFFICIAL_CONFIG
 from llmb.training.loop import build_optimizer
 
 GOAL = 0.02

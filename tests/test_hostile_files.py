@@ -400,13 +400,13 @@ def test_every_bound_shows_in_help(command):
 
 
 def test_report_skips_a_fifo_and_a_giant_file_without_hanging(tmp_path, monkeypatch):
-    import llmb.report
+    import llmb.report.points
 
     shutil.copy(next((REFERENCE / "results" / "FP32").glob("*.json")), tmp_path / "good.json")
     os.mkfifo(tmp_path / "pipe.json")
     os.mkfifo(tmp_path / LOG_NAME)
     limit = (tmp_path / "good.json").stat().st_size + 100  # the real record fits; the giant one does not
-    monkeypatch.setattr(llmb.report, "RECORD_LIMIT", limit)
+    monkeypatch.setattr(llmb.report.points, "RECORD_LIMIT", limit)
     (tmp_path / "giant.json").write_text(json.dumps({"schema": "llmb.result/1", "x": "y" * limit}))
     done = []
     worker = threading.Thread(target=lambda: done.append(load([tmp_path])), daemon=True)

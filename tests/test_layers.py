@@ -124,3 +124,9 @@ def test_what_reads_records_imports_no_torch():
     assert "torch" not in loaded
     run_side = ("llmb.run", "llmb.training", "llmb.judge", "llmb.audit", "llmb.distributed", "llmb.toolkit")
     assert not {m for m in loaded if m.startswith(run_side)}
+
+
+def test_no_module_of_llmb_is_over_500_lines():
+    """Modules small with one job: a module past 500 lines holds more than one and is split into its package."""
+    lines = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert not {name: n for name, n in lines.items() if n > 500}
