@@ -172,3 +172,17 @@ def test_a_run_whose_repeats_spread_more_than_ten_percent_says_so():
     assert noisy.repeat_throughputs() == pytest.approx([100.0, 80.0, 105.0])
     warning = noisy.repeat_spread_warning()
     assert warning is not None and "spread 25.0%" in warning and "load average 0.50" in warning
+
+
+def test_python_m_llmb_records_prints_the_field_lists_and_importing_it_prints_nothing():
+    """`python -m llmb.records` is the command; the guard imports every llmb module, and an import prints nothing
+    (`llmb plugins --json` must stay JSON)."""
+    import subprocess
+    import sys
+
+    command = subprocess.run([sys.executable, "-m", "llmb.records"], capture_output=True, text=True, timeout=120)
+    assert command.returncode == 0 and command.stdout.startswith("Result: `schema,"), command.stderr
+    imported = subprocess.run(
+        [sys.executable, "-c", "import llmb.records.__main__"], capture_output=True, text=True, timeout=120
+    )
+    assert imported.returncode == 0 and imported.stdout == "", imported.stdout[:200]

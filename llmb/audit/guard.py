@@ -38,9 +38,9 @@ import torch
 
 # Every module of the llmb package is watched, found by walking the package: a module added later is watched
 # without an edit here (a hand-kept list drifted: it named modules that no longer existed and missed the ones that
-# judge and time windows). Imported before the baseline, so a plugin's patch to any is seen. Left out: the entry
-# point `python -m llmb`, which runs the CLI when imported.
-UNWATCHED_LLMB_MODULES = frozenset({"llmb.__main__"})
+# judge and time windows). Imported before the baseline, so a plugin's patch to any is seen. Left out: every
+# `__main__` module (`python -m llmb`, `python -m llmb.records`), which is an entry point and runs when imported.
+ENTRY_POINT = "__main__"
 
 TORCH_MODULES = (
     ("torch", torch),
@@ -128,7 +128,7 @@ def llmb_module_names() -> list[str]:
     import llmb
 
     found = pkgutil.walk_packages(llmb.__path__, "llmb.")
-    return sorted(info.name for info in found if info.name not in UNWATCHED_LLMB_MODULES)
+    return sorted(info.name for info in found if info.name.rsplit(".", 1)[-1] != ENTRY_POINT)
 
 
 def _llmb_modules() -> list[types.ModuleType]:
