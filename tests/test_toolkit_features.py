@@ -55,3 +55,21 @@ def test_the_fp8_fact_is_one_name_for_every_plugin():
         facts = {f.name: f for f in backend.precision_facts(torch.device("cpu"), "BF16", values)}
         assert facts[features.FP8_FACT].value == "rowwise" and facts[features.FP8_FACT].implies == "FP8"
     assert features.facts({"fp8": "none"})[0].implies is None
+
+
+def test_a_subclass_that_declares_its_own_settings_gets_the_features_off():
+    """llmb.CpuBackend is public for plugins whose hardware also runs on the host: a subclass that declares only its
+    own settings (tests/llmb_oomtest.py does) sets up and post-processes with every feature off, never a KeyError."""
+
+    class OwnSettings(CpuBackend):
+        name = "own"
+
+        def settings(self):
+            return []
+
+    torch.manual_seed(0)
+    model = LlamaModel(build_config("tiny", num_hidden_layers=2))
+    backend = OwnSettings()
+    backend.setup(torch.device("cpu"), "FP32", {"threads": 1})
+    assert backend.process_model(model, None, torch.device("cpu"), "FP32", {}) is model
+    assert backend.precision_facts(torch.device("cpu"), "FP32", {})[0].implies is None

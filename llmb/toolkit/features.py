@@ -3,7 +3,9 @@ exists, the post-processing in torchtitan's order, and the precision fact the au
 
 A plugin offers them by adding `settings(...)` to its own settings and calling `check`, `apply` and `facts` from
 its Backend's `setup`, `process_model` and `precision_facts` (the cpu and cuda plugins do; a vendor's may). The
-values come resolved (llmb.api.settings.resolve_settings fills every default), so no default is restated here.
+values come resolved (llmb.api.settings.resolve_settings fills every declared default). A backend that subclasses
+one of these but declares its own settings without the features' (a test backend, a vendor's on llmb.CpuBackend)
+gets them off, never a KeyError.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ FP8_EMULATE_HELP = (
     "torchao's float8 emulation (high-precision GEMMs: checks the numerics anywhere) instead of torch._scaled_mm's "
     "float8 kernels"
 )
+# A feature the backend does not declare is off.
+OFF = {"compile": "none", "activation_checkpointing": "none", "fp8": "none", "fp8_emulate": False}
 # The fact every plugin's FP8 records under one name, so records say it alike whichever plugin ran.
 FP8_FACT = "llmb.fp8"
 
@@ -45,21 +49,26 @@ def settings(
     ]
 
 
+def value(values: Mapping[str, Any], name: str) -> Any:
+    """A feature's resolved value, or off where the backend's settings do not declare it."""
+    return values.get(name, OFF[name])
+
+
 def check(values: Mapping[str, Any]) -> None:
     """Before the model exists: a compiler or an FP8 recipe that cannot run here is one line, not a traceback."""
-    compilers.check_compiler(values["compile"])
-    fp8.check_fp8(values["fp8"])
+    compilers.check_compiler(value(values, "compile"))
+    fp8.check_fp8(value(values, "fp8"))
 
 
 def apply(model: nn.Module, values: Mapping[str, Any]) -> nn.Module:
     """torchtitan's order: float8 swaps the Linear modules, checkpointing wraps the layers, the compiler sees all."""
-    model = fp8.convert(model, values["fp8"], emulate=bool(values["fp8_emulate"]))
-    model = checkpointing.apply_activation_checkpointing(model, values["activation_checkpointing"])
-    return compilers.compile_model(model, values["compile"])
+    model = fp8.convert(model, value(values, "fp8"), emulate=bool(value(values, "fp8_emulate")))
+    model = checkpointing.apply_activation_checkpointing(model, value(values, "activation_checkpointing"))
+    return compilers.compile_model(model, value(values, "compile"))
 
 
 def facts(values: Mapping[str, Any]) -> list[PrecisionFact]:
     """FP8 lowers the run's format by itself: the fact says so (the audit's dtype census finds the float8 tensors
     too); the other features keep the precision the harness set."""
-    recipe = values["fp8"]
+    recipe = value(values, "fp8")
     return [PrecisionFact(FP8_FACT, recipe, "FP8" if recipe != "none" else None)]

@@ -157,8 +157,8 @@ class CudaBackend(Backend):
         if device.index is not None and torch.cuda.is_available():
             torch.cuda.set_device(device)
         features.check(settings)
-        recipe = settings["fp8"]
-        if recipe != "none" and not settings["fp8_emulate"]:
+        recipe = features.value(settings, "fp8")
+        if recipe != "none" and not features.value(settings, "fp8_emulate"):
             reason = self.fp8_unsupported(device)
             if reason:
                 raise UsageError(f"fp8={recipe}: {reason} (fp8_emulate=true checks the numerics without them)")
