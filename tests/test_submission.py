@@ -408,7 +408,7 @@ def package_changed(made, tmp_path, name: str) -> Path:
 
 
 def test_changed_files_are_shown_as_diffs_that_verify(made, tmp_path):
-    root = package_changed(made, tmp_path, "flops.py")
+    root = package_changed(made, tmp_path, "spec/flops.py")
     sub = json.loads((root / "submission.json").read_text())
     assert sub["division"] == "open" and sub["llmb_changes"] == ["llmb/spec/flops.py", "llmb/vendor_extra.py"]
     diff = (root / submission.CODE_DIFF).read_text()
@@ -421,7 +421,7 @@ def test_changed_files_are_shown_as_diffs_that_verify(made, tmp_path):
 
 
 def test_a_changed_training_loop_fails_verify(made, tmp_path):
-    root = package_changed(made, tmp_path, "train.py")
+    root = package_changed(made, tmp_path, "training/loop.py")
     found = failing(verify.verify(root, accept_debug=True))
     assert set(found) == {"model and loop unchanged"}
     assert "llmb/training/loop.py is changed" in found["model and loop unchanged"]
@@ -435,16 +435,16 @@ def test_released_text_comes_from_git_history_or_the_change_is_refused(made, tmp
         "Acme", "box", with_conformance(made, tmp_path), out=tmp_path / "out", allow_debug_shapes=True
     )
     options.package_dir = package
-    (package / "flops.py").write_text((package / "flops.py").read_text() + "# changed\n")
+    (package / "spec" / "flops.py").write_text((package / "spec" / "flops.py").read_text() + "# changed\n")
     with pytest.raises(LlmbError, match="llmb/spec/flops.py differs from the release .* --release-source"):
         submission.package(options)
     # Now commit the released text to git, as a development checkout has it.
-    (package / "flops.py").write_text((made["package"] / "flops.py").read_text())
+    (package / "spec" / "flops.py").write_text((made["package"] / "spec" / "flops.py").read_text())
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q"], cwd=package.parent, check=True)
     subprocess.run([*git, "add", "-A"], cwd=package.parent, check=True)
     subprocess.run([*git, "commit", "-qm", "release"], cwd=package.parent, check=True)
-    (package / "flops.py").write_text((package / "flops.py").read_text() + "# changed\n")
+    (package / "spec" / "flops.py").write_text((package / "spec" / "flops.py").read_text() + "# changed\n")
     root, _ = submission.package(options)
     assert "+# changed" in (root / submission.CODE_DIFF).read_text()
     assert failing(verify.verify(root, accept_debug=True)) == {}
