@@ -358,10 +358,15 @@ def _package_path(name: str) -> Path:
     return folder / "__init__.py" if folder.is_dir() else folder.with_suffix(".py")
 
 
-def layer_order() -> list[list[str]]:
-    """The layers contract of .importlinter, highest first: each entry the packages of one layer."""
+def contracts() -> configparser.ConfigParser:
+    """.importlinter, read once per page."""
     config = configparser.ConfigParser()
     config.read(ROOT / ".importlinter")
+    return config
+
+
+def layer_order(config: configparser.ConfigParser) -> list[list[str]]:
+    """The layers contract of .importlinter, highest first: each entry the packages of one layer."""
     lines = config["importlinter:contract:layers"]["layers"].strip().splitlines()
     return [[p.strip() for p in re.split(r"[|:]", line)] for line in lines if line.strip()]
 
@@ -376,7 +381,8 @@ def code_page() -> str:
         "env and `tests/test_layers.py`) checks the layers contract and the forbidden imports below on every import, "
         "at the top of a module or inside a function. Highest layer first:\n\n"
     )
-    for layer in layer_order():
+    config = contracts()
+    for layer in layer_order(config):
         for package in layer:
             path = _package_path(package)
             first = _docstring(path).split("\n\n")[0].replace("\n", " ")
@@ -393,8 +399,6 @@ def code_page() -> str:
                 rows.append(f"| `{sub.name}/` | {cell(_docstring(sub / '__init__.py').split(chr(10) * 2)[0])} |\n")
             if rows:
                 out.append("| module | what it holds |\n| --- | --- |\n" + "".join(rows) + "\n")
-    config = configparser.ConfigParser()
-    config.read(ROOT / ".importlinter")
     out.append("## The forbidden imports\n\n")
     for section in config.sections():
         contract = config[section]

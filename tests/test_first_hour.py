@@ -315,13 +315,6 @@ def busy_host(monkeypatch, load: float, cpus: int) -> None:
     monkeypatch.setattr(sysinfo, "cpu_affinity", lambda: list(range(cpus)))
 
 
-def cpu_defaults() -> dict:
-    """The cpu plugin's settings as llmb hands them to a backend: every default resolved."""
-    from llmb import CpuBackend
-
-    return {s.name: s.default for s in CpuBackend().settings()}
-
-
 def test_the_cpu_plugin_leaves_the_busy_cores_to_their_work(monkeypatch):
     import torch
 
@@ -331,9 +324,9 @@ def test_the_cpu_plugin_leaves_the_busy_cores_to_their_work(monkeypatch):
     busy_host(monkeypatch, load=3.0, cpus=4)
     try:
         torch.set_num_threads(4)
-        CpuBackend().setup(torch.device("cpu"), "FP32", {**cpu_defaults(), "threads": 0})
+        CpuBackend().setup(torch.device("cpu"), "FP32", {"threads": 0})
         assert torch.get_num_threads() == 1  # 4 CPUs, 3 of them busy
-        CpuBackend().setup(torch.device("cpu"), "FP32", {**cpu_defaults(), "threads": 3})
+        CpuBackend().setup(torch.device("cpu"), "FP32", {"threads": 3})
         assert torch.get_num_threads() == 3  # an explicit count is the user's
     finally:
         torch.set_num_threads(before)

@@ -10,14 +10,11 @@ import torch
 
 from llmb import CpuBackend
 from llmb.model import LlamaModel
+from llmb.registry.plugins import resolve_settings
 from llmb.spec.presets import build_config
 from llmb.toolkit import checkpointing, features
 
 FEATURES = ("compile", "activation_checkpointing", "fp8", "fp8_emulate")
-
-
-def resolved(backend) -> dict:
-    return {s.name: s.default for s in backend.settings()}
 
 
 @pytest.mark.parametrize("backend", [CpuBackend(), llmb_cuda.CudaBackend()], ids=["cpu", "cuda"])
@@ -31,8 +28,9 @@ def test_each_plugin_declares_the_features_from_the_toolkit(backend):
 
 
 def test_plugins_keep_their_own_defaults():
-    assert resolved(CpuBackend())["compile"] == "none" and resolved(CpuBackend())["fp8_emulate"] is True
-    cuda = resolved(llmb_cuda.CudaBackend())
+    cpu = resolve_settings(CpuBackend(), {})
+    assert cpu["compile"] == "none" and cpu["fp8_emulate"] is True
+    cuda = resolve_settings(llmb_cuda.CudaBackend(), {})
     assert cuda["compile"] == "default" and cuda["fp8_emulate"] is False
     assert "reduce-overhead" not in {c for s in CpuBackend().settings() if s.name == "compile" for c in s.choices}
 
@@ -41,7 +39,7 @@ def test_plugins_keep_their_own_defaults():
 def test_post_processing_is_the_toolkits(backend):
     torch.manual_seed(0)
     model = LlamaModel(build_config("tiny", num_hidden_layers=2))
-    values = {**resolved(backend), "compile": "none"}
+    values = {**resolve_settings(backend, {}), "compile": "none"}
     assert backend.process_model(model, None, torch.device("cpu"), "FP32", values) is model
     wrapped = backend.process_model(
         model, None, torch.device("cpu"), "FP32", {**values, "activation_checkpointing": "full"}
@@ -51,7 +49,7 @@ def test_post_processing_is_the_toolkits(backend):
 
 def test_the_fp8_fact_is_one_name_for_every_plugin():
     for backend in (CpuBackend(), llmb_cuda.CudaBackend()):
-        values = {**resolved(backend), "fp8": "rowwise"}
+        values = {**resolve_settings(backend, {}), "fp8": "rowwise"}
         facts = {f.name: f for f in backend.precision_facts(torch.device("cpu"), "BF16", values)}
         assert facts[features.FP8_FACT].value == "rowwise" and facts[features.FP8_FACT].implies == "FP8"
     assert features.facts({"fp8": "none"})[0].implies is None

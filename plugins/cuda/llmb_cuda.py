@@ -221,8 +221,8 @@ class CudaBackend(Backend):
         # the float8 tensors too.
         facts = [
             *features.facts(settings),
-            PrecisionFact("llmb_cuda.fp8_emulate", bool(settings.get("fp8_emulate"))),
-            PrecisionFact("llmb_cuda.compile", settings.get("compile", "none")),
+            PrecisionFact("llmb_cuda.fp8_emulate", bool(features.value(settings, "fp8_emulate"))),
+            PrecisionFact("llmb_cuda.compile", features.value(settings, "compile")),
             PrecisionFact("llmb_cuda.fused_adamw", bool(settings.get("fused_adamw"))),
             PrecisionFact("torch.backends.cuda.flash_sdp_enabled", torch.backends.cuda.flash_sdp_enabled()),
             PrecisionFact(
