@@ -92,7 +92,7 @@ def main(preset, steps, warmup_steps, batch_size, rounds, sizes):
             {
                 "arm": name,
                 "processes": record["world_size"],
-                "layout": {k: record["layout"][k] for k in ("tp", "pp", "dp", "strategy")},
+                "layout": {k: record["layout"][k] for k in ("tp", "pp", "dp")} | {"strategy": record["parallel"]},
                 "threads_per_rank": record["threads_per_rank"],
                 "global_batch": record["global_batch_size"],
                 "tokens_per_second": record["tokens_per_second"],

@@ -14,10 +14,14 @@ import itertools
 from llmb.records import (
     Audit,
     DeviceRef,
+    Evidence,
     Host,
+    JobLayout,
+    Judge,
     Loss,
     MatmulProbe,
     OptimizerInfo,
+    PeakInfo,
     PluginRef,
     Precision,
     Result,
@@ -88,22 +92,24 @@ def make_result(
     # The clean room's evidence as `llmb run` records it (its own challenge and loss curve per record); the replay
     # result is the record's claim, which only `verify --replay` re-checks (tests/test_evidence.py does it for real).
     losses = [initial - 0.01 - 0.005 * k / max(1, steps - 1) - number * 1e-9 for k in range(steps)]
-    evidence = {
-        "schema": "llmb.evidence/1",
-        "windows": [
-            {
-                "challenge": 10**12 + number,
-                "clean_window_seconds": window,
-                "worker_window_seconds": window * 0.99,
-                "losses": losses,
-                "digest_start": [],
-                "digest_end": [],
-                "digest_scope": "model",
-            }
-        ],
-        "headline_window": 0,
-        "replay": {"passed": True, "checks": []},
-    }
+    evidence = Evidence.from_dict(
+        {
+            "schema": "llmb.evidence/1",
+            "windows": [
+                {
+                    "challenge": 10**12 + number,
+                    "clean_window_seconds": window,
+                    "worker_window_seconds": window * 0.99,
+                    "losses": losses,
+                    "digest_start": [],
+                    "digest_end": [],
+                    "digest_scope": "model",
+                }
+            ],
+            "headline_window": 0,
+            "replay": {"passed": True, "checks": []},
+        }
+    )
     invalid = list(invalid_reasons or [])
     result = Result(
         run_id=run_id,
@@ -151,6 +157,7 @@ def make_result(
         world_size=world_size,
         nodes=nodes,
         parallel=parallel,
+        layout=JobLayout.data_parallel(world_size),
         global_batch_size=global_batch,
         per_rank=[window] * world_size,
         tokens_per_second=tokens_per_second,
@@ -158,7 +165,7 @@ def make_result(
         samples_per_second=global_batch * steps / window,
         model_flops_per_token=per_token,
         tflops=tflops,
-        peak_flops=None,
+        peak=PeakInfo(flops=None, source=None, origin=None),
         mfu=None,
         fom=flops.fom(config, global_batch, window / steps),
         peak_memory_bytes=peak_memory_bytes,
@@ -167,6 +174,6 @@ def make_result(
             load_average_start=[load_average] * 3, load_average_end=[load_average] * 3, cpu_affinity=[0], cpu_count=1
         ),
         evidence=evidence,
-        judge={"clean_room": True, "clock": "time.perf_counter of a process that imported no plugin"},
+        judge=Judge(clean_room=True, clock="time.perf_counter of a process that imported no plugin"),
     )
     return dataclasses.replace(result, **fields) if fields else result

@@ -287,6 +287,6 @@ def test_each_record_is_kept_before_its_replay_and_the_replayed_one_replaces_it(
     assert error is None and [kind for kind, _ in events] == ["pending", "replayed"]
     (_, pending), (_, replayed) = events
     assert pending.invalid_reasons == [clean_verdict.REPLAY_PENDING]
-    assert replayed.invalid_reasons == [] and replayed.evidence["replay"]["passed"] is True
+    assert replayed.invalid_reasons == [] and replayed.evidence.replay.passed is True
     assert result_filename(pending) == result_filename(replayed) and records == [replayed]
     assert pending.tokens_per_second == replayed.tokens_per_second

@@ -71,7 +71,7 @@ def test_an_fp8_run_is_labelled_fp8_has_no_mfu_and_an_fp8_gemm_efficiency(regist
     assert record["precision"]["effective"] == "FP8"
     assert record["precision"]["audit"]["operator_dtypes"]["float8_e4m3fn"] > 0
     assert not record["valid"] and "effective precision FP8 is not a benchmark precision" in record["invalid_reasons"]
-    assert record["peak_flops"] is None and record["mfu"] is None
+    assert record["peak"]["flops"] is None and record["mfu"] is None
     # No datasheet MFU (a BF16 peak would mislead), but the float8 GEMM rate measured in the run (torch._scaled_mm),
     # where this torch has a float8 GEMM for the CPU (2.13 has; 2.9, the thunder env's, has not: then none).
     if roofline.float8_gemm_unavailable(torch.device("cpu")) is None:

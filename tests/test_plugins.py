@@ -245,7 +245,7 @@ def test_auto_selected_backend_runs_and_its_settings_peak_and_options_are_record
     }
     assert record["device"]["type"] == "cpu" and record["device"]["count"] == 1
     assert record["optimizer"]["defaults"]["foreach"] is False
-    assert (record["peak_flops"], record["peak"]["source"]) == (5e11, "tests/test_plugins.py (invented)")
+    assert (record["peak"]["flops"], record["peak"]["source"]) == (5e11, "tests/test_plugins.py (invented)")
     assert record["peak"]["origin"] == "declared by plugin"
     assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 5e11)
     assert record["mfu"] > 0
@@ -255,7 +255,7 @@ def test_a_backend_without_a_peak_gets_no_mfu(register_backend, tmp_path):
     register_backend(HostBackend())
     record = run_record(tmp_path, "--plugin", "host")
     assert record["plugin"]["settings"] == {"mode": "off", "threads": 0, "fast": False}
-    assert record["peak_flops"] is None and record["peak"]["source"] is None and record["mfu"] is None
+    assert record["peak"]["flops"] is None and record["peak"]["source"] is None and record["mfu"] is None
     assert record["tflops"] > 0
 
 

@@ -248,12 +248,12 @@ def test_mfu_uses_the_plugins_peak_for_the_effective_precision(register_backend,
     result, records = run(tmp_path, "--plugin", "peak", "--precision", "FP32")
     assert result.exit_code == 0, result.output
     [record] = records
-    assert record["peak_flops"] == 1e12
+    assert record["peak"]["flops"] == 1e12
     assert record["peak"]["origin"] == "declared by plugin"
     assert record["peak"]["source"] == "https://example.com/datasheet"
     assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 1e12)
     result, records = run(tmp_path / "bf16", "--plugin", "peak", "--precision", "BF16")
-    assert records[0]["mfu"] is None and records[0]["peak_flops"] is None
+    assert records[0]["mfu"] is None and records[0]["peak"]["flops"] is None
 
 
 def test_cpu_plugin_declares_no_peak_so_mfu_is_null(tmp_path):

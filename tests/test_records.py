@@ -50,7 +50,7 @@ def test_a_result_round_trips_and_old_records_without_new_fields_still_read():
         (lambda d: d["config"].pop("hidden_size"), "config.hidden_size: missing"),  # never defaults to official
         (lambda d: d.update(surprise=1), "surprise: unknown field"),
         (lambda d: d["plugin"].update(settings=[]), "plugin.settings: expected an object, got a list"),
-        (lambda d: d.update(schema="llmb.result/0"), "schema: is 'llmb.result/0', expected llmb.result/1"),
+        (lambda d: d.update(schema="llmb.result/0"), "schema: is 'llmb.result/0', expected llmb.result/2"),
         (lambda d: d["precision"].pop("audit"), "precision.audit: missing"),
     ],
 )
@@ -186,3 +186,63 @@ def test_python_m_llmb_records_prints_the_field_lists_and_importing_it_prints_no
         [sys.executable, "-c", "import llmb.records.__main__"], capture_output=True, text=True, timeout=120
     )
     assert imported.returncode == 0 and imported.stdout == "", imported.stdout[:200]
+
+
+def test_a_result_of_schema_1_reads_as_schema_2_with_each_fact_once():
+    """llmb.result/1 repeated the layout's degrees at its top level and the peak as peak_flops: it still reads, as a
+    /2 record that holds each once (llmb.records.schemas.upgrade_v1)."""
+    current = make_result(world_size=2, parallel="ddp").to_dict()
+    old = {key: value for key, value in current.items() if key not in ("layout", "peak")}
+    old |= {"schema": "llmb.result/1", "tp": 1, "pp": 1, "dp": 2, "microbatches": 1, "grad_accum": 1}
+    old |= {"peak_flops": 5e11, "peak": {"flops": 5e11, "source": "https://x.example", "origin": "llmb table"}}
+    old["layout"] = {**current["layout"], "world_size": 2, "nodes": 1, "strategy": "ddp"}
+    read = Result.from_dict(old)
+    assert read.schema == "llmb.result/2" and read.layout == Result.from_dict(current).layout
+    assert read.peak.flops == 5e11 and read.peak.source == "https://x.example"
+    written = read.to_dict()
+    assert not {"tp", "pp", "dp", "microbatches", "grad_accum", "peak_flops"} & set(written)
+    assert not {"world_size", "nodes", "strategy"} & set(written["layout"])
+    # A /1 record from before jobs recorded a layout: its flat degrees make one; its peak_flops, a peak with no source.
+    older = {k: v for k, v in old.items() if k not in ("layout", "peak")} | {"grad_accum": 4}
+    read = Result.from_dict(older)
+    assert (read.layout.dp, read.layout.grad_accum, read.layout.tp) == (2, 4, 1)
+    assert (read.peak.flops, read.peak.source) == (5e11, None)
+    # The /2 schema refuses what /1 allowed: a repeated field is unknown there.
+    with pytest.raises(RecordError, match="^tp: unknown field$"):
+        Result.from_dict(current | {"tp": 1})
+
+
+def test_a_result_needs_its_layout_and_its_evidence_is_typed():
+    data = make_result().to_dict()
+    with pytest.raises(RecordError, match="^layout: missing$"):
+        Result.from_dict({k: v for k, v in data.items() if k != "layout"})
+    bad = json.loads(json.dumps(data))
+    bad["evidence"]["windows"][0]["losses"] = "many"
+    with pytest.raises(RecordError, match=r"^evidence\.windows\[0\]\.losses: expected a list, got a string$"):
+        Result.from_dict(bad)
+    bad = json.loads(json.dumps(data))
+    bad["judge"]["clean_room"] = "yes"
+    with pytest.raises(RecordError, match=r"^judge\.clean_room: expected true or false, got a string$"):
+        Result.from_dict(bad)
+
+
+def test_a_bundle_of_schema_1_results_still_verifies(tmp_path):
+    """A bundle packaged by llmb 0.1 holds llmb.result/1 records: verify reads them as /2 and passes them."""
+    import shutil
+
+    reference = Path(__file__).resolve().parents[1] / "submissions" / "llmb" / "cpu-reference"
+    if not reference.is_dir():
+        pytest.skip("no reference bundle in this checkout")
+    bundle = tmp_path / "bundle"
+    shutil.copytree(reference, bundle)
+    paths = sorted((bundle / "results").glob("*/*.json"))
+    for path in paths:
+        data = json.loads(path.read_text())
+        layout = data["layout"]
+        data |= {"schema": "llmb.result/1", "peak_flops": data["peak"]["flops"]}
+        data |= {key: layout[key] for key in ("tp", "pp", "dp", "microbatches", "grad_accum")}
+        layout |= {"world_size": data["world_size"], "nodes": data["nodes"], "strategy": data["parallel"]}
+        path.write_text(json.dumps(data, indent=2))
+    submission.write_manifest(bundle)
+    assert paths and all(json.loads(p.read_text())["schema"] == "llmb.result/1" for p in paths)
+    assert [row.check for row in verify.verify(bundle, accept_debug=True) if not row.passed] == []

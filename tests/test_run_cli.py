@@ -64,6 +64,8 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     # Written only when they say something: a plugin that declares a peak, switches that disagree with the probe, a
     # device memory the backend knows (the host CPU's is None).
     not_always_written |= {"peak.declared_flops", "precision.audit.switches_vs_probe", "device.memory_bytes"}
+    # Written only when the replay's device failed it and the CPU replayed instead.
+    not_always_written.add("evidence.replay.device_fallback")
     # The energy section holds the counter's figures or the reason there are none, as the host has a counter or not.
     written = {k for k in written_paths(record) if not k.startswith("energy.")}
     assert written == {k for k in declared if not k.startswith("energy.")} - not_always_written

@@ -464,8 +464,7 @@ def test_the_scaling_table_keeps_layouts_apart_and_flags_a_baseline_on_other_thr
         plan = Layout(world_size=world, tp=tp, strategy=parallel)
         return replace(
             result,
-            layout=JobLayout(**plan.to_dict()),
-            tp=tp,
+            layout=JobLayout.of(plan.to_dict()),
             threads_per_rank=[threads] * world,
             global_batch_size=plan.dp,
         )

@@ -170,7 +170,7 @@ def test_reports_say_declared_by_plugin_with_the_source():
     from llmb import records, report
 
     declared = records.PeakInfo(flops=1e12, source="https://acme.example/sheet", origin=peaks.ORIGIN_DECLARED)
-    record = replace(make_result(), peak=declared, peak_flops=1e12)
+    record = replace(make_result(), peak=declared)
     point = report.point_from_record(record, None, "x.json")
     assert point.peak == "peak 1 TFLOP/s, declared by plugin: https://acme.example/sheet"
     assert peaks.declared(record) and peaks.declared(record.to_dict())

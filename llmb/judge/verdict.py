@@ -113,32 +113,27 @@ def judge_figures(options, requested: str | None, world_size: int, nodes: int, j
 
 
 # The record's fields that the judge's own figures replace once compared (figure_problems): the headline, its FLOPs
-# and the replay are made of these. The layout's are replaced inside the record's layout too.
-JUDGED_LAYOUT = ("world_size", "tp", "pp", "dp", "grad_accum", "microbatches", "nodes")
+# and the replay are made of these; the layout's degrees are replaced inside the record's layout.
+JUDGED_LAYOUT = ("tp", "pp", "dp", "grad_accum", "microbatches")
 JUDGED_FIELDS = (
     *("steps", "repeats", "batch_size", "seed", "global_batch_size", "parallel", "model_flops_per_token"),
-    *JUDGED_LAYOUT,
+    *("world_size", "nodes"),
 )
 
 
 def figure_problems(record: dict, asked: dict) -> list[str]:
     """Every field of the worker's record that disagrees with what the judge asked for, named."""
-    layout = record.get("layout") or {}
+    layout = record.get("layout") if isinstance(record.get("layout"), dict) else {}
     said = {
         **{key: record.get(key) for key in ("steps", "repeats", "warmup_steps", "batch_size", "seed", "preset")},
         "config": record.get("config"),
         "official": record.get("official"),
-        "global_batch_size": record.get("global_batch_size"),
-        **{key: record.get(key) for key in JUDGED_LAYOUT},
-        "parallel": record.get("parallel"),
+        **{key: record.get(key) for key in JUDGED_FIELDS},
         "precision": (record.get("precision") or {}).get("requested"),
         "mode": (record.get("precision") or {}).get("mode"),
-        "model_flops_per_token": record.get("model_flops_per_token"),
+        **{f"layout.{key}": layout.get(key) for key in JUDGED_LAYOUT},
     }
-    for key in JUDGED_LAYOUT:
-        if key in layout:
-            said[f"layout.{key}"] = layout[key]
-            asked = {**asked, f"layout.{key}": asked[key]}
+    asked = {**asked, **{f"layout.{key}": asked[key] for key in JUDGED_LAYOUT}}
     problems = []
     for key, value in said.items():
         expected = asked[key]
@@ -187,7 +182,7 @@ def finish(
         # From here on the record carries the judge's figures: what the headline and the replay are made of.
         record.update({key: asked[key] for key in JUDGED_FIELDS})
         if isinstance(record.get("layout"), dict):
-            record["layout"] = {**record["layout"], **{k: asked[k] for k in JUDGED_LAYOUT if k in record["layout"]}}
+            record["layout"] = {**record["layout"], **{k: asked[k] for k in JUDGED_LAYOUT}}
         record["config"] = asked["config"]
         record["sequence_length"] = asked["config"]["sequence_length"]
         if not asked["official"]:
@@ -346,7 +341,7 @@ def headline_figures(record: dict, window_seconds: float) -> dict:
         "tokens_per_second_per_device": tokens_per_second / world_size,
         "samples_per_second": global_batch * steps / window_seconds,
         "tflops": tflops,
-        "mfu": flops.mfu(tflops, record.get("peak_flops")),
+        "mfu": flops.mfu(tflops, (record.get("peak") or {}).get("flops")),
         "fom": flops.fom(config, global_batch, window_seconds / steps),
         "matmul_peak_efficiency": tflops * 1e12 / matmul_peak if matmul_peak > 0 else None,
     }

@@ -10,7 +10,8 @@ The package holds the rules every reader shares too: the headline run of a group
 happened), what makes two runs comparable (never pooled otherwise), and the loss band. It imports nothing that can
 run a plugin.
 
-Its modules: codec (schema ids, the envelope, strict reading), parts (a record's sections), schemas (the records),
+Its modules: codec (schema ids, the envelope, strict reading), parts (a record's sections), judged (a result's
+evidence and judge), schemas (the records, and the reader of older results),
 headline (the one headline rule), and the files' side: files, result_files, outputs, energy. Every name other code
 reads is named here.
 """
@@ -20,12 +21,14 @@ from llmb.records.codec import (
     CODE_SCHEMA,
     COMMBENCH_SCHEMA,
     CONFORMANCE_SCHEMA,
+    EVIDENCE_SCHEMA,
     LOSS_BAND,
     PLUGIN_SOURCE_SCHEMA,
     RECORD_LIMIT,
     RELEASE_MANIFEST_SCHEMA,
     REPORT_SCHEMA,
     RESULT_SCHEMA,
+    RESULT_SCHEMAS,
     ROOFLINE_SCHEMA,
     SPREAD_WARNING,
     SUBMISSION_SCHEMA,
@@ -52,9 +55,11 @@ from llmb.records.headline import (
     median_index,
     spread_warning,
 )
+from llmb.records.judged import Evidence, EvidenceWindow, InstalledPlugin, Judge, Replay, ReplayDraw
 from llmb.records.parts import (
     Audit,
     BackendFact,
+    Check,
     DeviceRef,
     DispatchAudit,
     Energy,
@@ -75,7 +80,6 @@ from llmb.records.schemas import (
     SWEEP_LOG_NAME,
     SWEEP_STATUSES,
     SWEEP_SUMMARY_NAME,
-    Check,
     Commbench,
     CommRow,
     Conformance,
@@ -87,6 +91,8 @@ from llmb.records.schemas import (
 
 __all__ = [
     "RESULT_SCHEMA",
+    "RESULT_SCHEMAS",
+    "EVIDENCE_SCHEMA",
     "CONFORMANCE_SCHEMA",
     "COMMBENCH_SCHEMA",
     "SWEEP_LOG_SCHEMA",
@@ -126,6 +132,12 @@ __all__ = [
     "Host",
     "JobLayout",
     "Energy",
+    "EvidenceWindow",
+    "ReplayDraw",
+    "Replay",
+    "Evidence",
+    "InstalledPlugin",
+    "Judge",
     "Result",
     "over_peak_warning",
     "Check",

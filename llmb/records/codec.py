@@ -14,7 +14,10 @@ from typing import Any, ClassVar, TypeVar
 from llmb.spec.version import __version__
 
 # Every schema id llmb writes, in one place.
-RESULT_SCHEMA = "llmb.result/1"
+RESULT_SCHEMA = "llmb.result/2"
+# Every result schema llmb reads: a /1 record (llmb 0.1, model releases 1-4) reads as a /2 one (records.upgrade).
+RESULT_SCHEMAS = ("llmb.result/1", RESULT_SCHEMA)
+EVIDENCE_SCHEMA = "llmb.evidence/1"  # a result's evidence section (llmb.records.judged)
 CONFORMANCE_SCHEMA = "llmb.conformance/1"
 COMMBENCH_SCHEMA = "llmb.commbench/1"
 SWEEP_LOG_SCHEMA = "llmb.sweep/1"

@@ -3,8 +3,9 @@ layout and energy sections a result holds."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from llmb.records.codec import Typed
 
@@ -184,20 +185,41 @@ class Host(Typed):
 
 @dataclass(kw_only=True)
 class JobLayout(Typed):
-    """How a job's ranks divide the work (llmb.distributed.mesh.Layout as written)."""
+    """How a job's ranks divide the work (llmb.distributed.mesh.Layout as written, less the world size, node count and
+    strategy, which a result holds once, at its top level)."""
 
-    world_size: int
+    # Layout's fields that a result keeps at its top level (strategy as ``parallel``), not in its layout.
+    TOP_LEVEL: ClassVar[tuple[str, ...]] = ("world_size", "nodes", "strategy")
+
     tp: int
     pp: int
-    strategy: str
-    nodes: int
+    dp: int
+    dp_replicate: int
+    dp_shard: int
     microbatches: int
     schedule: str
     grad_accum: int
     sequence_parallel: bool
-    dp: int
-    dp_replicate: int
-    dp_shard: int
+
+    @classmethod
+    def of(cls, layout: dict[str, Any]) -> JobLayout:
+        """The section from a whole layout (``mesh.Layout.to_dict()``), its top-level fields left out."""
+        return cls.from_dict({k: v for k, v in layout.items() if k not in cls.TOP_LEVEL})
+
+    @classmethod
+    def data_parallel(cls, world_size: int = 1) -> JobLayout:
+        """Every rank a data-parallel replica: one process, or a DDP job."""
+        return cls(
+            tp=1,
+            pp=1,
+            dp=world_size,
+            dp_replicate=world_size,
+            dp_shard=1,
+            microbatches=1,
+            schedule="gpipe",
+            grad_accum=1,
+            sequence_parallel=False,
+        )
 
     def label(self) -> str:
         """What sets one layout apart from another with the same world size and strategy."""
@@ -224,3 +246,21 @@ class Energy(Typed):
     seconds: float | None = None
     watts: float | None = None
     tokens_per_joule: float | None = None
+
+
+@dataclass
+class Check(Typed):
+    """One conformance check."""
+
+    name: str
+    passed: bool
+    detail: str
+    measured: float | str | None = None  # an int is a number; JSON has no inf or nan, so they are written as text
+    tolerance: float | str | None = None
+
+    def to_dict(self) -> dict:
+        data = super().to_dict()
+        for key in ("measured", "tolerance"):  # always written, null included, as the table shows them
+            value = getattr(self, key)
+            data[key] = str(value) if isinstance(value, float) and not math.isfinite(value) else value
+        return data

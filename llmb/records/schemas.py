@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -12,6 +11,7 @@ from llmb.records.codec import (
     CONFORMANCE_SCHEMA,
     RECORD_LIMIT,
     RESULT_SCHEMA,
+    RESULT_SCHEMAS,
     SPREAD_WARNING,
     SWEEP_LOG_SCHEMA,
     Record,
@@ -20,7 +20,9 @@ from llmb.records.codec import (
     _join,
 )
 from llmb.records.headline import RunGroup
+from llmb.records.judged import Evidence, Judge
 from llmb.records.parts import (
+    Check,
     DeviceRef,
     Energy,
     Host,
@@ -69,14 +71,9 @@ class Result(Record):
     world_size: int = 1
     nodes: int = 1
     parallel: str = "none"
+    layout: JobLayout  # how the ranks divide the work: tensor, pipeline and data parallel degrees, accumulation
     global_batch_size: int | None = None
     per_rank: list[float] | None = None
-    layout: JobLayout | None = None
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    microbatches: int | None = None
-    grad_accum: int | None = None
     threads_per_rank: list[int] | None = None
     per_rank_busy_seconds: list[float | None] | None = None
     per_rank_step_seconds: list[list[float]] | None = None
@@ -87,17 +84,16 @@ class Result(Record):
     samples_per_second: float
     model_flops_per_token: int
     tflops: float
-    peak_flops: float | None
-    peak: PeakInfo | None = None
+    peak: PeakInfo  # the peak behind the MFU (its flops None where llmb knows none for the device)
     mfu: float | None
     fom: float
     peak_memory_bytes: int | None
     loss: Loss
     host: Host | None = None
-    # The run's evidence (llmb.audit.evidence: each window's challenge, losses, digests and the replay) and its judge
-    # (llmb.judge.cleanroom); checked by llmb/verify/evidence_checks.py, so kept as plain JSON here.
-    evidence: dict[str, Any] | None = None
-    judge: dict[str, Any] | None = None
+    # The run's evidence (llmb.audit.evidence: each window's challenge, losses, digests and the replay) and who judged
+    # it (llmb.judge.cleanroom); checked against the figures by llmb/verify/evidence_checks.py.
+    evidence: Evidence | None = None
+    judge: Judge | None = None
     # The matmul rate this device really reached at this run's GEMMs (llmb.run.roofline) and the run's model FLOP/s
     # against it: an efficiency for every device, the CPU included; None for FP8 (no dense matmul of one precision).
     measured_matmul_peak: float | None = None
@@ -105,6 +101,13 @@ class Result(Record):
     matmul_peak_efficiency: float | None = None
     # None in records written before llmb recorded energy.
     energy: Energy | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Result:
+        """A result of any schema llmb reads (RESULT_SCHEMAS), as the current one."""
+        if isinstance(data, dict) and data.get("schema") == RESULT_SCHEMAS[0]:
+            data = upgrade_v1(data)
+        return super().from_dict(data)
 
     def check(self, path: str) -> None:
         super().check(path)
@@ -166,9 +169,29 @@ class Result(Record):
     def strategy(self) -> str:
         """The parallel strategy with the layout's own parts where it has any (tensor, pipeline, accumulation)."""
         layout = self.layout
-        if layout is None or (layout.tp, layout.pp, layout.grad_accum, layout.sequence_parallel) == (1, 1, 1, False):
+        if (layout.tp, layout.pp, layout.grad_accum, layout.sequence_parallel) == (1, 1, 1, False):
             return self.parallel
         return f"{self.parallel} {layout.label()}"
+
+
+def upgrade_v1(data: dict) -> dict:
+    """A llmb.result/1 record as a /2 one. /1 repeated the layout's degrees (tp, pp, dp, microbatches, grad_accum) at
+    its top level and the peak's figure as ``peak_flops``, and held the world size, node count and strategy in its
+    layout too: /2 holds each once. A /1 record with no layout (before jobs recorded one) ran every rank as a data
+    replica; one with no ``peak`` section gets its ``peak_flops`` as the peak, with no source."""
+    data = dict(data, schema=RESULT_SCHEMA)
+    flat = {key: data.pop(key, None) for key in ("tp", "pp", "dp", "microbatches", "grad_accum")}
+    peak_flops = data.pop("peak_flops", None)
+    layout = data.get("layout")
+    if isinstance(layout, dict):
+        data["layout"] = {k: v for k, v in layout.items() if k not in JobLayout.TOP_LEVEL}
+    else:
+        world = data.get("world_size", 1)
+        single = JobLayout.data_parallel(world if isinstance(world, int) else 1).to_dict()
+        data["layout"] = single | {k: v for k, v in flat.items() if v is not None}
+    if data.get("peak") is None:
+        data["peak"] = {"flops": peak_flops, "source": None, "origin": None}
+    return data
 
 
 def over_peak_warning(efficiency: float | None, load: str) -> str | None:
@@ -184,24 +207,6 @@ def over_peak_warning(efficiency: float | None, load: str) -> str | None:
 
 def _millions(parameters: int) -> str:
     return f"{parameters / 1e9:.2f}B params" if parameters >= 1e9 else f"{parameters / 1e6:.1f}M params"
-
-
-@dataclass
-class Check(Typed):
-    """One conformance check."""
-
-    name: str
-    passed: bool
-    detail: str
-    measured: float | str | None = None  # an int is a number; JSON has no inf or nan, so they are written as text
-    tolerance: float | str | None = None
-
-    def to_dict(self) -> dict:
-        data = super().to_dict()
-        for key in ("measured", "tolerance"):  # always written, null included, as the table shows them
-            value = getattr(self, key)
-            data[key] = str(value) if isinstance(value, float) and not math.isfinite(value) else value
-        return data
 
 
 @dataclass(kw_only=True)

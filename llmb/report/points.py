@@ -1,7 +1,6 @@
 """The points a report is made of: runs loaded from result files, sweep folders and bundles, grouped by
 what they ran, with each group's headline by the rule the sweep and summary.md share (records.best_batch_runs)."""
 
-
 from __future__ import annotations
 
 import json
@@ -12,7 +11,7 @@ from llmb.api.errors import LlmbError, UsageError
 from llmb.bundle.reader import read_regular
 from llmb.records import (
     RECORD_LIMIT,
-    RESULT_SCHEMA,
+    RESULT_SCHEMAS,
     SPREAD_WARNING,
     SWEEP_LOG_NAME,
     SWEEP_SUMMARY_NAME,
@@ -132,7 +131,7 @@ def load(paths: list[Path]) -> Inputs:
                     continue
                 data = record_files.read_object(file, RECORD_LIMIT)  # FIFO, giant, deep, torn: named, skipped
                 schema = data.get("schema")
-                record = record_files.parse(Result, data) if schema == RESULT_SCHEMA else None
+                record = record_files.parse(Result, data) if schema in RESULT_SCHEMAS else None
             except ValueError as exc:  # Unreadable says why; RecordError: a log that is no sweep log
                 inputs.skipped.append(record_files.skipped_line(file, exc))
                 continue

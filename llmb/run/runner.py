@@ -369,22 +369,25 @@ def _run(
         warmup_seconds=warmup_seconds,
         matmul=matmul,
     )
-    record.evidence = {
-        "schema": evidence.SCHEMA,
-        "windows": [
-            evidence.Window(
-                m.challenge,
-                m.window_seconds,
-                m.losses,
-                m.digest_start,
-                m.digest_end,
-                m.rank_window_seconds,
-                m.moments_end,
-            ).to_dict()
-            for m in measurements
-        ],
-        "headline_window": records.median_index([1 / m.window_seconds for m in measurements]),
-    }
+    record.evidence = records.Evidence.from_dict(
+        {
+            "schema": evidence.SCHEMA,
+            "windows": [
+                evidence.Window(
+                    m.challenge,
+                    m.window_seconds,
+                    m.losses,
+                    m.digest_start,
+                    m.digest_end,
+                    m.rank_window_seconds,
+                    m.moments_end,
+                ).to_dict()
+                for m in measurements
+            ],
+            "headline_window": records.median_index([1 / m.window_seconds for m in measurements]),
+            "replay": None,  # the clean room's judge replays the window; this process does not
+        }
+    )
     tokens = record.global_batch_size * options.config.sequence_length * options.steps / record.world_size
     section, problems = energy.summarise(
         trainer.energy.describe(),
@@ -396,7 +399,7 @@ def _run(
     if not getattr(trainer.judge, "clean", False):
         # Judged by the plugin's own process: the figures stand on that process's word alone.
         record.invalid_reasons += problems  # under the clean room the judge checks them on its own clock
-        record.judge = {"clean_room": False}
+        record.judge = records.Judge(clean_room=False)
         record.valid = False
     return record
 

@@ -54,7 +54,7 @@ from llmb.bundle.plugin_source import copy_plugin_source
 from llmb.records import (
     CODE_SCHEMA,
     CONFORMANCE_SCHEMA,
-    RESULT_SCHEMA,
+    RESULT_SCHEMAS,
     SUBMISSION_SCHEMA,
     SWEEP_LOG_NAME,
     Conformance,
@@ -120,7 +120,7 @@ def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance], lis
     if not results_dir.is_dir():
         raise UsageError(f"--results {results_dir} is not a directory")
     results, conformance, skipped = [], [], []
-    kinds = {RESULT_SCHEMA: Result, CONFORMANCE_SCHEMA: Conformance}
+    kinds = {**dict.fromkeys(RESULT_SCHEMAS, Result), CONFORMANCE_SCHEMA: Conformance}
     for path in sorted(results_dir.rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
             continue

@@ -40,8 +40,7 @@ def throughput_problems(b: Bundle, path: str, r: Result) -> list[str]:
     if world < 1:
         return [f"world_size {world!r} is not a positive integer"]
     # Tensor and pipeline groups share one batch: the data-parallel ranks' batches (x accumulation) are the global one.
-    dp = r.dp if r.dp is not None else world
-    accumulation = r.grad_accum if r.grad_accum is not None else 1
+    dp, accumulation = r.layout.dp, r.layout.grad_accum
     if not (1 <= dp <= world and accumulation >= 1):
         return [f"layout dp {dp!r} / grad_accum {accumulation!r} is not a layout of {world} processes"]
     global_batch = r.batch_size * accumulation * dp
@@ -56,7 +55,7 @@ def throughput_problems(b: Bundle, path: str, r: Result) -> list[str]:
         "tokens_per_second": tokens_per_second,
         "samples_per_second": global_batch * r.steps / window,
         "tflops": tflops,
-        "mfu": flops.mfu(tflops, r.peak_flops),
+        "mfu": flops.mfu(tflops, r.peak.flops),
         "fom": flops.fom(config, global_batch, window / r.steps),
     }
     if r.global_batch_size is not None:  # recorded by releases that know multi-process jobs
@@ -159,7 +158,7 @@ def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
     """The peak behind the MFU is llmb's table figure for the device and label, or one declared by the plugin for a
     device the table lacks (with a source); and no MFU is above 100%."""
     problems = peaks.mfu_problems(r.mfu)
-    recorded, label = r.peak_flops, r.precision.effective
+    recorded, label = r.peak.flops, r.precision.effective
     found = peaks.matches(r.device.name)
     entry = found[0] if len(found) == 1 else None
     if len(found) > 1:
@@ -172,7 +171,7 @@ def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
         if recorded != known:
             problems.append(f"peak {recorded!r} for {entry.label} {label}, llmb's table says {known!r}")
     elif recorded is not None:
-        if r.peak is None or r.peak.origin != peaks.ORIGIN_DECLARED or not (r.peak.source or "").strip():
+        if r.peak.origin != peaks.ORIGIN_DECLARED or not (r.peak.source or "").strip():
             problems.append(f"peak {recorded!r} for a device llmb's table lacks, not marked declared by plugin")
     return problems
 

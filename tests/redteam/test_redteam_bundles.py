@@ -70,7 +70,6 @@ def test_an_edited_loop_written_as_the_release_manifest_is_not_the_release(bundl
 
 
 def _declare_peak(record: dict, peak: float, origin: str) -> None:
-    record["peak_flops"] = peak
     record["peak"] = {"flops": peak, "source": "https://acme.example", "origin": origin, "declared_flops": peak}
     record["mfu"] = record["tflops"] * 1e12 / peak  # consistent: the throughput check recomputes it
 

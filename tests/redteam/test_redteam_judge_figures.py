@@ -57,8 +57,7 @@ def _forge_record(record):
     record["world_size"] = 2
     record["global_batch_size"] *= 2
     record["parallel"] = "ddp"
-    record["layout"] = {**record["layout"], "world_size": 2, "dp": 2, "dp_replicate": 2, "strategy": "ddp"}
-    record["dp"] = 2
+    record["layout"] = {**record["layout"], "dp": 2, "dp_replicate": 2}
     return record
 """
 

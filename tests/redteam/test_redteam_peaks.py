@@ -20,7 +20,7 @@ def _peak(device, precision):
 def test_an_ambiguous_device_name_is_never_resolved_by_the_plugins_declaration(tmp_path):
     proc, record = run(install(tmp_path / "site", "ambiguous", AMBIGUOUS_NAME), tmp_path, "--plugin", "ambiguous")
     assert record is not None, proc.stderr[-2000:]
-    assert record["mfu"] is None and record["peak_flops"] is None, (record["mfu"], record["peak"])
+    assert record["mfu"] is None and record["peak"]["flops"] is None, (record["mfu"], record["peak"])
     assert reasons(record, "peak: the device name 'AMD Instinct MI250X / MI300X (CPU emulation)' matches 2 rows")
 
 

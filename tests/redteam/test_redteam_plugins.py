@@ -364,7 +364,7 @@ def test_a_peak_below_llmbs_table_entry_is_invalid_and_the_table_wins(tmp_path):
     proc, record = run_attack(PEAK_KNOWN_DEVICE, tmp_path)
     assert record is not None, proc.stderr[-2000:]
     # The label is FP32 on the CPU; llmb's table has H100 SXM FP32 66.9 TFLOP/s, and that is the peak used.
-    assert record["peak"]["origin"] == "llmb table" and record["peak_flops"] == 66.9e12
+    assert record["peak"]["origin"] == "llmb table" and record["peak"]["flops"] == 66.9e12
     assert "below llmb's table entry" in reasons(record)
 
 

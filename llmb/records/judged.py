@@ -1,0 +1,90 @@
+"""The judge's sections of a result: the evidence of every measured window with the replay of one
+(llmb.audit.evidence, llmb.judge.replay), and who judged it (llmb.judge.cleanroom). llmb/verify/evidence_checks.py
+checks them against the result's own figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from llmb.records.codec import EVIDENCE_SCHEMA, RecordError, Typed, _join
+from llmb.records.parts import Check
+
+
+@dataclass(kw_only=True)
+class EvidenceWindow(Typed):
+    """One measured window: the judge's challenge (the window's data seed), its time on the judge's clock and on the
+    worker's, each step's loss, and the parameter digests (and AdamW's first moments) at its start and end."""
+
+    challenge: int
+    clean_window_seconds: float | None
+    worker_window_seconds: float | None
+    losses: list[float]
+    digest_start: list[list[float]]
+    digest_end: list[list[float]]
+    digest_scope: str | None = None  # "model", or a rank's shard; absent where the plugin's own process judged
+    moments_end: list[list[float]] | None = None  # absent in records written before the moments were recorded
+
+
+@dataclass(kw_only=True)
+class ReplayDraw(Typed):
+    """How deep the judge drew the replay, after every step was answered: the floor, and whether the whole window."""
+
+    floor_steps: int
+    whole_window_probability: float
+    whole: bool
+
+
+@dataclass(kw_only=True)
+class Replay(Typed):
+    """The window replayed in FP32 from the seed and the challenge, and its checks against the recorded losses and
+    digests. A replay with nothing to replay has only its verdict and the check that says why."""
+
+    passed: bool
+    checks: list[Check]
+    window: int | None = None
+    steps: int | None = None
+    whole_window: bool | None = None
+    moments_compared: bool | None = None
+    seconds: float | None = None
+    peak_rss_bytes: int | None = None
+    device: str | None = None  # where it ran (llmb.judge.replay.replay_device)
+    device_fallback: str | None = None  # why the device it was tried on left it to the CPU
+    drawn: ReplayDraw | None = None  # absent in records written before the depth was drawn
+
+
+@dataclass(kw_only=True)
+class Evidence(Typed):
+    """Every measured window's evidence, which of them is the headline's, and the replay (None: not run)."""
+
+    SCHEMA: ClassVar[str] = EVIDENCE_SCHEMA
+
+    schema: str
+    windows: list[EvidenceWindow]
+    headline_window: int
+    replay: Replay | None  # None: not run (--replay-steps 0), or not yet (a record saved while the judge replays)
+    digest: str | None = None  # how a digest is made, in words
+
+    def check(self, path: str) -> None:
+        if self.schema != self.SCHEMA:
+            raise RecordError(f"{_join(path, 'schema')}: is {self.schema!r}, expected {self.SCHEMA}")
+
+
+@dataclass(kw_only=True)
+class InstalledPlugin(Typed):
+    """An llmb plugin installed beside the run, read from its distribution's metadata (nothing imported)."""
+
+    name: str
+    distribution: str
+    version: str
+
+
+@dataclass(kw_only=True)
+class Judge(Typed):
+    """Who judged the run: a clean room (a process that imported no plugin, with its clock and the plugins installed
+    beside it), or the plugin's own process (``clean_room`` false, and the result is not valid)."""
+
+    clean_room: bool
+    clock: str | None = None
+    pid: int | None = None
+    installed_plugins: list[InstalledPlugin] | None = None
