@@ -7,7 +7,7 @@ must not wait for torch); `llmb.CpuBackend` is loaded, with torch, on first use.
 from llmb.api.backend import Backend, EnergyCounter, Peak, PrecisionFact
 from llmb.api.errors import LlmbError, UsageError
 from llmb.api.hookspecs import hookimpl
-from llmb.api.settings import Setting
+from llmb.api.settings import PluginSettings, Setting, option
 
 __all__ = [
     "Backend",
@@ -15,10 +15,12 @@ __all__ = [
     "EnergyCounter",
     "LlmbError",
     "Peak",
+    "PluginSettings",
     "PrecisionFact",
     "Setting",
     "UsageError",
     "hookimpl",
+    "option",
     "__version__",
 ]
 

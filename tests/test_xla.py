@@ -16,6 +16,9 @@ import sys
 import llmb_xla
 import pytest
 
+from llmb.registry import plugins
+from llmb.registry.plugins import resolve_settings
+
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
 requires_torch_xla = pytest.mark.skipif(
     not HAS_TORCH_XLA, reason="torch_xla is not installed here (its own env: tox -e xla)"
@@ -58,9 +61,9 @@ def test_the_plugin_declares_peaks_only_for_tpus_llmbs_table_lacks(monkeypatch, 
 
 
 def test_auto_matmul_precision_asks_for_full_fp32_only_for_fp32():
-    assert llmb_xla._matmul_precision("FP32", {"matmul_precision": "auto"}) == "highest"
-    assert llmb_xla._matmul_precision("BF16", {"matmul_precision": "auto"}) == "default"
-    assert llmb_xla._matmul_precision("FP32", {"matmul_precision": "default"}) == "default"
+    assert llmb_xla._matmul_precision("FP32", llmb_xla.XlaSettings(matmul_precision="auto")) == "highest"
+    assert llmb_xla._matmul_precision("BF16", llmb_xla.XlaSettings(matmul_precision="auto")) == "default"
+    assert llmb_xla._matmul_precision("FP32", llmb_xla.XlaSettings(matmul_precision="default")) == "default"
     # On TPU, XLA's default downcasts FP32 matmuls to BF16: the fact must say so, so the audit labels the run BF16.
     assert llmb_xla.MATMUL_FORMAT["TPU"]["default"] == "BF16"
 
@@ -142,8 +145,9 @@ def test_runner_runs_xla_in_process(monkeypatch):
 
 @requires_torch_xla
 def test_two_runs_in_one_process_keep_their_own_state(monkeypatch):
-    """Each run's setup makes the state its own later hooks read: a second run set up in between (another backend
-    instance in the same process) does not move the first run's compilation baseline."""
+    """Each run's setup returns the state its own later hooks get (llmb hands it to a method that names `state`): a
+    second run set up in between (another backend instance in the same process) does not move the first run's
+    compilation baseline, and nothing of a run is left on the backend or in the module."""
     import torch
 
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
@@ -152,11 +156,11 @@ def test_two_runs_in_one_process_keep_their_own_state(monkeypatch):
     counts = iter([(5, 1.0), (9, 3.0)])
     monkeypatch.setattr(llmb_xla, "_compilations", lambda: next(counts))
     first, second, device = llmb_xla.XlaBackend(), llmb_xla.XlaBackend(), torch.device("xla")
-    settings = {"pjrt_device": "", "matmul_precision": "auto"}
-    first.setup(device, "FP32", settings)
-    second.setup(device, "FP32", settings)
+    settings = resolve_settings(first, {})
+    plugins.setup(first, device, "FP32", settings)
+    plugins.setup(second, device, "FP32", settings)
     monkeypatch.setattr(llmb_xla, "_compilations", lambda: (12, 4.5))
-    first_facts, second_facts = first.run_facts(device), second.run_facts(device)
+    first_facts, second_facts = plugins.call(first.run_facts, device), plugins.call(second.run_facts, device)
     assert (first_facts["xla_compilations"], first_facts["xla_compile_seconds"]) == (7, 3.5)
     assert (second_facts["xla_compilations"], second_facts["xla_compile_seconds"]) == (3, 1.5)
 

@@ -78,7 +78,7 @@ def test_on_the_xpu_device_the_services_are_torch_xpus(monkeypatch):
     for name, value in fake.items():
         monkeypatch.setattr(torch.xpu, name, value, raising=False)
     backend, device = llmb_xpu.XpuBackend(), torch.device("xpu", 1)
-    backend.setup(device, "FP32", {"ipex": False})
+    backend.setup(device, "FP32", llmb_xpu.XpuSettings(ipex=False))
     backend.synchronize(device)
     backend.reset_peak_memory(device)
     assert calls == [("set_device", 1), ("synchronize", device), ("reset", device)]

@@ -14,12 +14,12 @@ import platform
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # for annotations only: importing torch here would make `llmb --help` pay for it
     import torch
 
-    from llmb.api.settings import Setting
+    from llmb.api.settings import PluginSettings, Setting
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,17 @@ class Backend:
     """One device kind as llmb drives it. Subclass it, override what your hardware needs, register an instance.
 
     ``device`` is a ``torch.device``; ``precision`` one of FP32, TF32, FP16, BF16; ``settings`` the backend's
-    validated settings as a dict (every declared setting present, given or default).
+    validated settings, every declared setting present, given or default: an instance of the backend's ``Settings``
+    class where it declares one (``settings.compile``), else a dict. ``state``, in a method that names it, is what
+    this run's ``setup`` returned (pluggy's rule: a method gets only the arguments it names).
     """
 
     #: The name `llmb run --plugin` takes; a plugin's backends are named after its entry point
     #: (docs/vendors/writing-a-plugin.md).
     name: str = ""
+    #: The backend's typed settings (a `llmb.PluginSettings` dataclass), each declared once with its default; None:
+    #: the backend has none, or lists them itself in `settings()`.
+    Settings: ClassVar[type[PluginSettings] | None] = None
 
     # Identity and capability
 
@@ -83,13 +88,15 @@ class Backend:
         return False
 
     def settings(self) -> list[Setting]:
-        """The settings this backend accepts through -O key=value."""
-        return []
+        """The settings this backend accepts through -O key=value: its ``Settings`` class's fields by default."""
+        return self.Settings.declared() if self.Settings is not None else []
 
     # Backend setup and model post-processing
 
-    def setup(self, device: torch.device, precision: str, settings: dict) -> None:
-        """Configure the framework before the model exists: backend flags, environment, vendor libraries."""
+    def setup(self, device: torch.device, precision: str, settings: dict) -> Any:
+        """Configure the framework before the model exists: backend flags, environment, vendor libraries. What it
+        returns is this run's state: the later methods that name a ``state`` parameter get it (None: no state), so
+        nothing of one run lives on in module globals or on the registered instance."""
 
     def process_model(
         self,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmb.api.errors import UsageError
@@ -67,6 +70,73 @@ class Setting:
             "choices": list(self.choices) if self.choices else None,
             "secret": self.hidden,
         }
+
+
+def option(default: Any, help: str, *, choices: Iterable[Any] | None = None, secret: bool = False) -> Any:
+    """One field of a backend's typed settings (PluginSettings): its default, help, choices and secrecy, declared
+    once, e.g. ``compile: str = option("none", "torch.compile mode", choices=("none", "default"))``."""
+    metadata = {"help": help, "choices": tuple(choices) if choices else None, "secret": secret}
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, eq=False)
+class PluginSettings(Mapping):
+    """A backend's settings as one frozen dataclass: each field is one -O setting, typed str, int, float or bool,
+    with its default and help given by `option`. A backend names its class as ``Backend.Settings``, and its methods
+    get an instance: ``settings.compile``, with a type checker's help. The instance also reads as the mapping that
+    plugins written before it use (``settings["compile"]``, ``settings.get(...)``), and equals the dict of its
+    values. A subclass inherits the fields and may give one another default or choices by declaring it again
+    (llmb.toolkit.features.FeatureSettings, the training features every plugin may offer, is one to subclass)."""
+
+    @classmethod
+    def declared(cls) -> list[Setting]:
+        """The settings as -O, `llmb plugins` and the records see them, in field order."""
+        hints = typing.get_type_hints(cls)
+        settings = []
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            if f.name in _MAPPING_NAMES:
+                raise TypeError(f"{cls.__name__}.{f.name}: the name is the settings mapping's own; choose another")
+            if kind not in (str, int, float, bool):
+                raise TypeError(f"{cls.__name__}.{f.name}: a setting is a str, int, float or bool, not {kind!r}")
+            meta = f.metadata
+            settings.append(
+                Setting(f.name, kind, f.default, meta.get("help", ""), meta.get("choices"), meta.get("secret", False))
+            )
+        return settings
+
+    @property
+    def secret(self) -> frozenset[str]:
+        """The settings whose values are never recorded (`recorded`): declared secret, or named like a credential."""
+        return frozenset(s.name for s in self.declared() if s.hidden)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __repr__(self) -> str:  # a secret's value never reaches a log or a traceback
+        shown = recorded(self)
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # In the subclass's own namespace before @dataclass runs, which then keeps it rather than writing its own.
+        cls.__repr__ = PluginSettings.__repr__
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+# What an instance answers itself: a setting may not take one of these names.
+_MAPPING_NAMES = frozenset({"get", "keys", "items", "values", "secret", "declared"})
 
 
 def parse_options(options: tuple[str, ...] | list[str]) -> dict[str, str]:

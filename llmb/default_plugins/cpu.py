@@ -7,10 +7,11 @@ import os
 import platform
 import resource
 import sys
+from dataclasses import dataclass
 
 import torch
 
-from llmb import Backend, EnergyCounter, PrecisionFact, Setting, hookimpl
+from llmb import Backend, EnergyCounter, PrecisionFact, hookimpl, option
 from llmb.records import energy
 from llmb.run import sysinfo
 from llmb.toolkit import compilers, features
@@ -19,8 +20,23 @@ from llmb.toolkit import compilers, features
 COMPILE_MODES = ("none", "default", "max-autotune", compilers.THUNDER)
 
 
+@dataclass(frozen=True, eq=False)
+class CpuSettings(features.FeatureSettings):
+    """The cpu plugin's settings: the shared training features, then its own."""
+
+    compile: str = option("none", compilers.HELP, choices=COMPILE_MODES)
+    # On the CPU, float8 emulation by default: torch._scaled_mm's CPU kernel is a reference, not a fast path.
+    fp8_emulate: bool = option(True, features.FP8_EMULATE_HELP)
+    threads: int = option(
+        0, "intra-op threads for torch (0: torch's default, fewer where the host's load leaves fewer cores free)"
+    )
+    # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop (benchmarks/RESULTS.md).
+    fused_adamw: bool = option(True, "AdamW's fused CPU kernel (false: torch's per-tensor loop)")
+
+
 class CpuBackend(Backend):
     name = "cpu"
+    Settings = CpuSettings
 
     def device_types(self) -> list[str]:
         return ["cpu"]
@@ -31,21 +47,6 @@ class CpuBackend(Backend):
 
     def available(self) -> bool:
         return True
-
-    def settings(self) -> list[Setting]:
-        return [
-            # On the CPU, float8 emulation by default: torch._scaled_mm's CPU kernel is a reference, not a fast path.
-            *features.settings(compile_modes=COMPILE_MODES, fp8_emulate_default=True),
-            Setting(
-                "threads",
-                int,
-                0,
-                "intra-op threads for torch (0: torch's default, fewer where the host's load leaves fewer cores free)",
-            ),
-            # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop
-            # (benchmarks/RESULTS.md).
-            Setting("fused_adamw", bool, True, "AdamW's fused CPU kernel (false: torch's default per-tensor loop)"),
-        ]
 
     def setup(self, device, precision, settings) -> None:
         # Before the model exists: a compiler or FP8 that cannot run here is one line, not a traceback mid-run.

@@ -373,7 +373,7 @@ class AccumulatingTrainer(Trainer):
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.backend.step_end(self.device)
+        self.step_end(self.device)
         self.harness_steps += 1
         return total / self.accumulation
 
@@ -415,6 +415,6 @@ class PipelineTrainer(Trainer):
         loss = loss.float()
         dist.all_reduce(loss, group=self.pp_group)  # only the last stage's is non-zero
         self.optimizer.step()
-        self.backend.step_end(self.device)
+        self.step_end(self.device)
         self.harness_steps += 1
         return loss

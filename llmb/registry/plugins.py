@@ -11,6 +11,8 @@ plugin from package metadata without importing any.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -249,10 +251,11 @@ T = TypeVar("T")
 
 
 def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call a backend's method; a failure leaves as one error naming the backend and the method. (The timed loop
-    calls its few methods directly: the harness's errors still name the run, and the window stays lean.)"""
+    """Call a backend's method, with this run's state where the method names a ``state`` parameter (with_state); a
+    failure leaves as one error naming the backend and the method. (The timed loop calls its few methods directly:
+    the harness's errors still name the run, and the window stays lean.)"""
     try:
-        return method(*args, **kwargs)
+        return with_state(method)(*args, **kwargs)
     except LlmbError:
         raise
     except Exception as exc:
@@ -260,11 +263,46 @@ def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise PluginError(getattr(backend, "name", "?"), method.__name__, exc) from exc
 
 
-def resolve_settings(backend: Backend, given: dict[str, str]) -> dict[str, Any]:
-    """The backend's settings validated against what it declares: every declared setting's value."""
+# What each backend's setup returned for the run in this process (Backend.setup), by backend instance: handed to
+# the methods that name a ``state`` parameter, as pluggy hands a hook implementation only the arguments it names.
+_run_states: dict[int, tuple[Backend, Any]] = {}
+
+
+def setup(backend: Backend, device: Any, precision: str, settings: Any) -> Any:
+    """Run the backend's setup for a run and keep what it returns as the run's state (a later setup replaces it)."""
+    state = call(backend.setup, device, precision, settings)
+    _run_states[id(backend)] = (backend, state)
+    return state
+
+
+def with_state(method: Callable[..., T]) -> Callable[..., T]:
+    """A backend method with this run's state bound, where it names a ``state`` parameter; else the method itself.
+    The loops bind theirs once, before the clock runs."""
+    backend = getattr(method, "__self__", None)
+    if backend is None or not _names_state(getattr(method, "__func__", method)):
+        return method
+    held = _run_states.get(id(backend))
+    return functools.partial(method, state=held[1] if held is not None and held[0] is backend else None)
+
+
+@functools.cache
+def _names_state(function: Callable) -> bool:
+    try:
+        return "state" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin without a signature names nothing
+        return False
+
+
+def resolve_settings(backend: Backend, given: dict[str, str]) -> Any:
+    """The backend's settings validated against what it declares, every declared setting's value: an instance of
+    its ``Settings`` class where it declares one and takes its settings from it, else a dict."""
     from llmb.api.settings import resolve_settings as resolve
 
-    return resolve(backend.name, list(call(backend.settings)), given)
+    values = resolve(backend.name, list(call(backend.settings)), given)
+    typed = backend.Settings
+    if typed is not None and type(backend).settings is Backend.settings:
+        return typed(**values)
+    return values
 
 
 def describe(registration: Registration) -> dict:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from llmb.api.errors import LlmbError, UsageError
 from llmb.distributed import job as distributed
 from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
+from llmb.registry import plugins
 from llmb.registry.plugins import call, resolve_settings, select_backend
 from llmb.run.device import check_device_present, parse_device
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS
@@ -82,7 +83,7 @@ def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
         raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
     device = distributed.rank_device(device, world)
     settings = resolve_settings(devices, {})
-    call(devices.setup, device, "FP32", settings)
+    plugins.setup(devices, device, "FP32", settings)
     check_device_present(device)
     backend = distributed.init_process_group(devices, device, world, options.timeout_seconds)
     dtype = getattr(torch, options.dtype)

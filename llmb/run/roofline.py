@@ -18,7 +18,8 @@ from llmb.api.backend import Backend, overridden
 from llmb.api.errors import UsageError
 from llmb.audit import precision as precisions
 from llmb.records import ROOFLINE_SCHEMA
-from llmb.registry.plugins import call, resolve_settings, select_backend
+from llmb.registry import plugins
+from llmb.registry.plugins import call, resolve_settings, select_backend, with_state
 from llmb.run.device import check_device_present, parse_device
 from llmb.spec.shape import ModelConfig
 
@@ -142,7 +143,7 @@ def square_gemm(backend: Backend, device: torch.device, dtype: torch.dtype, side
 def _timed(backend: Backend, device: torch.device, a: torch.Tensor, b: torch.Tensor, iters: int) -> float:
     """Seconds for `iters` matmuls, the device synchronised before the clock starts and before it stops."""
     # A lazy device (XLA) runs each matmul at its step_end; elsewhere the call would be timed too, for nothing.
-    step_end = backend.step_end if "step_end" in overridden(backend) else None
+    step_end = with_state(backend.step_end) if "step_end" in overridden(backend) else None
     product = _product(a, b)
     backend.synchronize(device)
     start = time.perf_counter()
@@ -209,7 +210,7 @@ def measure(backend: Backend, device: torch.device, precision: str, gemms: list[
 def prepare_backend(backend: Backend, device: torch.device, precision: str, settings: dict) -> None:
     """The backend state a run at this precision gets: the harness's switches, then the backend's setup."""
     precisions.apply_backend_recipe(precision)
-    call(backend.setup, device, precision, settings)
+    plugins.setup(backend, device, precision, settings)
 
 
 def efficiency(tflops: float, measured_peak_flops: float | None) -> float | None:

@@ -22,6 +22,7 @@ from llmb.distributed import job as distributed
 from llmb.distributed import mesh, ranks
 from llmb.model import LlamaModel, count_parameters
 from llmb.records import Result, energy
+from llmb.registry import plugins
 from llmb.registry.plugins import Registration, call
 from llmb.run import roofline, sysinfo
 from llmb.run.device import check_device_present
@@ -102,7 +103,7 @@ def prepare(options: RunOptions, plugin: Registration, device: torch.device, set
     recipe = precision.recipe(options.precision, options.mode)
     precision.apply_backend_recipe(options.precision)
     backend = plugin.backend
-    call(backend.setup, device, options.precision, settings)
+    plugins.setup(backend, device, options.precision, settings)
     check_device_present(device)
     world = distributed.current_world()
     if world is not None:

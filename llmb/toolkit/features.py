@@ -1,22 +1,24 @@
 """The training features every plugin may offer, written once: their settings, the checks made before the model
 exists, the post-processing in torchtitan's order, and the precision fact the audit reads.
 
-A plugin offers them by adding `settings(...)` to its own settings and calling `check`, `apply` and `facts` from
-its Backend's `setup`, `process_model` and `precision_facts` (the cpu and cuda plugins do; a vendor's may). The
-values come resolved (llmb.api.settings.resolve_settings fills every declared default). A backend that subclasses
-one of these but declares its own settings without the features' (a test backend, a vendor's on llmb.CpuBackend)
-gets them off, never a KeyError.
+A plugin offers them by subclassing `FeatureSettings` for its own typed settings (or adding `settings(...)` to a
+list of them) and calling `check`, `apply` and `facts` from its Backend's `setup`, `process_model` and
+`precision_facts` (the cpu and cuda plugins do; a vendor's may). The values come resolved (llmb.api.settings
+fills every declared default). A backend that subclasses one of these but declares its own settings without the
+features' (a test backend, a vendor's on llmb.CpuBackend) gets them off, never a KeyError.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from llmb.api.backend import PrecisionFact
-from llmb.api.settings import Setting
+from llmb.api.settings import PluginSettings, Setting, option
 from llmb.toolkit import checkpointing, compilers, fp8
 
 # Every compiler mode a plugin may offer: none, Inductor's modes, Thunder.
@@ -35,18 +37,29 @@ OFF = {"compile": "none", "activation_checkpointing": "none", "fp8": "none", "fp
 FP8_FACT = "llmb.fp8"
 
 
+@dataclass(frozen=True, eq=False)
+class FeatureSettings(PluginSettings):
+    """The features' settings, off by default. A plugin's typed settings subclass this and declare a field again to
+    give it its own default or choices (the cuda plugin compiles by default; the cpu plugin emulates float8)."""
+
+    compile: str = option("none", compilers.HELP, choices=COMPILE_MODES)
+    activation_checkpointing: str = option("none", checkpointing.HELP, choices=checkpointing.MODES)
+    fp8: str = option("none", FP8_HELP, choices=fp8.RECIPES)
+    fp8_emulate: bool = option(False, FP8_EMULATE_HELP)
+
+
 def settings(
     compile_default: str = "none",
     compile_modes: tuple[str, ...] = COMPILE_MODES,
     fp8_emulate_default: bool = False,
 ) -> list[Setting]:
-    """The features' settings: compile, activation_checkpointing, fp8, fp8_emulate, with the plugin's defaults."""
-    return [
-        Setting("compile", str, compile_default, compilers.HELP, compile_modes),
-        Setting("activation_checkpointing", str, "none", checkpointing.HELP, checkpointing.MODES),
-        Setting("fp8", str, "none", FP8_HELP, fp8.RECIPES),
-        Setting("fp8_emulate", bool, fp8_emulate_default, FP8_EMULATE_HELP),
-    ]
+    """The features' settings as a list, for a plugin that lists its settings rather than typing them: compile,
+    activation_checkpointing, fp8, fp8_emulate (FeatureSettings's), with the plugin's defaults."""
+    changed = {
+        "compile": {"default": compile_default, "choices": compile_modes},
+        "fp8_emulate": {"default": fp8_emulate_default},
+    }
+    return [dataclasses.replace(s, **changed.get(s.name, {})) for s in FeatureSettings.declared()]
 
 
 def value(values: Mapping[str, Any], name: str) -> Any:

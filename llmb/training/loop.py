@@ -16,6 +16,7 @@ from llmb.api.backend import Backend
 from llmb.audit import evidence
 from llmb.audit.precision import Recipe
 from llmb.records import energy, median_index
+from llmb.registry.plugins import with_state
 from llmb.spec.presets import ADAMW_HYPERPARAMETERS
 
 # The benchmark's optimizer: torch.optim.AdamW with llmb.spec.presets.ADAMW_HYPERPARAMETERS (imported above).
@@ -115,6 +116,8 @@ class Trainer:
     ) -> None:
         self.model, self.optimizer, self.batch, self.recipe = model, optimizer, batch, recipe
         self.backend, self.device = backend, device
+        # Bound once, before any clock runs: the backend's step_end, with this run's state where it names one.
+        self.step_end = with_state(backend.step_end)
         # Asked once: a backend without device events is timed on the host with a sync after each step.
         self.has_events = backend.new_event(device) is not None
         self.energy = energy.Meter(backend, device)
@@ -156,7 +159,7 @@ class Trainer:
         else:
             loss.backward()
             self.optimizer.step()
-        self.backend.step_end(self.device)
+        self.step_end(self.device)
         self.harness_steps += 1
         return loss.detach()
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llmb import Backend, EnergyCounter, Peak, PrecisionFact, Setting, hookimpl
+from llmb import Backend, EnergyCounter, Peak, PrecisionFact, hookimpl, option
 from llmb.api.errors import UsageError
-from llmb.toolkit import features
+from llmb.toolkit import compilers, features
 
 # float8 GEMMs (torch._scaled_mm) need Ada or Hopper tensor cores or newer: compute capability 8.9.
 FP8_CAPABILITY = (8, 9)
@@ -23,11 +23,13 @@ FP8_CAPABILITY = (8, 9)
 # one H100 at the official shape (BF16, issue 24) the per-tensor eager defaults this plugin had trained 27.4k
 # tokens/s at batch 8 where the compiled, fused loop trained 60.8-63.8k at batch 32-64. compile=none and
 # fused_adamw=false remain one -O away (compiling the official shape takes a minute or two of the warmup).
-SETTINGS = [
-    # llmb's shared features (compile, activation_checkpointing, fp8, fp8_emulate), compiled by default.
-    *features.settings(compile_default="default"),
-    Setting("fused_adamw", bool, True, "use AdamW's fused CUDA kernel (fused=True); false: torch's per-tensor loop"),
-]
+@dataclass(frozen=True, eq=False)
+class CudaSettings(features.FeatureSettings):
+    """llmb's shared features (compile, activation_checkpointing, fp8, fp8_emulate), compiled by default, and the
+    fused AdamW."""
+
+    compile: str = option("default", compilers.HELP, choices=features.COMPILE_MODES)
+    fused_adamw: bool = option(True, "use AdamW's fused CUDA kernel (fused=True); false: torch's per-tensor loop")
 
 
 # Peaks are llmb's (llmb/spec/peak_table.py: every GPU this plugin was written for, each with its public source); a
@@ -132,6 +134,7 @@ class CudaBackend(Backend):
     """NVIDIA GPUs through torch.cuda. The rocm plugin's backend subclasses this one (HIP is torch's "cuda")."""
 
     name = "cuda"
+    Settings = CudaSettings
     peaks: tuple[PeakEntry, ...] = PEAKS
 
     # Identity and capability
@@ -145,9 +148,6 @@ class CudaBackend(Backend):
     def available(self) -> bool:
         # A ROCm build of torch also answers torch.cuda.is_available(); those GPUs belong to the rocm plugin.
         return torch.version.hip is None and torch.cuda.is_available() and torch.cuda.device_count() > 0
-
-    def settings(self) -> list[Setting]:
-        return SETTINGS
 
     # Backend setup and model post-processing
 

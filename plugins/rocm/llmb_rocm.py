@@ -11,17 +11,20 @@ tunableop and hipblaslt.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
-from llmb_cuda import CudaBackend, PeakEntry, device_index, nccl_version, smi_index
+from llmb_cuda import CudaBackend, CudaSettings, PeakEntry, device_index, nccl_version, smi_index
 
-from llmb import EnergyCounter, PrecisionFact, Setting, hookimpl
+from llmb import EnergyCounter, PrecisionFact, hookimpl, option
 
-SETTINGS = [
-    *CudaBackend().settings(),
-    Setting("tunableop", bool, False, "TunableOp: tune each GEMM shape on first use (PYTORCH_TUNABLEOP_ENABLED)"),
-    Setting("hipblaslt", bool, True, "prefer hipBLASLt over rocBLAS for GEMMs (TORCH_BLAS_PREFER_HIPBLASLT)"),
-]
+
+@dataclass(frozen=True, eq=False)
+class RocmSettings(CudaSettings):
+    """The cuda plugin's settings, then ROCm's BLAS choices."""
+
+    tunableop: bool = option(False, "TunableOp: tune each GEMM shape on first use (PYTORCH_TUNABLEOP_ENABLED)")
+    hipblaslt: bool = option(True, "prefer hipBLASLt over rocBLAS for GEMMs (TORCH_BLAS_PREFER_HIPBLASLT)")
 
 # Peaks for AMD GPUs llmb's table (llmb/spec/peak_table.py) lacks, in llmb_cuda's PeakEntry form; empty: the table has
 # the MI250X (per GCD) and MI300X, and it wins for any GPU it has (tests/test_peaks.py keeps this so).
@@ -33,11 +36,11 @@ PEAKS: tuple[PeakEntry, ...] = ()
 FP8_ARCHS = ("gfx94", "gfx95", "gfx12")
 
 
-def env_for(settings: dict) -> dict[str, str]:
+def env_for(settings: RocmSettings) -> dict[str, str]:
     """The environment variables ROCm's libraries read for these settings."""
     return {
-        "PYTORCH_TUNABLEOP_ENABLED": "1" if settings.get("tunableop") else "0",
-        "TORCH_BLAS_PREFER_HIPBLASLT": "1" if settings.get("hipblaslt", True) else "0",
+        "PYTORCH_TUNABLEOP_ENABLED": "1" if settings.tunableop else "0",
+        "TORCH_BLAS_PREFER_HIPBLASLT": "1" if settings.hipblaslt else "0",
     }
 
 
@@ -79,21 +82,19 @@ def amdsmi_energy_counter(device: torch.device) -> EnergyCounter | str:
 
 class RocmBackend(CudaBackend):
     name = "rocm"
+    Settings = RocmSettings
     peaks = PEAKS
 
     def available(self) -> bool:
         return torch.version.hip is not None and torch.cuda.is_available() and torch.cuda.device_count() > 0
-
-    def settings(self) -> list[Setting]:
-        return SETTINGS
 
     def setup(self, device, precision, settings) -> None:
         os.environ.update(env_for(settings))
         # The environment is read when the BLAS handles are created; the runtime switches cover a process that
         # already used the GPU.
         if torch.version.hip is not None and torch.cuda.is_available():
-            torch.cuda.tunable.enable(bool(settings.get("tunableop")))
-            torch.backends.cuda.preferred_blas_library("hipblaslt" if settings.get("hipblaslt", True) else "cublas")
+            torch.cuda.tunable.enable(settings.tunableop)
+            torch.backends.cuda.preferred_blas_library("hipblaslt" if settings.hipblaslt else "cublas")
         super().setup(device, precision, settings)  # the device, and the compiler and FP8 checks
 
     def energy_counter(self, device) -> EnergyCounter | str:

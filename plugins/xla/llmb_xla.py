@@ -19,7 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from llmb import Backend, CpuBackend, LlmbError, Peak, PrecisionFact, Setting, UsageError, hookimpl
+from llmb import Backend, CpuBackend, LlmbError, Peak, PluginSettings, PrecisionFact, UsageError, hookimpl, option
 
 MATMUL_PRECISIONS = ("auto", "default", "high", "highest")
 # What "auto" asks XLA for: FP32 needs "highest" (six BF16 passes on TPU, ~22 bits); BF16 runs BF16 matmuls anyway.
@@ -41,6 +41,16 @@ BF16_ENV = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 # (tests/test_peaks.py
 # keeps this so).
 PEAK_BF16_TFLOPS: dict[str, tuple[float, str]] = {}
+
+
+@dataclass(frozen=True, eq=False)
+class XlaSettings(PluginSettings):
+    pjrt_device: str = option("", "PJRT device type (TPU, CUDA, CPU); empty: PJRT_DEVICE or torch_xla's pick")
+    matmul_precision: str = option(
+        "auto",
+        "XLA matmul precision for FP32 inputs; auto: highest for FP32, default for BF16",
+        choices=MATMUL_PRECISIONS,
+    )
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,8 @@ def _kind(device: torch.device) -> str:
     return xm.xla_device_kind(_indexed(device))
 
 
-def _matmul_precision(precision: str, settings: dict) -> str:
-    chosen = settings.get("matmul_precision", "auto")
+def _matmul_precision(precision: str, settings: XlaSettings) -> str:
+    chosen = settings.matmul_precision
     return AUTO_MATMUL_PRECISION[precision] if chosen == "auto" else chosen
 
 
@@ -101,9 +111,7 @@ def _check_autograd(device) -> None:
 class XlaBackend(Backend):
     name = "xla"
 
-    # This run's state: made by setup, read by the hooks llmb calls after it on the same backend instance. None before
-    # any setup (run_facts then reports the whole process's compilations).
-    _run: _RunState | None = None
+    Settings = XlaSettings
 
     def device_types(self):
         return ["xla"]
@@ -121,21 +129,7 @@ class XlaBackend(Backend):
             return False
         return (xr.device_type() or "CPU") != "CPU"
 
-    def settings(self):
-        return [
-            Setting(
-                "pjrt_device", str, "", "PJRT device type (TPU, CUDA, CPU); empty: PJRT_DEVICE or torch_xla's pick"
-            ),
-            Setting(
-                "matmul_precision",
-                str,
-                "auto",
-                "XLA matmul precision for FP32 inputs; auto: highest for FP32, default for BF16",
-                MATMUL_PRECISIONS,
-            ),
-        ]
-
-    def setup(self, device, precision, settings):
+    def setup(self, device, precision, settings) -> _RunState:
         try:
             import torch_xla
             import torch_xla.backends
@@ -144,15 +138,16 @@ class XlaBackend(Backend):
             raise UsageError(
                 f"the xla plugin needs torch_xla, which did not import: {type(exc).__name__}: {exc}"
             ) from None
-        if settings.get("pjrt_device"):
+        if settings.pjrt_device:
             try:
-                xr.set_device_type(settings["pjrt_device"].upper())
+                xr.set_device_type(settings.pjrt_device.upper())
             except RuntimeError as exc:
-                raise UsageError(f"-O pjrt_device={settings['pjrt_device']}: {exc}") from None
+                raise UsageError(f"-O pjrt_device={settings.pjrt_device}: {exc}") from None
         # Initialise the device before any backward pass: autograd sizes its per-device queues at its first backward.
         torch_xla.device()
         _check_autograd(device)
-        self._run = _RunState(compiled_before=_compilations())
+        # This run's state, returned: llmb hands it to the later methods that name `state` (run_facts).
+        state = _RunState(compiled_before=_compilations())
         wanted = _matmul_precision(precision, settings)
         if torch_xla.backends.get_mat_mul_precision() != wanted:
             # torch_xla logs "setting it multiple times is not recommended" on every set, even the first; it is set
@@ -164,6 +159,7 @@ class XlaBackend(Backend):
                 torch_xla.backends.set_mat_mul_precision(wanted)
             finally:
                 backends_logger.setLevel(level)
+        return state
 
     def process_model(self, model, optimizer, device, precision, settings):
         if precision in ("FP16", "BF16") and any(p.dtype == torch.float32 for p in model.parameters()):
@@ -230,7 +226,7 @@ class XlaBackend(Backend):
                 facts.append(PrecisionFact(name, raw, "BF16" if raw not in ("", "0") else None))
         return facts
 
-    def run_facts(self, device):
+    def run_facts(self, device, state: _RunState | None = None):
         import torch_xla
         import torch_xla.runtime as xr
 
@@ -247,7 +243,8 @@ class XlaBackend(Backend):
         # Graphs compiled during this run (the steps' and the precision probe's): a handful; one per step would mean
         # the step graph kept changing and the timed steps paid for compilation.
         count, seconds = _compilations()
-        count_before, seconds_before = self._run.compiled_before if self._run else (0, 0.0)
+        # Before any setup (`llmb plugins`) there is no run: the whole process's compilations.
+        count_before, seconds_before = state.compiled_before if state is not None else (0, 0.0)
         facts["xla_compilations"] = count - count_before
         facts["xla_compile_seconds"] = round(seconds - seconds_before, 3)
         return facts

@@ -11,11 +11,12 @@ the only place this plugin's IPEX path can run without an Intel GPU (llmb's test
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from llmb import CpuBackend, EnergyCounter, LlmbError, Peak, PrecisionFact, Setting, hookimpl
+from llmb import CpuBackend, EnergyCounter, LlmbError, Peak, PluginSettings, PrecisionFact, hookimpl, option
 
 # Dense peak FLOP/s per torch device, only for figures confirmed against a vendor datasheet. None so far: Intel
 # publishes no per-precision matrix peak for the Data Center GPU Max series that we could confirm (torchtitan
@@ -38,10 +39,16 @@ def _import_ipex():
     return ipex
 
 
+@dataclass(frozen=True, eq=False)
+class XpuSettings(PluginSettings):
+    ipex: bool = option(False, "post-process the model with intel_extension_for_pytorch.optimize")
+
+
 class XpuBackend(CpuBackend):
     """Intel GPUs (device "xpu"); on device "cpu" the cpu backend's services, for the IPEX path."""
 
     name = "xpu"
+    Settings = XpuSettings
 
     def device_types(self) -> list[str]:
         return ["xpu", "cpu"]
@@ -53,16 +60,13 @@ class XpuBackend(CpuBackend):
     def available(self) -> bool:
         return torch.xpu.is_available()
 
-    def settings(self) -> list[Setting]:
-        return [Setting("ipex", bool, False, "post-process the model with intel_extension_for_pytorch.optimize")]
-
     def setup(self, device, precision, settings) -> None:
-        if settings.get("ipex"):
+        if settings.ipex:
             _import_ipex()  # fail before the model is built, not after
         self._services(device).select(device)
 
     def process_model(self, model, optimizer, device, precision, settings):
-        if not settings.get("ipex"):
+        if not settings.ipex:
             return model
         ipex = _import_ipex()
         dtype = IPEX_DTYPES[precision]
@@ -88,7 +92,7 @@ class XpuBackend(CpuBackend):
         return {}  # torch's default AdamW implementation (the cpu backend's fused_adamw is not a setting here)
 
     def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
-        if not settings.get("ipex"):
+        if not settings.ipex:
             return []
         dtype = IPEX_DTYPES[precision]
         fmt = {torch.float16: "FP16", torch.bfloat16: "BF16"}.get(dtype)
