@@ -160,7 +160,8 @@ def test_hostile_bundle_fields_in_verify(tmp_path):
 
 
 def test_sweep_keeps_secret_settings_off_the_command_line():
-    from llmb.run import runner, sweep
+    from llmb.run import runner
+    from llmb.run import sweep_trials as sweep
     from llmb.spec.presets import PRESETS
 
     options = runner.RunOptions(

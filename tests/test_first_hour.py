@@ -22,7 +22,7 @@ from llmb.bundle import layout as bundle_format
 from llmb.records import SWEEP_LOG_SCHEMA
 from llmb.records.result_files import write_json_atomic
 from llmb.registry import plugins
-from llmb.run import sweep
+from llmb.run import sweep, sweep_display, sweep_log
 from llmb.spec import vocab as names
 from llmb.submit import package as submission
 
@@ -30,7 +30,7 @@ from llmb.submit import package as submission
 def write_sweep(out: Path, trials: list[tuple[int, str, float]]) -> list[sweep.Trial]:
     """A sweep folder as `llmb sweep` leaves it: a result JSON per trial and the log naming each trial's phase."""
     header = {"schema": SWEEP_LOG_SCHEMA, "plugin": "cpu", "device": "cpu", "mode": "pure"}
-    log = sweep.SweepLog.open(out, header, False)
+    log = sweep_log.SweepLog.open(out, header, False)
     made = []
     counts: dict[tuple[int, str], int] = {}
     for batch, phase, tps in trials:
@@ -275,7 +275,7 @@ def test_resumed_trial_lines_end_without_dangling_text():
     from rich.console import Console
 
     stream = io.StringIO()
-    display = sweep.LiveDisplay(Console(file=stream, width=200))
+    display = sweep_display.LiveDisplay(Console(file=stream, width=200))
     display.finished(sweep.Trial("FP32", 2, "search", 0, "ok", tokens_per_second=10.0, seconds=12.8), reused=True)
     assert stream.getvalue().rstrip().endswith("12.8 s from the log")
 
@@ -571,7 +571,7 @@ def test_a_sweep_estimates_what_is_left_from_its_trial_bound(tmp_path):
     most = sweep.trial_bound(options, 1)
     assert most == ((16).bit_length() + sweep.REFINE_POINTS) * sweep.CONFIRM_TRIALS + 3
     stream = io.StringIO()
-    display = sweep.LiveDisplay(Console(file=stream, width=200))
+    display = sweep_display.LiveDisplay(Console(file=stream, width=200))
     display.plan(most)
     display.finished(sweep.Trial("FP32", 1, "search", 0, "ok", tokens_per_second=10.0, seconds=30.0), reused=False)
     assert f"at most {most - 1} trials left" in stream.getvalue() and "min at most" in stream.getvalue()
@@ -595,10 +595,10 @@ def test_a_cpu_sweep_names_the_precisions_this_cpu_emulates_before_its_trials(mo
 def test_a_search_says_each_note_once_on_its_shared_display():
     from rich.console import Console
 
-    from llmb.run import sweep
+    from llmb.run import sweep_display
 
     stream = io.StringIO()
-    display = sweep.LiveDisplay(Console(file=stream, width=200))
+    display = sweep_display.LiveDisplay(Console(file=stream, width=200))
     for _ in range(3):  # one per combination's sweep
         display.note("warning: BF16 emulated on this CPU")
     display.note("another")

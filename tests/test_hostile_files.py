@@ -25,7 +25,8 @@ from llmb.cli import cli
 from llmb.records import result_files as results
 from llmb.report import load
 from llmb.run import sysinfo
-from llmb.run.sweep import LOG_NAME, SweepLog, read_log
+from llmb.run.sweep import LOG_NAME
+from llmb.run.sweep_log import SweepLog, read_log
 from llmb.spec.presets import PRESETS
 from llmb.spec.redact import REDACTED, scrub
 from llmb.submit import package as submission

@@ -3,7 +3,7 @@ never imports what runs plugins (checked in fresh interpreters); `import llmb` a
 
 from __future__ import annotations
 
-import configparser
+import importlib.util
 import resource
 import subprocess
 import sys
@@ -18,11 +18,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llmb"
 
 
 def layers() -> list[str]:
-    """The packages of .importlinter's layers contract, highest layer first."""
-    config = configparser.ConfigParser()
-    config.read(PACKAGE.parent / ".importlinter")
-    lines = config["importlinter:contract:layers"]["layers"].split()
-    return [name for name in lines if name not in ("|", ":")]
+    """The packages of .importlinter's layers contract, highest layer first, read by the one reader the docs use
+    (scripts/gen_docs.py's layer_order)."""
+    spec = importlib.util.spec_from_file_location("gen_docs", PACKAGE.parent / "scripts" / "gen_docs.py")
+    gen_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_docs)
+    return [package for layer in gen_docs.layer_order(gen_docs.contracts()) for package in layer]
 
 
 def test_every_folder_of_llmb_is_a_layer():

@@ -18,7 +18,7 @@ import pytest
 from conftest import TINY_SWEEP
 
 from llmb.api.errors import UsageError
-from llmb.run import sweep
+from llmb.run import sweep, sweep_search, sweep_trials
 from llmb.run.runner import RunOptions
 from llmb.spec.presets import build_config
 
@@ -67,7 +67,7 @@ def test_one_noisy_trial_neither_ends_the_search_nor_picks_the_best():
     assert tried == [1, 2, 1, 4, 2, 4, 3, 3]  # then the bisection's 3, a neighbour of the best, confirmed too
     assert sweep.best_batch(points) == 2
     assert reason == "slower: batch 2 -> 4 lost 47.4% (medians)"  # it says slower when it was slower
-    assert sweep.median_trial(points[1]).tokens_per_second == 33.3  # the median of two is the slower one
+    assert sweep_search.median_trial(points[1]).tokens_per_second == 33.3  # the median of two is the slower one
 
 
 def test_auto_respects_the_cap_and_a_failing_first_batch():
@@ -115,7 +115,7 @@ def test_listed_sizes_skip_those_above_an_oom():
     ],
 )
 def test_trials_are_classified_from_exit_code_stderr_and_result(returncode, stderr, record, status):
-    assert sweep.classify(returncode, stderr, record, 60)[0] == status
+    assert sweep_trials.classify(returncode, stderr, record, 60)[0] == status
 
 
 def test_usage_errors_are_caught_before_any_trial(tmp_path):

@@ -91,6 +91,13 @@ class Backend:
         """The settings this backend accepts through -O key=value: its ``Settings`` class's fields by default."""
         return self.Settings.declared() if self.Settings is not None else []
 
+    def vendor_libraries(self) -> list[str]:
+        """The distributions of the vendor libraries this backend sets up that replace torch's functions or aten
+        kernels for the whole process (IPEX's ``optimize``, say). The integrity guard accepts such a replacement only
+        from a library named here, installed as one of its official releases llmb holds pins for
+        (llmb/audit/vendor_libraries.py); any other replacement makes the run invalid."""
+        return []
+
     # Backend setup and model post-processing
 
     def setup(self, device: torch.device, precision: str, settings: dict) -> Any:

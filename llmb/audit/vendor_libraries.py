@@ -1,4 +1,5 @@
-"""Vendor libraries whose process-wide replacements the integrity guard accepts: pinned releases, checked on disk.
+"""Vendor libraries whose process-wide replacements the integrity guard accepts: named by the plugin, known by llmb's
+pins of their official releases, checked on disk.
 
 A backend may set up vendor libraries (the rules' part (a)), and some replace torch's functions and aten kernels for
 the whole process when they load or optimise a model: IPEX 2.8.0's `ipex.optimize` replaces `torch.embedding_bag`,
@@ -6,15 +7,20 @@ two `torch.Tensor` methods and about 30 aten CPU kernels (`aten::sum.dim_IntList
 identity alone the guard (llmb/audit/guard.py) cannot tell that from a cheat, so it accepts such a change only when all
 of these hold, and records it:
 
-1. the library is a release listed in `KNOWN` below (a new release is added here, after reading what it replaces);
-2. its installed files are one official release wheel's, byte for byte: llmb ships the sha256 of every file of the
-   library's package in each official wheel (llmb/audit/vendor_releases/, written by
-   `python -m llmb.audit.vendor_libraries pin WHEEL...` from wheels pip downloaded from the registry, which checks each
-   wheel against the index's hash). A wheel's own RECORD is never trusted: a look-alike wheel writes a RECORD that
-   matches its own files. The installed package must hold exactly one pinned wheel's files (byte code caches aside),
-   so no file can be added either;
-3. the replacement is the library's own: a Python function whose code was compiled from one of those files, or an
-   aten kernel that the dispatcher says was registered from the library's C++ source tree (`registered at ...`
+1. the running backend names the library (`Backend.vendor_libraries`: the xpu plugin names IPEX), so no other
+   plugin's run accepts what that library does;
+2. the library is a release llmb holds pins for: llmb/audit/vendor_releases/ holds, per release, the sha256 of every
+   file of the library's package in each official wheel, its module and where its aten kernels say they were
+   registered (its build tree: IPEX 2.8.0's reads /opt/workspace/ipex-cpu-dev/, measured with
+   `torch._C._dispatch_dump("aten::sum.dim_IntList")` after `ipex.optimize`). They are written by
+   `python -m llmb.audit.vendor_libraries pin WHEEL... --kernel-source PATH` from wheels pip downloaded from the
+   registry, which checks each wheel against the index's hash: a new library or release is a data file, never an
+   edit to llmb's code, and a plugin cannot widen what counts as the library's;
+3. its installed files are one pinned wheel's, byte for byte. A wheel's own RECORD is never trusted: a look-alike
+   wheel writes a RECORD that matches its own files. The installed package must hold exactly one pinned wheel's files
+   (byte code caches aside), so no file can be added either;
+4. the replacement is the library's own: a Python function whose code was compiled from one of those files, or an
+   aten kernel that the dispatcher says was registered from the library's pinned source tree (`registered at ...`
    names the source file the binary was built from; a `torch.library` registration from Python reads `/dev/null`).
 
 Residual risk (docs/integrity.md): a plugin can compile its own code under a filename inside the library, plant byte
@@ -29,9 +35,11 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import re
 import sys
 import types
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,22 +48,16 @@ from llmb.bundle.manifest import sha256_file
 
 @dataclass(frozen=True)
 class VendorLibrary:
+    """A library as llmb's pins describe it: its distribution, its module, where its aten kernels were registered from
+    (its build tree), and the releases pinned."""
+
     distribution: str
     module: str
     versions: tuple[str, ...]
-    kernel_sources: tuple[str, ...]  # where its aten kernels say they were registered (its build tree)
+    kernel_sources: tuple[str, ...]
 
     def label(self, version: str) -> str:
         return f"{self.distribution} {version}"
-
-
-KNOWN: tuple[VendorLibrary, ...] = (
-    # Built from /opt/workspace/ipex-cpu-dev (measured: `torch._C._dispatch_dump("aten::sum.dim_IntList")` after
-    # ipex.optimize reads "CPU: registered at /opt/workspace/ipex-cpu-dev/csrc/cpu/aten/Sum.cpp:83").
-    VendorLibrary(
-        "intel-extension-for-pytorch", "intel_extension_for_pytorch", ("2.8.0",), ("/opt/workspace/ipex-cpu-dev/",)
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -68,12 +70,57 @@ class Installed:
 
 
 RELEASES_DIR = Path(__file__).resolve().parent / "vendor_releases"
-RELEASE_PINS_SCHEMA = "llmb.vendor-release/1"
+RELEASE_PINS_SCHEMA = "llmb.vendor-release/2"
 BYTE_CODE_DIR = "__pycache__"  # written by the interpreter after install; never part of a wheel's pinned files
+
+# The distributions the running backend named (Backend.vendor_libraries), set before its setup: only their
+# replacements can be accepted in this process.
+_named: tuple[str, ...] = ()
+
+
+def normalise(distribution: str) -> str:
+    """A distribution's name as the registry compares it (PEP 503): lower case, runs of -_. as one dash."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def use(distributions: Iterable[str]) -> None:
+    """Name the vendor libraries the running backend sets up; replacements by any other library are not accepted."""
+    global _named
+    _named = tuple(sorted({normalise(str(name)) for name in distributions}))
+
+
+def named() -> tuple[str, ...]:
+    return _named
 
 
 def pins_path(library: VendorLibrary, version: str) -> Path:
     return RELEASES_DIR / f"{library.distribution}-{version}.json"
+
+
+def _pins(distribution: str) -> list[dict]:
+    found = []
+    for path in sorted(RELEASES_DIR.glob("*.json")) if RELEASES_DIR.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("schema") == RELEASE_PINS_SCHEMA and normalise(data.get("distribution", "")) == distribution:
+            found.append(data)
+    return found
+
+
+def pinned(distribution: str) -> VendorLibrary | None:
+    """The library as llmb's pins describe it, or None: no release of it is pinned."""
+    releases = _pins(normalise(distribution))
+    if not releases:
+        return None
+    latest = releases[-1]
+    return VendorLibrary(
+        latest["distribution"],
+        latest["module"],
+        tuple(data["version"] for data in releases),
+        tuple(latest.get("kernel_sources") or ()),
+    )
 
 
 def _package_files(root: Path, module: str) -> dict[str, Path]:
@@ -125,33 +172,47 @@ def installed(library: VendorLibrary) -> Installed | None:
     return Installed(library, version, root, True, f"files match the official {name}")
 
 
-def pin(wheels: list[Path]) -> dict[Path, dict]:
+def pin(wheels: list[Path], kernel_sources: tuple[str, ...] = (), module: str | None = None) -> dict[Path, dict]:
     """The pins of official wheels, grouped by the file they are written to: every file of the library's package in
-    each wheel, by its sha256, and the wheel's own sha256 (compare it with the registry's listing)."""
+    each wheel, by its sha256, and the wheel's own sha256 (compare it with the registry's listing). The module is the
+    wheel's one top-level package unless given; the kernel sources, unless given, are those already pinned."""
     out: dict[Path, dict] = {}
     for wheel_path in wheels:
         distribution, version = wheel_path.name.split("-")[:2]
-        library = next(
-            (lib for lib in KNOWN if lib.distribution.replace("-", "_") == distribution.replace("-", "_")), None
-        )
-        if library is None:
-            raise ValueError(f"{wheel_path.name}: not a library in llmb.audit.vendor_libraries.KNOWN")
+        distribution = normalise(distribution)
+        with zipfile.ZipFile(wheel_path) as archive:
+            names = [item.filename for item in archive.infolist() if not item.is_dir()]
+            packages = sorted(
+                {n.split("/")[0] for n in names if "/" in n and not n.split("/")[0].endswith((".dist-info", ".data"))}
+            )
+            package = module or (packages[0] if len(packages) == 1 else None)
+            if package is None:
+                raise ValueError(
+                    f"{wheel_path.name}: {len(packages)} top-level packages ({', '.join(packages)}); give --module"
+                )
+            files = {n: hashlib.sha256(archive.read(n)).hexdigest() for n in names if n.startswith(f"{package}/")}
+        known = pinned(distribution)
+        sources = tuple(kernel_sources) or (known.kernel_sources if known else ())
+        library = VendorLibrary(distribution, package, (version,), sources)
         target = out.setdefault(
             pins_path(library, version),
-            {"schema": RELEASE_PINS_SCHEMA, "distribution": library.distribution, "version": version, "wheels": {}},
+            {
+                "schema": RELEASE_PINS_SCHEMA,
+                "distribution": distribution,
+                "version": version,
+                "module": package,
+                "kernel_sources": list(sources),
+                "wheels": {},
+            },
         )
-        with zipfile.ZipFile(wheel_path) as archive:
-            files = {
-                item.filename: hashlib.sha256(archive.read(item)).hexdigest()
-                for item in archive.infolist()
-                if item.filename.startswith(f"{library.module}/") and not item.is_dir()
-            }
         target["wheels"][wheel_path.name] = {"sha256": sha256_file(wheel_path), "files": dict(sorted(files.items()))}
     return out
 
 
 def _intact() -> list[Installed]:
-    return [found for library in KNOWN if (found := installed(library)) is not None and found.intact]
+    """The named libraries that are pinned releases, installed intact."""
+    libraries = [library for name in _named if (library := pinned(name)) is not None]
+    return [found for library in libraries if (found := installed(library)) is not None and found.intact]
 
 
 def owner_of_object(value: object) -> str | None:
@@ -182,18 +243,25 @@ def owner_of_kernels(locations: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m llmb.audit.vendor_libraries",
-        description="Pin official release wheels of a known vendor library (download them first: pip download "
+        description="Pin official release wheels of a vendor library (download them first: pip download "
         "DIST==VERSION --no-deps --only-binary=:all: --python-version 3.X --platform manylinux_2_28_x86_64).",
     )
     parser.add_argument("command", choices=["pin"])
     parser.add_argument("wheels", nargs="+", type=Path)
+    parser.add_argument(
+        "--kernel-source",
+        action="append",
+        default=[],
+        help="where the library's aten kernels say they were registered (its build tree; see the dispatcher's dump)",
+    )
+    parser.add_argument("--module", default=None, help="the library's package, where the wheel holds several")
     args = parser.parse_args(argv)
     try:
-        pinned = pin(args.wheels)
+        pinned_files = pin(args.wheels, tuple(args.kernel_source), args.module)
     except (OSError, ValueError, zipfile.BadZipFile) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    for path, data in pinned.items():
+    for path, data in pinned_files.items():
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {path} ({len(data['wheels'])} wheels)")

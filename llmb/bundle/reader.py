@@ -31,6 +31,9 @@ from llmb.bundle.archive import (  # noqa: F401
     unpack,
 )
 
+# A file someone else may have put in place is read as llmb's records read theirs (one reader, below the bundle).
+from llmb.records.files import read_regular  # noqa: F401
+
 # Top-level names Python imports from the current folder or from a folder on sys.path.
 IMPORTABLE_NAMES = {"llmb", "conftest.py", "sitecustomize.py", "usercustomize.py", "__main__.py"}
 IMPORTABLE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".pyd")
@@ -85,25 +88,6 @@ def read_bytes(root: Path, name: str, max_bytes: int) -> bytes:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:  # it grew while we read
         raise BadFile(f"{name} is over {max_bytes} bytes (limit {max_bytes})")
-    return data
-
-
-def read_regular(path: Path, max_bytes: int) -> bytes:
-    """A file someone else may have put in place (a result, a log, a system file): refused unless it is a regular
-    file of at most max_bytes, and never waited on (a FIFO named x.json would hang a plain open())."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BadFile(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise BadFile(f"{path}: not a regular file")
-        if info.st_size > max_bytes:
-            raise BadFile(f"{path}: {info.st_size} bytes (limit {max_bytes})")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise BadFile(f"{path}: over {max_bytes} bytes (limit {max_bytes})")
     return data
 
 

@@ -93,7 +93,7 @@ def sweep(
     """Find the best batch size per precision (and, with --search, the best plugin settings): each trial its own
     `llmb run` process, resumable."""
     # Lazy: the sweep and the runner import torch; --help must not.
-    from llmb.run import grid, runner
+    from llmb.run import grid, runner, sweep_display, sweep_log
     from llmb.run import sweep as sweeps
     from llmb.spec.presets import build_config
 
@@ -104,7 +104,7 @@ def sweep(
             f"--resume: {out} holds no sweep to continue (no {sweeps.LOG_NAME}); leave out --resume to start one there"
         )
     if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
-        logged = sweeps.logged_options(out, given=given_on_command_line())
+        logged = sweep_log.logged_options(out, given=given_on_command_line())
         plugin, device = logged.get("plugin", plugin), logged.get("device", device)
         mode, preset = logged.get("mode", mode), logged.get("preset", preset)
         steps, warmup_steps = logged.get("steps", steps), logged.get("warmup_steps", warmup_steps)
@@ -137,12 +137,12 @@ def sweep(
     )
     searched = grid.parse_search(search_items, run_options.settings)
     if searched:
-        with sweeps.LiveDisplay(err_console) as display:
+        with sweep_display.LiveDisplay(err_console) as display:
             found = grid.search(sweep_options, searched, display)
         grid.print_search(found, console)
         term.say(f"search written to {out} ({grid.SEARCH_SUMMARY_NAME}; llmb report {out})")
         return
-    with sweeps.LiveDisplay(err_console) as display:
+    with sweep_display.LiveDisplay(err_console) as display:
         summary = sweeps.sweep(sweep_options, display)
     sweeps.print_summary(summary, console)
     term.say(f"sweep written to {out} (llmb report {out})")

@@ -10,15 +10,40 @@ traceback or as an unnamed ``error: RecursionError``.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any, TypeVar
 
-from llmb.bundle.reader import read_regular
 from llmb.records import RECORD_LIMIT, RecordError
 
 # llmb's records nest a few levels (result -> timing -> windows -> ...); far deeper is no record, and a structure
 # nested past Python's recursion limit would break every later step (dumping, copying, comparing) if let through.
 MAX_DEPTH = 64
+
+
+class IrregularFile(ValueError):
+    """A path that is no regular file of an acceptable size; the message starts with the path."""
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """A file someone else may have put in place (a result, a log, a system file): refused unless it is a regular
+    file of at most max_bytes, and never waited on (a FIFO named x.json would hang a plain open())."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise IrregularFile(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise IrregularFile(f"{path}: not a regular file")
+        if info.st_size > max_bytes:
+            raise IrregularFile(f"{path}: {info.st_size} bytes (limit {max_bytes})")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise IrregularFile(f"{path}: over {max_bytes} bytes (limit {max_bytes})")
+    return data
+
 
 
 class Unreadable(ValueError):
@@ -69,7 +94,7 @@ def read_object(path: Path, limit: int = RECORD_LIMIT) -> dict:
     """A file holding one JSON object (a FIFO, a giant or a vanished file refused, never waited on)."""
     try:
         data = read_regular(path, limit)
-    except (OSError, ValueError) as exc:  # BadFile (a ValueError) names the file itself: only the why is kept
+    except (OSError, ValueError) as exc:  # IrregularFile names the file itself: only the why is kept
         raise Unreadable(str(exc).removeprefix(f"{path}: ")) from None
     value = loads(data)
     if not isinstance(value, dict):

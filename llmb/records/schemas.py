@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from llmb.bundle.reader import read_regular
 from llmb.records.codec import (
     COMMBENCH_SCHEMA,
     CONFORMANCE_SCHEMA,
@@ -299,7 +298,8 @@ def read_sweep_log(path, limit: int = RECORD_LIMIT, skipped: list[str] | None = 
     from llmb.records import files as record_files  # it imports this module
 
     try:
-        text = read_regular(path, limit).decode("utf-8")  # a FIFO or a giant file is refused, never waited on
+        # A FIFO or a giant file is refused, never waited on.
+        text = record_files.read_regular(path, limit).decode("utf-8")
     except ValueError as exc:  # not a plain file, too large, not UTF-8
         raise RecordError(f"{path}: not a readable sweep log ({exc})") from None
     if text and not text.endswith("\n"):

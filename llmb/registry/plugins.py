@@ -23,6 +23,7 @@ import pluggy
 from llmb.api import hookspecs
 from llmb.api.backend import Backend
 from llmb.api.errors import LlmbError, PluginError, UsageError
+from llmb.audit import vendor_libraries
 from llmb.spec.version import __version__
 from llmb.spec.vocab import FIRST_PARTY_PLUGINS
 
@@ -269,7 +270,9 @@ _run_states: dict[int, tuple[Backend, Any]] = {}
 
 
 def setup(backend: Backend, device: Any, precision: str, settings: Any) -> Any:
-    """Run the backend's setup for a run and keep what it returns as the run's state (a later setup replaces it)."""
+    """Run the backend's setup for a run and keep what it returns as the run's state (a later setup replaces it).
+    First, the vendor libraries it names are the only ones whose process-wide replacements the guard may accept."""
+    vendor_libraries.use(call(backend.vendor_libraries))
     state = call(backend.setup, device, precision, settings)
     _run_states[id(backend)] = (backend, state)
     return state

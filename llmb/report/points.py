@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmb.api.errors import LlmbError, UsageError
-from llmb.bundle.reader import read_regular
 from llmb.records import (
     RECORD_LIMIT,
     RESULT_SCHEMAS,
@@ -165,7 +164,7 @@ def _finished_precisions(folder: Path) -> set[str]:
     """The precisions whose search a sweep folder's summary says ended; none where it has no readable summary (a
     sweep interrupted before its first precision ended)."""
     try:
-        summary = json.loads(read_regular(folder / SWEEP_SUMMARY_NAME, RECORD_LIMIT))
+        summary = json.loads(record_files.read_regular(folder / SWEEP_SUMMARY_NAME, RECORD_LIMIT))
         entries = summary["precisions"].items()
         return {name for name, entry in entries if entry.get("status") != "not run yet"}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -32,12 +32,9 @@ from llmb.records import SweepTrial as Trial
 from llmb.records.result_files import check_writable, read_result, write_json_atomic
 from llmb.run import runner
 
-# The sweep's parts, named here too: the CLI, the grid search and tests know them as llmb.run.sweep's.
-from llmb.run.sweep_display import (
-    Display,
-    LiveDisplay,  # noqa: F401
-)
-from llmb.run.sweep_log import SweepLog, logged_options, read_log  # noqa: F401
+# The sweep's parts, each in its own module (callers import them from there).
+from llmb.run.sweep_display import Display
+from llmb.run.sweep_log import SweepLog
 from llmb.run.sweep_options import (
     CONFIRM_TRIALS,
     MAX_BATCH_SIZE,
@@ -51,12 +48,11 @@ from llmb.run.sweep_search import (
     Points,
     best_batch,
     headline_of,
-    median_trial,  # noqa: F401
     next_batch,
     next_listed_batch,
     next_point,
 )
-from llmb.run.sweep_trials import _redact_values, child_args, classify, run_trial  # noqa: F401
+from llmb.run.sweep_trials import run_trial
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
 

@@ -60,6 +60,11 @@ class XpuBackend(CpuBackend):
     def available(self) -> bool:
         return torch.xpu.is_available()
 
+    def vendor_libraries(self) -> list[str]:
+        # ipex.optimize replaces torch functions and aten kernels process-wide; llmb holds the pins of its official
+        # 2.8.0 wheels (llmb/audit/vendor_releases/), so the guard accepts what an unmodified release does.
+        return ["intel-extension-for-pytorch"]
+
     def setup(self, device, precision, settings) -> None:
         if settings.ipex:
             _import_ipex()  # fail before the model is built, not after

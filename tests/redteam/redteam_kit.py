@@ -34,6 +34,7 @@ HOOKS = {  # attack function -> (old hook name, Backend method name, arguments)
     "_peak": ("peak_flops", "peak_flops", "device, precision"),
     "_device_name": ("device_name", "device_name", "device"),
     "_new_event": ("device_event", "new_event", "device"),
+    "_vendor_libraries": ("vendor_libraries", "vendor_libraries", ""),
 }
 PEAK_SHIM = """
 try:  # the Backend API's peak carries its source; older llmb takes any object with flops and source

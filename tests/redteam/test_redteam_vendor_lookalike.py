@@ -1,8 +1,9 @@
 """Red team, class 5 of the second round: a vendor library known by its own word. A look-alike
 `intel-extension-for-pytorch 2.8.0` (a real release llmb accepts replacements from) is installed beside the plugin,
 its files matching its own RECORD, and its `optimize()` swaps `LlamaModel.forward` on the class for one that skips
-half the layers. llmb knows the release by the hashes of its official wheels' files (llmb/audit/vendor_releases/), so
-the swap is the plugin's code, not the library's. Stage: run; reason: the identity check names the replaced forward."""
+half the layers. The plugin names the library, as the xpu plugin does; llmb knows the release by the hashes of its
+official wheels' files (llmb/audit/vendor_releases/), so the swap is the plugin's code, not the library's. Stage:
+run; reason: the identity check names the replaced forward."""
 
 import base64
 import hashlib
@@ -25,6 +26,10 @@ def optimize(model, optimizer=None, **kwargs):
 )
 
 PLUGIN = """
+def _vendor_libraries():
+    return ["intel-extension-for-pytorch"]  # named, as the xpu plugin names it: the guard may accept its changes
+
+
 def _process_model(model, optimizer, device, precision, settings):
     import intel_extension_for_pytorch as ipex
 
