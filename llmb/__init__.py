@@ -29,10 +29,12 @@ def __getattr__(name: str):
     # Loaded on first use (PEP 562): the reference backend imports torch, and importlib.metadata (llmb.spec.version)
     # costs a few hundred ms on a loaded machine, which `llmb --help` must not pay.
     if name == "__version__":
+        # Lazy (PEP 562): importlib.metadata costs `llmb --help` a few hundred ms.
         from llmb.spec.version import __version__
 
         return __version__
     if name == "CpuBackend":
+        # Lazy (PEP 562): the reference backend imports torch; `import llmb` must not.
         from llmb.default_plugins.cpu import CpuBackend
 
         return CpuBackend

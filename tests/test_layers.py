@@ -3,6 +3,7 @@ never imports what runs plugins (checked in fresh interpreters); `import llmb` a
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import resource
 import subprocess
@@ -131,3 +132,43 @@ def test_no_module_of_llmb_is_over_500_lines():
     """Modules small with one job: a module past 500 lines holds more than one and is split into its package."""
     lines = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert not {name: n for name, n in lines.items() if n > 500}
+
+
+def _import_runs_in_functions(path: Path) -> list[tuple[int, bool]]:
+    """Each run of consecutive import statements inside a function: its first line, and whether a comment says why
+    (on one of its lines, or on the line above it)."""
+    source = path.read_text().splitlines()
+    runs = []
+    for function in ast.walk(ast.parse("\n".join(source))):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            for name in ("body", "orelse", "finalbody"):
+                statements = getattr(node, name, None)
+                if not isinstance(statements, list):
+                    continue
+                run: list[ast.stmt] = []
+                for statement in [*statements, None]:
+                    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+                        run.append(statement)
+                        continue
+                    if run:
+                        first, last = run[0].lineno, run[-1].end_lineno or run[-1].lineno
+                        above = source[first - 2].strip() if first > 1 else ""
+                        said = above.startswith("#") or any("#" in line for line in source[first - 1 : last])
+                        runs.append((first, said))
+                        run = []
+    return runs
+
+
+def test_an_import_inside_a_function_is_lazy_on_purpose_and_says_why():
+    """The layers hold by every import (lint-imports reads them all), so an import inside a function is there only
+    where loading late is the point (torch for --help, an optional extra, a job-only torch.distributed part), and a
+    comment says which; anything else goes at the top of its module."""
+    silent = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, said in _import_runs_in_functions(path)
+        if not said
+    ]
+    assert silent == [], silent

@@ -16,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from llmb.api.errors import UsageError
+
 if TYPE_CHECKING:  # for annotations only: importing torch here would make `llmb --help` pay for it
+    # Lazy: the plugin API imports no torch until a worker calls a device service.
     import torch
 
     from llmb.api.settings import PluginSettings, Setting
@@ -129,6 +132,7 @@ class Backend:
         """Block until all work queued on the device is done. The timer calls it at both edges of the window."""
         if device.type == "cpu":
             return  # eager CPU kernels have finished when they return
+        # Lazy: the plugin API imports no torch until a worker calls a device service.
         import torch
 
         accelerator = getattr(torch, "accelerator", None)
@@ -136,7 +140,6 @@ class Backend:
         if current is not None and current.type == device.type:
             accelerator.synchronize(device)
             return
-        from llmb.api.errors import UsageError
 
         raise UsageError(
             f"backend {self.name!r} cannot synchronise device {str(device)!r}; llmb will not time an asynchronous "

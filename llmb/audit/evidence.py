@@ -96,6 +96,7 @@ class InitialState:
 
 def _reshard(model: torch.nn.Module) -> None:
     try:
+        # Lazy: only a sharded job reaches here, and torch.distributed.fsdp is slow to import.
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return

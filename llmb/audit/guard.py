@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+import llmb
+from llmb.audit import vendor_libraries
+
 # Every module of the llmb package is watched, found by walking the package: a module added later is watched
 # without an edit here (a hand-kept list drifted: it named modules that no longer existed and missed the ones that
 # judge and time windows). Imported before the baseline, so a plugin's patch to any is seen. Left out: every
@@ -115,6 +118,7 @@ def _settle_lazy_patches() -> None:
     `nn.Module.__init__` (generation tagging)."""
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
     try:
+        # Lazy: dynamo's own patchers, loaded only to settle what they patch before the baseline.
         from torch._dynamo.eval_frame import TorchPatcher
         from torch._dynamo.mutation_guard import install_generation_tagging_init
     except ImportError:  # pragma: no cover - a torch without dynamo's patches has nothing to settle
@@ -125,8 +129,6 @@ def _settle_lazy_patches() -> None:
 
 def llmb_module_names() -> list[str]:
     """The watched llmb modules, by walking the installed package."""
-    import llmb
-
     found = pkgutil.walk_packages(llmb.__path__, "llmb.")
     return sorted(info.name for info in found if info.name.rsplit(".", 1)[-1] != ENTRY_POINT)
 
@@ -221,8 +223,6 @@ def capture() -> Baseline:
 def _vendor_kernels(before: dict[str, str], after: dict[str, str]) -> str | None:
     """The known vendor library that registered an operator's changed kernels (each one displaced, not removed), or
     None: llmb.audit.vendor_libraries."""
-    from llmb.audit import vendor_libraries
-
     active = []
     for key, where in after.items():
         if key.startswith("Meta"):  # shape functions compute nothing (IPEX registers its Meta kernels from Python)
@@ -241,8 +241,6 @@ def _vendor_kernels(before: dict[str, str], after: dict[str, str]) -> str | None
 def changes(baseline: Baseline) -> tuple[list[str], dict[str, list[str]]]:
     """What changed since the baseline, one phrase per change; and apart, the changes a known, intact vendor
     library made (by library), which do not make a run invalid (llmb/audit/vendor_libraries.py)."""
-    from llmb.audit import vendor_libraries
-
     changed: list[str] = []
     accepted: dict[str, list[str]] = {}
 

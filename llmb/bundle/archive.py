@@ -288,6 +288,7 @@ def extract(archive: Path, dest: Path, limits: Limits) -> int:
 
 
 def _limit_self(limits: Limits) -> None:
+    # Lazy: POSIX only, and only the unpacking child limits itself.
     import resource
 
     for which, value in (

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from llmb.records import RELEASE_MANIFEST_SCHEMA
+from llmb.records.result_files import write_json_atomic
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.spec.version import __version__
 
@@ -125,8 +126,6 @@ def nearest_release(files: dict[str, str], package_dir: Path = PACKAGE_DIR) -> t
 
 def record_release(manifest: dict, package_dir: Path = PACKAGE_DIR) -> bool:
     """Add a manifest to the list of releases (once); True if it was new."""
-    from llmb.records.result_files import write_json_atomic
-
     if known_release(manifest, package_dir) is not None:
         return False
     entry = {"llmb_version": manifest.get("llmb_version"), "digest": digest(manifest), "files": manifest["files"]}
@@ -136,8 +135,6 @@ def record_release(manifest: dict, package_dir: Path = PACKAGE_DIR) -> bool:
 
 
 def write(package_dir: Path = PACKAGE_DIR) -> Path:
-    from llmb.records.result_files import write_json_atomic
-
     manifest = compute(package_dir)
     refused = problems(manifest)
     if refused:

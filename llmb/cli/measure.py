@@ -121,6 +121,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
 @handle_errors
 def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:
     """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
+    # Lazy, as in every command of this module: the modules that do the work import torch; --help must not.
     from llmb.distributed import job as distributed
     from llmb.records.result_files import check_writable, write_json_atomic
     from llmb.run import commbench
@@ -201,6 +202,7 @@ def project_command(
 ) -> None:
     """Project the step time and seed FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and
     beta; with --check, hold the projection against a measured run."""
+    # Lazy: loaded when the command runs, not for --help.
     from llmb.records import Commbench, RecordError, Result
     from llmb.records.result_files import load_result
     from llmb.report import time_to_solution as project

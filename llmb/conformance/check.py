@@ -65,6 +65,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from rich.text import Text
 
 from llmb.api.errors import LlmbError, UsageError
 from llmb.api.settings import recorded
@@ -89,6 +90,7 @@ from llmb.spec.tolerances import TOLERANCES, Tolerance, tolerance_for  # noqa: F
 from llmb.spec.vocab import CONFORMANCE_BATCH_SIZE as DEFAULT_BATCH_SIZE
 from llmb.spec.vocab import CONFORMANCE_PRESETS
 from llmb.spec.vocab import CONFORMANCE_STEPS as DEFAULT_STEPS
+from llmb.terminal import console as term
 
 REFERENCE_PLUGIN = "cpu"
 
@@ -304,10 +306,6 @@ def _figure(value) -> str:
 
 def print_table(record: Conformance, console) -> None:
     """One row per check, then the verdict (the CLI's view of the record)."""
-    from rich.text import Text
-
-    from llmb.terminal import console as term
-
     prec = record.precision
     title = (
         f"llmb check-plugin {record.plugin.name} on {record.device.label}: requested {prec.requested} "

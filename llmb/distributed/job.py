@@ -27,7 +27,9 @@ import torch.distributed as dist
 
 from llmb.api.errors import LlmbError, UsageError
 from llmb.distributed import cluster
+from llmb.registry.plugins import call
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS, PARALLEL  # noqa: F401  (PARALLEL: re-exported, the CLI's vocabulary)
+from llmb.training.loop import LocalJudge
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 _LLMB_ERROR = re.compile(r"^(LlmbError|UsageError|PluginError): (rank \d+: )?")
@@ -174,12 +176,14 @@ def launch_module(spec: LaunchSpec, module: str, *args: str) -> None:
 
 
 def _elastic_launch(config, entrypoint):
+    # Lazy: torch's elastic launcher, loaded only when a job launches.
     from torch.distributed.launcher.api import elastic_launch
 
     return elastic_launch(config, entrypoint)
 
 
 def _launch(spec: LaunchSpec, script: list[str], start: Callable) -> Any:
+    # Lazy: torch's elastic launcher, loaded only when a job launches.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -278,7 +282,6 @@ def init_process_group(plugin, device: torch.device, world: World, timeout_secon
     `plugin` is the run's `llmb.Backend`."""
     if dist.is_initialized():
         return dist.get_backend()
-    from llmb.registry.plugins import call
 
     backend = call(plugin.distributed_backend, device)
     if not backend:
@@ -390,6 +393,7 @@ def grad_scaler(parallel: str, device: torch.device):
     across ranks (or one rank would skip a step the others take). DDP's gradients are whole, None keeps torch.amp's."""
     if parallel not in ("fsdp", "hsdp"):
         return None
+    # Lazy: only a sharded job scales its gradients this way.
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     return ShardedGradScaler(device.type)
@@ -434,8 +438,6 @@ class JobJudge:
     holds a different part, so the digest is rank 0's part only and says so (`digest_scope`)."""
 
     def __init__(self, inner, world: World, layout) -> None:
-        from llmb.training.loop import LocalJudge
-
         self.inner = inner if inner is not None else LocalJudge()
         self.world = world
         self.clean = getattr(self.inner, "clean", False)

@@ -112,6 +112,7 @@ def check(layout: Layout, config: ModelConfig, batch_size: int) -> None:
 
 def build_mesh(layout: Layout, device_type: str):
     """The job's DeviceMesh, pipeline outermost, tensor innermost."""
+    # Lazy: torch.distributed's device mesh loads only in the jobs that use it (one process never does).
     from torch.distributed.device_mesh import init_device_mesh
 
     if layout.strategy == "hsdp":
@@ -201,6 +202,7 @@ def stage_input(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
 
 def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool) -> None:
     """torch's plans on every decoder layer; each attention instance computes its share of the heads."""
+    # Lazy: torch.distributed's tensor parallelism loads only in the jobs that use it (one process never does).
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -243,6 +245,7 @@ def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool) -> None:
 def _sequence_edges(model: nn.Module, tp_mesh) -> None:
     """Sequence parallel's edges: the first layer takes this rank's slice of the sequence, and the stream is
     gathered whole again before the final norm (or at the end of a pipeline stage)."""
+    # Lazy: torch.distributed's DTensor loads only in the jobs that use it (one process never does).
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]
@@ -269,10 +272,12 @@ def data_parallel(model: nn.Module, layout: Layout, mesh) -> nn.Module:
         return model  # nothing to replicate: tensor/pipeline groups only
     group_mesh = data_mesh(mesh, layout)
     if layout.strategy == "ddp":
+        # Lazy: torch.distributed's DDP loads only in the jobs that use it (one process never does).
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=None, process_group=group_mesh.get_group())
     try:
+        # Lazy: torch.distributed's FSDP loads only in the jobs that use it (one process never does).
         from torch.distributed.fsdp import fully_shard
     except ImportError:
         raise UsageError(f"--parallel {layout.strategy} needs FSDP2, which torch {torch.__version__} lacks") from None
@@ -297,6 +302,7 @@ def optimizer_options(model: nn.Module, options: dict) -> tuple[dict, str | None
     """AdamW's implementation options that work on what the mesh made of the parameters: foreach and fused refuse a
     group mixing DTensor and plain tensors (tensor parallel leaves the embedding and norms plain), and fused takes no
     DTensor. Returns the options to use and, when any was dropped, why (recorded)."""
+    # Lazy: torch.distributed's DTensor loads only in the jobs that use it (one process never does).
     from torch.distributed.tensor import DTensor
 
     kinds = {isinstance(p, DTensor) for p in model.parameters()}
@@ -337,6 +343,7 @@ def no_gradient_sync(model: nn.Module):
 
 
 def pipeline_schedule(stage_module: nn.Module, layout: Layout, coords: Coordinates, device, mesh):
+    # Lazy: torch.distributed's pipelining loads only in the jobs that use it (one process never does).
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     stage = PipelineStage(stage_module, coords.pp, layout.pp, device, group=mesh["pp"].get_group())
@@ -385,6 +392,7 @@ def _schedule_owns_ddp_sync(model: nn.Module):
     no_sync with grad enabled and no backward, which leaves the reducer armed: the first microbatch's backward then
     reduced too and each parameter registered twice (the reducer's `rebuilt_param_indices_` assert on the next
     step). FSDP's stage is handled by the schedule itself."""
+    # Lazy: torch.distributed's DDP loads only in the jobs that use it (one process never does).
     from torch.nn.parallel import DistributedDataParallel
 
     return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
@@ -402,6 +410,7 @@ class PipelineTrainer(Trainer):
         self.schedule, self.first, self.last, self.pp_group = schedule, first, last, pp_group
 
     def step(self) -> torch.Tensor:
+        # Lazy: torch.distributed's process group loads only in the jobs that use it (one process never does).
         import torch.distributed as dist
 
         self.optimizer.zero_grad(set_to_none=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from llmb.api.errors import UsageError
@@ -130,8 +131,6 @@ def threads_note(threads: list[int]) -> str | None:
 
 
 def intra_op_threads() -> int:
-    import torch
-
     return torch.get_num_threads()
 
 

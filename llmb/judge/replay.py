@@ -14,15 +14,19 @@ do not grow with the batch or the world size; only its time does.
 
 from __future__ import annotations
 
+import gc
 import math
+import secrets
 import time
 from dataclasses import dataclass
 
 import torch
 
 from llmb.audit.evidence import as_list, digest, global_batch, moment_digest
+from llmb.audit.precision import apply_backend_recipe
 from llmb.model import LlamaModel, ModelConfig
 from llmb.spec.tolerances import BRACKETED, replay_tolerance_for
+from llmb.training.loop import build_optimizer
 
 # AdamW first-moment digests of a whole window against the FP32 replay (relative). Measured on the CPU by
 # benchmarks/replay_calibration.py (tiny preset, seeds 0-1, batch 1 and 8, 5-step windows; raw/replay_calibration-
@@ -120,9 +124,6 @@ def replay(
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
     kernels and torch.optim.AdamW."""
-    from llmb.audit.precision import apply_backend_recipe
-    from llmb.training.loop import build_optimizer
-
     device = device or torch.device("cpu")
     if device.type != "cpu":
         apply_backend_recipe("FP32")  # IEEE FP32 matmuls: no TF32 on the accelerator's replay
@@ -274,7 +275,6 @@ def draw_replay_steps(floor: int, window_steps: int, whole_probability: float) -
     window (losses, digest and AdamW's moments) with probability `whole_probability`, else the first `floor`."""
     if floor <= 0:
         return 0, False
-    import secrets
 
     whole = floor >= window_steps or secrets.randbelow(1_000_000) < round(whole_probability * 1_000_000)
     return (window_steps if whole else floor), whole
@@ -387,8 +387,6 @@ def replay_record(record: dict, steps: int, window: int | None = None, device: s
 
 def _release(device: torch.device) -> None:
     """Give back what a failed replay held on an accelerator before the CPU tries."""
-    import gc
-
     gc.collect()
     module = getattr(torch, device.type, None)
     if module is not None and hasattr(module, "empty_cache"):

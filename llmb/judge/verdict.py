@@ -8,10 +8,13 @@ import os
 from dataclasses import dataclass, field
 
 from llmb.api.errors import LlmbError
-from llmb.audit import evidence
+from llmb.audit import evidence, precision
 from llmb.judge import replay
 from llmb.records import RecordError, Result, energy, median_index
+from llmb.registry.plugins import installed_records
 from llmb.spec import flops
+from llmb.spec.presets import official_reasons
+from llmb.spec.shape import ModelConfig
 from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW
 
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
@@ -22,8 +25,6 @@ NESTING_SLACK_SECONDS = 1e-4
 def installed_plugins() -> list[dict]:
     """Every installed llmb plugin with its distribution and version, read from metadata (nothing is imported):
     llmb.registry.plugins.installed, the one list of installed plugins."""
-    from llmb.registry.plugins import installed_records
-
     return installed_records()
 
 
@@ -57,8 +58,6 @@ class AskedRuns:
 
     def figures_for(self, record: dict) -> dict:
         """The judge's figures for the next record the worker sent."""
-        from llmb.audit import precision
-
         options = self.runs[min(self.index, len(self.runs) - 1)]
         got = str((record.get("precision") or {}).get("requested"))
         if options.precision == "ALL":
@@ -81,8 +80,6 @@ class AskedRuns:
 def judge_figures(options, requested: str | None, world_size: int, nodes: int, job: bool) -> dict:
     """The figures of one asked run, from the options and the job's size alone (`requested` None: `--precision
     all` asked for whichever benchmark precision the worker ran)."""
-    from llmb.spec.presets import official_reasons
-
     dp = world_size // max(1, options.tp * options.pp)
     microbatches = options.microbatches or math.gcd(options.pp, options.batch_size)
     return {
@@ -324,8 +321,6 @@ def _number(value) -> float:
 
 def headline_figures(record: dict, window_seconds: float) -> dict:
     """Every figure derived from the window, from the record's own shape, batch and job."""
-    from llmb.model import ModelConfig
-
     config = ModelConfig(**record["config"])
     world_size = int(record.get("world_size") or 1)
     # What the data-parallel ranks ran, as the run recorded it (tensor and pipeline peers add no samples).

@@ -13,6 +13,8 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -21,8 +23,9 @@ from typing import Any, TypeVar
 import pluggy
 
 from llmb.api import hookspecs
-from llmb.api.backend import Backend
+from llmb.api.backend import Backend, overridden
 from llmb.api.errors import LlmbError, PluginError, UsageError
+from llmb.api.settings import resolve_settings as resolve
 from llmb.audit import vendor_libraries
 from llmb.spec.version import __version__
 from llmb.spec.vocab import FIRST_PARTY_PLUGINS
@@ -234,9 +237,6 @@ PROBE = "from llmb.registry import plugins; print(plugins.first_available(plugin
 
 
 def _probe_in_a_fresh_process() -> str:
-    import subprocess
-    import sys
-
     try:
         proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -299,8 +299,6 @@ def _names_state(function: Callable) -> bool:
 def resolve_settings(backend: Backend, given: dict[str, str]) -> Any:
     """The backend's settings validated against what it declares, every declared setting's value: an instance of
     its ``Settings`` class where it declares one and takes its settings from it, else a dict."""
-    from llmb.api.settings import resolve_settings as resolve
-
     values = resolve(backend.name, list(call(backend.settings)), given)
     typed = backend.Settings
     if typed is not None and type(backend).settings is Backend.settings:
@@ -310,8 +308,6 @@ def resolve_settings(backend: Backend, given: dict[str, str]) -> Any:
 
 def describe(registration: Registration) -> dict:
     """What `llmb plugins` shows of a backend: origin, devices, precisions, methods overridden, settings, peaks."""
-    from llmb.api.backend import overridden
-
     backend = registration.backend
     return {
         "name": backend.name,

@@ -16,6 +16,7 @@ from llmb.report.tables import Table
 def _figure(panels: int = 1, sharex: bool = False):
     """A figure of `panels` axes stacked vertically (each with its own y scale), and the list of them."""
     try:
+        # Lazy: matplotlib is the [report] extra's, and slow to import; only a plot needs it.
         from matplotlib.figure import Figure
     except ImportError:
         raise LlmbError(

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from llmb.api.errors import UsageError
 from llmb.spec import flops
 from llmb.spec.shape import OFFICIAL_CONFIG
+from llmb.terminal import console as term
 
 
 @dataclass(frozen=True)
@@ -185,8 +186,6 @@ def check_against(measured: dict, result: dict, comm: dict) -> dict:
 
 def table(p: dict):
     """Each term with its formula and numbers, then the step time and the FOM."""
-    from llmb.terminal import console as term
-
     shape = p["shape"]
     s, d, layers, b = shape["seq"], shape["hidden"], shape["layers"], p["batch_per_replica"]
     tp, pp, nbytes = shape["tp"], shape["pp"], shape["bytes_per_element"]

@@ -6,6 +6,7 @@ through the link; the judge imports nothing of this module.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import json
 import signal
@@ -123,8 +124,6 @@ def _die_with_parent() -> None:
     """Linux: the worker gets SIGKILL when the judging process dies, so no orphan keeps the device busy."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
-            import ctypes
-
             ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 

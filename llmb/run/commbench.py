@@ -21,6 +21,7 @@ from llmb.registry import plugins
 from llmb.registry.plugins import call, resolve_settings, select_backend
 from llmb.run.device import check_device_present, parse_device
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS
+from llmb.terminal import console as term
 
 # 1 KiB to 64 MiB by x16: latency-bound to bandwidth-bound (nccl-tests sweeps 8 B to 128 MiB by x2).
 DEFAULT_SIZES = tuple(2**k for k in range(10, 27, 4))
@@ -167,8 +168,6 @@ def default_nproc(options: CommOptions) -> int:
 
 def table(record: Commbench):
     """The sweep as nccl-tests prints it: size, time, algbw, busbw (GB/s = 1e9 bytes/s)."""
-    from llmb.terminal import console as term
-
     title = f"all-reduce, {record.backend} on {record.world_size} x {record.device.name} ({record.dtype})"
     out = term.table(title)
     for column in ("size (B)", "elements", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):

@@ -14,9 +14,12 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from rich.table import Table
+
 from llmb.api.errors import UsageError
 from llmb.records import envelope
-from llmb.records.result_files import write_json_atomic
+from llmb.records.result_files import read_result, write_json_atomic
+from llmb.run import sweep as sweeps
 
 SEARCH_SUMMARY_NAME = "search-summary.json"
 SEARCH_SUMMARY_SCHEMA = "llmb.search-summary/1"
@@ -56,8 +59,6 @@ def folder_name(combination: dict[str, str]) -> str:
 
 def search(options, grid: dict[str, list[str]], display=None) -> dict:
     """One sweep per combination in its own sub-folder of options.out; the search summary written beside them."""
-    from llmb.run import sweep as sweeps
-
     out = Path(options.out)
     combos = combinations(grid)
     summary: dict = {
@@ -92,8 +93,6 @@ def search(options, grid: dict[str, list[str]], display=None) -> dict:
 
 def best_by_precision(out: Path, entries: list[dict]) -> dict[str, dict]:
     """Per precision, the combination with the highest headline among headline runs with no invalid reason."""
-    from llmb.records.result_files import read_result
-
     best: dict[str, dict] = {}
     for entry in entries:
         for name, point in (entry.get("precisions") or {}).items():
@@ -117,8 +116,6 @@ def best_by_precision(out: Path, entries: list[dict]) -> dict[str, dict]:
 
 def print_search(summary: dict, console) -> None:
     """The combinations' headlines per precision, and the winner of each precision."""
-    from rich.table import Table
-
     names = sorted({n for e in summary["combinations"] for n in (e.get("precisions") or {})})
     table = Table(title="llmb sweep --search: headline tokens/s (best batch) per combination")
     table.add_column("settings")

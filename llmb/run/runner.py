@@ -22,6 +22,7 @@ from llmb.distributed import job as distributed
 from llmb.distributed import mesh, ranks
 from llmb.model import LlamaModel, count_parameters
 from llmb.records import Result, energy
+from llmb.records.result_files import write_result
 from llmb.registry import plugins
 from llmb.registry.plugins import Registration, call
 from llmb.run import roofline, sysinfo
@@ -423,6 +424,4 @@ def _merge_ranks(world, report: ranks.RankReport, measurements: list):
 
 
 def write(record: Result, out_dir: Path) -> Path:
-    from llmb.records.result_files import write_result
-
     return write_result(record, out_dir)

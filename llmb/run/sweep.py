@@ -30,7 +30,7 @@ from llmb.records import (
 from llmb.records import SWEEP_LOG_NAME as LOG_NAME
 from llmb.records import SweepTrial as Trial
 from llmb.records.result_files import check_writable, read_result, write_json_atomic
-from llmb.run import runner
+from llmb.run import runner, sysinfo
 
 # The sweep's parts, each in its own module (callers import them from there).
 from llmb.run.sweep_display import Display
@@ -72,8 +72,6 @@ def precisions_to_sweep(plugin, requested: str) -> tuple[list[str], list[str]]:
 def emulated_note(device: torch.device, names: list[str]) -> str | None:
     """The warning a sweep on the host CPU gives before its first trial for the 16-bit precisions this CPU only
     emulates (from its flags): their trials take several times FP32's (issue 27). None elsewhere."""
-    from llmb.run import sysinfo
-
     slow = sysinfo.cpu_emulated_precisions() if device.type == "cpu" else []  # reads /proc/cpuinfo: once
     emulated = [p for p in names if p in slow]
     if not emulated:

@@ -4,6 +4,7 @@ and result JSON."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -69,8 +70,6 @@ def _die_with(parent: int):
 
     def set_death_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
         with contextlib.suppress(Exception):
-            import ctypes
-
             ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # the sweep died before the line above took effect
             os._exit(1)

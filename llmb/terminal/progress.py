@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from llmb.terminal import console as term
 
 if TYPE_CHECKING:
+    # Lazy: rich.progress loads only when a bar is drawn (not for --help, nor under --json).
     from rich.progress import Progress
 
 
@@ -14,6 +15,7 @@ def run_progress() -> Progress:
     """The progress display of a command that times steps. Drawn when a step or phase ends, never by rich's timer
     (10 renders a second from a thread of the judging process, which on a CPU host shares the cores the timed
     steps run on: nothing llmb does may change the speed of what it times)."""
+    # Lazy: rich.progress loads only when a bar is drawn (not for --help, nor under --json).
     from rich.progress import Progress
 
     return Progress(*progress_columns(), console=term.err, transient=True, auto_refresh=False)
@@ -22,6 +24,7 @@ def run_progress() -> Progress:
 def progress_columns() -> tuple:
     """rich's progress columns for a long command: what it does, how far, the time taken and rich's estimate of the
     time left (from the rate of the steps so far)."""
+    # Lazy: rich.progress loads only when a bar is drawn (not for --help, nor under --json).
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return (

@@ -62,6 +62,7 @@ def compile_model(model: nn.Module, mode: str) -> nn.Module:
         return model
     if mode == THUNDER:
         check_compiler(mode)
+        # Lazy: Lightning Thunder is optional (the [thunder] extra); only compile=thunder needs it.
         import thunder
 
         return thunder.jit(model)

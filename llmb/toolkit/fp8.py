@@ -40,6 +40,7 @@ def _import_float8():
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                # Lazy: torchao is optional (the [fp8] extra); only an fp8 recipe needs it.
                 import torchao.float8 as float8
     finally:
         pytree_log.setLevel(level)

@@ -6,6 +6,7 @@ The harness owns this loop. Plugins change the model instance and the backend, n
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,8 +91,6 @@ class LocalJudge:
     clean = False
 
     def open(self, digest_start: list[list[float]]) -> int:
-        import secrets
-
         return secrets.randbits(evidence.CHALLENGE_BITS)
 
     def close(self, answer: dict) -> None: ...

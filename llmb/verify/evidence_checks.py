@@ -14,6 +14,8 @@ import json
 import math
 from collections.abc import Iterable
 
+from llmb.spec.presets import PRESETS
+
 
 def _windows(record: dict) -> list[dict]:
     windows = (record.get("evidence") or {}).get("windows")
@@ -111,8 +113,6 @@ MAX_REPLAY_SEQUENCES = 1024
 
 
 def replay_refusal(record: dict) -> str | None:
-    from llmb.spec.presets import PRESETS
-
     config = record.get("config")
     if not any(config == preset.to_dict() for preset in PRESETS.values()):
         return f"replay refused: the shape is not one of the presets ({', '.join(PRESETS)})"
