@@ -124,3 +124,31 @@ def test_a_run_hands_the_state_to_the_loop_and_the_record(register_backend):
     assert result.facts["state"]["precision"] == "FP32"
     assert result.facts["state"]["steps"] >= 3  # the warmup's steps and the window's
     assert "state" not in vars(backend) and not [k for k in vars(backend) if k != "name"]
+
+
+def test_the_window_judges_and_progress_displays_meet_their_protocols():
+    """Three window judges and two progress displays, one protocol each (llmb.api.protocols): the same members with
+    the same parameters, so a fourth cannot drift from them unnoticed."""
+    import inspect
+
+    from llmb.api.protocols import RunProgress, WindowJudge
+    from llmb.distributed.job import JobJudge
+    from llmb.run.clean_worker import Link
+    from llmb.run.options import Progress
+    from llmb.terminal.progress import RichProgress
+    from llmb.training.loop import LocalJudge
+
+    def members(protocol):
+        return [name for name in vars(protocol) if not name.startswith("_") and callable(vars(protocol)[name])]
+
+    for protocol, implementations in (
+        (WindowJudge, (LocalJudge, Link, JobJudge)),
+        (RunProgress, (Progress, RichProgress)),
+    ):
+        assert members(protocol)
+        for cls in implementations:
+            for name in members(protocol):
+                wanted = list(inspect.signature(getattr(protocol, name)).parameters)
+                assert list(inspect.signature(getattr(cls, name)).parameters) == wanted, (cls.__name__, name)
+    assert isinstance(LocalJudge(), WindowJudge) and LocalJudge.clean is False and Link.clean is True
+    assert isinstance(Progress(), RunProgress)

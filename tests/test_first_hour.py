@@ -304,6 +304,42 @@ def test_the_packager_says_a_line_before_it_runs_a_conformance_check():
     assert "check-plugin" in said[0]
 
 
+def test_long_commands_say_what_is_left_from_what_is_done(monkeypatch):
+    """check-plugin --precision all and the packager's checks: after the first task, an estimate of the time left
+    (the mean of those done times the number to do); none before the first, none after the last."""
+    from llmb.records import Conformance
+    from llmb.terminal import progress
+    from llmb.terminal.progress import Pace
+
+    now = [100.0]
+    pace = Pace(clock=lambda: now[0])
+    assert pace.left() == ""  # the total is not known yet (the plugin's precisions come with the first record)
+    now[0] += 30.0
+    pace.done(total=3)
+    assert pace.left() == "; about 60 s left (1 of 3 done)"
+    now[0] += 10.0
+    pace.done()
+    assert pace.left() == "; about 20 s left (2 of 3 done)"
+    pace.done()
+    assert pace.left() == ""
+    # The packager, two checks to run: the second's line says how long the rest should take.
+    records = [make_result(precision="FP32"), make_result(precision="BF16")]
+    said, clock = [], [0.0]
+    monkeypatch.setattr(progress, "monotonic", lambda: clock[0])
+
+    def check_plugin(name, device, requested, mode, settings):
+        clock[0] += 12.0
+        result = next(r for r in records if r.precision.requested == requested)
+        return Conformance(
+            passed=True, plugin=result.plugin, device=result.device, precision=result.precision, preset=result.preset,
+            config=result.config, seed=0, steps=2, batch_size=1, model_fingerprint=result.model_fingerprint, checks=[],
+        )  # fmt: skip
+
+    submission.gather_conformance(records, [], check_plugin, said.append)
+    assert [line.split(" for ")[0] for line in said] == ["running check-plugin 1 of 2", "running check-plugin 2 of 2"]
+    assert said[0].endswith("(no conformance record given)") and said[1].endswith("; about 12 s left (1 of 2 done)")
+
+
 # Threads on a loaded host: chosen before the run, and advice that works for the plugin in use.
 
 

@@ -14,6 +14,7 @@ from llmb.cli import click_types as bounds
 from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
+from llmb.terminal.progress import Pace
 
 
 @click.command(name="plugins")
@@ -97,13 +98,16 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
         seed=seed,
     )
     passed = True
+    pace = Pace()  # what is left, from the precisions already checked
     while True:  # each record written as soon as it is judged: a later failure loses none
-        with err_console.status(f"{requested}: running the candidate and the reference"):
+        with err_console.status(f"{requested}: running the candidate and the reference{pace.left()}"):
             record = next(checked, None)
         if record is None:
             break
         name = record.precision.requested
-        several = len(names.expand_precision(names.ALL_PRECISIONS, record.plugin.precisions or [])[0]) > 1
+        expanded = names.expand_precision(names.ALL_PRECISIONS, record.plugin.precisions or [])[0]
+        pace.done(total=len(expanded) if requested == names.ALL_PRECISIONS else 1)
+        several = len(expanded) > 1
         all_asked = requested == names.ALL_PRECISIONS
         target = out.with_name(f"{out.stem}-{name.lower()}{out.suffix}") if all_asked and several else out
         path = conformance.write(record, target)

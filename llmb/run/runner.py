@@ -15,6 +15,7 @@ import torch
 
 from llmb import __version__, records
 from llmb.api.errors import LlmbError
+from llmb.api.protocols import RunProgress, WindowJudge
 from llmb.audit import census, evidence, guard, precision
 from llmb.audit.evidence import synthetic_batch
 from llmb.audit.window import WindowAudit
@@ -53,7 +54,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return False
 
 
-def run(options: RunOptions, progress: Progress | None = None, judge=None) -> Result | None:
+def run(options: RunOptions, progress: RunProgress | None = None, judge: WindowJudge | None = None) -> Result | None:
     """Run the benchmark once for one precision and return its result record (None on ranks other than 0).
 
     `judge` opens and closes each measured window (llmb.judge.cleanroom's link to the clean process); without one the
@@ -97,7 +98,9 @@ class Session:
         return self.plugin.backend
 
 
-def prepare(options: RunOptions, plugin: Registration, device: torch.device, settings: dict, judge=None) -> Session:
+def prepare(
+    options: RunOptions, plugin: Registration, device: torch.device, settings: dict, judge: WindowJudge | None = None
+) -> Session:
     """Everything before the first step: the precision recipe, the plugin's backend setup, the model built from the
     seed on the CPU and moved to the device, AdamW, the plugin's post-processing, and the checks on its output."""
     config = options.config
@@ -228,7 +231,12 @@ def audit_session(session: Session) -> dict:
 
 
 def _run(
-    options: RunOptions, plugin: Registration, device: torch.device, settings: dict, progress: Progress, judge=None
+    options: RunOptions,
+    plugin: Registration,
+    device: torch.device,
+    settings: dict,
+    progress: RunProgress,
+    judge: WindowJudge | None = None,
 ) -> Result:
     session = prepare(options, plugin, device, settings, judge)
     trainer, backend, invalid = session.trainer, session.backend, session.invalid

@@ -71,6 +71,7 @@ from llmb.records.result_files import result_filename, write_json_atomic
 from llmb.run import sysinfo
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.spec.vocab import PRECISIONS
+from llmb.terminal.progress import Pace
 
 
 @dataclass
@@ -210,7 +211,10 @@ def gather_conformance(
 ) -> list[Conformance]:
     """One conformance record per key the results use: a given one (a passing one first), else a fresh check."""
     chosen = []
-    for key in sorted({conformance_key(r) for r in records}):
+    keys = sorted({conformance_key(r) for r in records})
+    missing = [key for key in keys if not any(conformance_key(c) == key for c in given)]
+    pace = Pace(total=len(missing))  # what is left, from the checks already run
+    for key in keys:
         found = sorted((c for c in given if conformance_key(c) == key), key=lambda c: not c.passed)
         if found:
             chosen.append(found[0])
@@ -227,8 +231,12 @@ def gather_conformance(
                 "`llmb check-plugin` with it yourself and put its record under --results"
             )
         device = next(r.device.spec or r.device.type for r in records if conformance_key(r) == key)
-        say(f"running check-plugin for {name} {requested} {mode} on {device} (no conformance record given)")
+        say(
+            f"running check-plugin {pace.finished + 1} of {len(missing)} for {name} {requested} {mode} on {device} "
+            f"(no conformance record given){pace.left()}"
+        )
         record = check_plugin(name, device, requested, mode=mode, settings=json.loads(settings))
+        pace.done()
         if conformance_key(record) != key:
             raise LlmbError(
                 f"check-plugin ran {name} with settings {record.plugin.settings}, the results recorded "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from time import monotonic
 from typing import TYPE_CHECKING
 
 from llmb.terminal import console as term
@@ -55,3 +57,25 @@ class RichProgress:
 
     def note(self, text: str) -> None:
         self.progress.console.print(term.text(text, "bold yellow"), soft_wrap=True)
+
+
+class Pace:
+    """What is left of a run of like tasks (the precisions of `check-plugin --precision all`, the checks the packager
+    runs), estimated from those already done: their mean time times the number still to do."""
+
+    def __init__(self, total: int | None = None, clock: Callable[[], float] | None = None) -> None:
+        self.total, self.finished, self.clock = total, 0, clock or monotonic
+        self.start = self.clock()
+
+    def done(self, total: int | None = None) -> None:
+        """One more task done; `total` once it is known (after the first record names the plugin's precisions)."""
+        self.finished += 1
+        if total is not None:
+            self.total = total
+
+    def left(self) -> str:
+        """"; about 40 s left (2 of 3 done)", or nothing before the first task ends or after the last."""
+        if not self.finished or self.total is None or self.finished >= self.total:
+            return ""
+        seconds = (self.clock() - self.start) / self.finished * (self.total - self.finished)
+        return f"; about {seconds:.0f} s left ({self.finished} of {self.total} done)"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from llmb.api.backend import Backend
+from llmb.api.protocols import WindowJudge
 from llmb.audit import evidence
 from llmb.audit.precision import Recipe
 from llmb.records import energy, median_index
@@ -111,7 +112,7 @@ class Trainer:
         device: torch.device,
         barrier: Callable[[], None] | None = None,
         window_batch: Callable[[int], torch.Tensor] | None = None,
-        judge=None,
+        judge: WindowJudge | None = None,
     ) -> None:
         self.model, self.optimizer, self.batch, self.recipe = model, optimizer, batch, recipe
         self.backend, self.device = backend, device
