@@ -13,7 +13,8 @@ from llmb.api.errors import UsageError
 from llmb.api.settings import PluginSettings, option, recorded
 from llmb.default_plugins.cpu import CpuSettings
 from llmb.registry import plugins
-from llmb.registry.plugins import resolve_settings, with_state
+from llmb.registry.plugins import resolve_settings
+from llmb.registry.state import with_state
 from llmb.toolkit import features
 
 

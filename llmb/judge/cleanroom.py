@@ -32,7 +32,6 @@ from multiprocessing.connection import Listener
 
 from llmb.api.errors import LlmbError
 from llmb.audit import evidence
-from llmb.distributed import job as distributed
 from llmb.judge.link import ERRORS, KEY_ENV, error_line
 from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed_plugins: importable from here as before)
     AskedRuns,
@@ -219,6 +218,10 @@ def _launch_ranks(launch, task, jobs: list, judge: Judge) -> None:
     """The job's ranks as commands (llmb.run.rank_worker), not functions: torch's launcher would unpickle a function's
     return value here, and a plugin in a rank can write to that queue. The jobs go in a file only this user can read,
     the key in the environment."""
+    # Lazy: the job launcher, and the plugin registry it calls through, load only when the judge runs; importing the
+    # judge loads none of the plugin machinery (tests/test_clean_boundaries.py).
+    from llmb.distributed import job as distributed
+
     folder = tempfile.mkdtemp(prefix="llmb-jobs-")
     try:
         jobs_file = os.path.join(folder, "jobs.pickle")
@@ -266,6 +269,10 @@ def run_clean_keeping(
     before its next run, so a run stopped later (a signal, a job's time limit) has kept the precisions before it.
     ``on_pending(record)`` gets it first, before its replay (finish), to keep while the replay runs (at the official
     shape a minute or more of the host's CPU and 23 GB of its memory)."""
+    # Lazy: the job launcher, and the plugin registry it calls through, load only when the judge runs; importing the
+    # judge loads none of the plugin machinery (tests/test_clean_boundaries.py).
+    from llmb.distributed import job as distributed
+
     world = distributed.current_world()
     judged: list[dict] = []
     asked = AskedRuns(runs, launch, world)

@@ -11,7 +11,6 @@ from llmb.api.errors import LlmbError
 from llmb.audit import evidence, precision
 from llmb.judge import replay
 from llmb.records import RecordError, Result, energy, median_index
-from llmb.registry.plugins import installed_records
 from llmb.spec import flops
 from llmb.spec.presets import official_reasons
 from llmb.spec.shape import ModelConfig
@@ -25,6 +24,10 @@ NESTING_SLACK_SECONDS = 1e-4
 def installed_plugins() -> list[dict]:
     """Every installed llmb plugin with its distribution and version, read from metadata (nothing is imported):
     llmb.registry.plugins.installed, the one list of installed plugins."""
+    # Lazy: importing the judge loads none of the plugin machinery (tests/test_clean_boundaries.py); this reads
+    # package metadata only, when a record is written.
+    from llmb.registry.plugins import installed_records
+
     return installed_records()
 
 

@@ -11,8 +11,6 @@ plugin from package metadata without importing any.
 from __future__ import annotations
 
 import difflib
-import functools
-import inspect
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -27,6 +25,7 @@ from llmb.api.backend import Backend, overridden
 from llmb.api.errors import LlmbError, PluginError, UsageError
 from llmb.api.settings import resolve_settings as resolve
 from llmb.audit import vendor_libraries
+from llmb.registry import state as run_state
 from llmb.spec.version import __version__
 from llmb.spec.vocab import FIRST_PARTY_PLUGINS
 
@@ -252,11 +251,12 @@ T = TypeVar("T")
 
 
 def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call a backend's method, with this run's state where the method names a ``state`` parameter (with_state); a
+    """Call a backend's method, with this run's state where the method names a ``state`` parameter
+    (llmb.registry.state.with_state); a
     failure leaves as one error naming the backend and the method. (The timed loop calls its few methods directly:
     the harness's errors still name the run, and the window stays lean.)"""
     try:
-        return with_state(method)(*args, **kwargs)
+        return run_state.with_state(method)(*args, **kwargs)
     except LlmbError:
         raise
     except Exception as exc:
@@ -264,36 +264,14 @@ def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise PluginError(getattr(backend, "name", "?"), method.__name__, exc) from exc
 
 
-# What each backend's setup returned for the run in this process (Backend.setup), by backend instance: handed to
-# the methods that name a ``state`` parameter, as pluggy hands a hook implementation only the arguments it names.
-_run_states: dict[int, tuple[Backend, Any]] = {}
-
-
 def setup(backend: Backend, device: Any, precision: str, settings: Any) -> Any:
-    """Run the backend's setup for a run and keep what it returns as the run's state (a later setup replaces it).
-    First, the vendor libraries it names are the only ones whose process-wide replacements the guard may accept."""
+    """Run the backend's setup for a run and keep what it returns as the run's state (llmb.registry.state; a later
+    setup replaces it). First, the vendor libraries it names are the only ones whose process-wide replacements the
+    guard may accept."""
     vendor_libraries.use(call(backend.vendor_libraries))
     state = call(backend.setup, device, precision, settings)
-    _run_states[id(backend)] = (backend, state)
+    run_state.keep(backend, state)
     return state
-
-
-def with_state(method: Callable[..., T]) -> Callable[..., T]:
-    """A backend method with this run's state bound, where it names a ``state`` parameter; else the method itself.
-    The loops bind theirs once, before the clock runs."""
-    backend = getattr(method, "__self__", None)
-    if backend is None or not _names_state(getattr(method, "__func__", method)):
-        return method
-    held = _run_states.get(id(backend))
-    return functools.partial(method, state=held[1] if held is not None and held[0] is backend else None)
-
-
-@functools.cache
-def _names_state(function: Callable) -> bool:
-    try:
-        return "state" in inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a builtin without a signature names nothing
-        return False
 
 
 def resolve_settings(backend: Backend, given: dict[str, str]) -> Any:

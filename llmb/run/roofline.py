@@ -19,7 +19,8 @@ from llmb.api.errors import UsageError
 from llmb.audit import precision as precisions
 from llmb.records import ROOFLINE_SCHEMA
 from llmb.registry import plugins
-from llmb.registry.plugins import call, resolve_settings, select_backend, with_state
+from llmb.registry.plugins import call, resolve_settings, select_backend
+from llmb.registry.state import with_state
 from llmb.run.device import check_device_present, parse_device
 from llmb.spec.shape import ModelConfig
 

@@ -18,7 +18,7 @@ from llmb.api.protocols import WindowJudge
 from llmb.audit import evidence
 from llmb.audit.precision import Recipe
 from llmb.records import energy, median_index
-from llmb.registry.plugins import with_state
+from llmb.registry.state import with_state
 from llmb.spec.presets import ADAMW_HYPERPARAMETERS
 
 # The benchmark's optimizer: torch.optim.AdamW with llmb.spec.presets.ADAMW_HYPERPARAMETERS (imported above).
