@@ -89,10 +89,6 @@ def use(distributions: Iterable[str]) -> None:
     _named = tuple(sorted({normalise(str(name)) for name in distributions}))
 
 
-def named() -> tuple[str, ...]:
-    return _named
-
-
 def pins_path(library: VendorLibrary, version: str) -> Path:
     return RELEASES_DIR / f"{library.distribution}-{version}.json"
 

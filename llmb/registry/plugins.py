@@ -252,9 +252,8 @@ T = TypeVar("T")
 
 def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call a backend's method, with this run's state where the method names a ``state`` parameter
-    (llmb.registry.state.with_state); a
-    failure leaves as one error naming the backend and the method. (The timed loop calls its few methods directly:
-    the harness's errors still name the run, and the window stays lean.)"""
+    (llmb.registry.state.with_state); a failure leaves as one error naming the backend and the method. (The timed
+    loop calls its few methods directly: the harness's errors still name the run, and the window stays lean.)"""
     try:
         return run_state.with_state(method)(*args, **kwargs)
     except LlmbError:

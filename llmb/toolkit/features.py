@@ -31,8 +31,6 @@ FP8_EMULATE_HELP = (
     "torchao's float8 emulation (high-precision GEMMs: checks the numerics anywhere) instead of torch._scaled_mm's "
     "float8 kernels"
 )
-# A feature the backend does not declare is off.
-OFF = {"compile": "none", "activation_checkpointing": "none", "fp8": "none", "fp8_emulate": False}
 # The fact every plugin's FP8 records under one name, so records say it alike whichever plugin ran.
 FP8_FACT = "llmb.fp8"
 
@@ -46,6 +44,10 @@ class FeatureSettings(PluginSettings):
     activation_checkpointing: str = option("none", checkpointing.HELP, choices=checkpointing.MODES)
     fp8: str = option("none", FP8_HELP, choices=fp8.RECIPES)
     fp8_emulate: bool = option(False, FP8_EMULATE_HELP)
+
+
+# A feature the backend does not declare is off: FeatureSettings's own defaults.
+OFF = {s.name: s.default for s in FeatureSettings.declared()}
 
 
 def settings(
