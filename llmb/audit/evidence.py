@@ -24,6 +24,20 @@ from llmb.spec.vocab import DEFAULT_REPLAY_STEPS, DEFAULT_REPLAY_WHOLE  # noqa: 
 
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
 CHALLENGE_BITS = 62
+# What a window's sealed digests cover: the whole model, or (tensor or pipeline parallelism: each rank holds a
+# different part) rank 0's part only, which the replay cannot compare. The job's layout decides it, never the seal.
+MODEL_SCOPE = "model"
+PARTIAL_SCOPE = "rank 0's part"
+
+
+def digest_scope(layout) -> str:
+    """What the digests of a job with this layout cover (a layout object or a record's layout dict)."""
+    get = layout.get if isinstance(layout, dict) else (lambda key, default: getattr(layout, key, default))
+    try:
+        partial = int(get("tp", 1) or 1) > 1 or int(get("pp", 1) or 1) > 1
+    except (TypeError, ValueError):
+        partial = True  # a layout that cannot be read: nothing to compare the digests with
+    return PARTIAL_SCOPE if partial else MODEL_SCOPE
 
 
 def window_seed(challenge: int, rank: int) -> int:

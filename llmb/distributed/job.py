@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from llmb.api.errors import LlmbError, UsageError
+from llmb.audit.evidence import MODEL_SCOPE, PARTIAL_SCOPE
 from llmb.distributed import cluster
 from llmb.registry.plugins import call
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS, PARALLEL  # noqa: F401  (PARALLEL: re-exported, the CLI's vocabulary)
@@ -478,7 +479,7 @@ class JobJudge:
             start, end, moments = (_summed([p[k] for p in parts], self.replicas) for k in range(3))
         else:
             start, end, moments = digests
-        scope = "rank 0's part" if self.partial else "model"
+        scope = PARTIAL_SCOPE if self.partial else MODEL_SCOPE
         self.inner.seal({"digest_start": start, "digest_end": end, "moments_end": moments, "digest_scope": scope})
 
 

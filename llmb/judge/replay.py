@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmb.audit.evidence import as_list, digest, global_batch, moment_digest
+from llmb.audit.evidence import MODEL_SCOPE, as_list, digest, digest_scope, global_batch, moment_digest
 from llmb.audit.precision import apply_backend_recipe
 from llmb.model import LlamaModel, ModelConfig
 from llmb.spec.tolerances import BRACKETED, replay_tolerance_for
@@ -34,6 +34,13 @@ from llmb.training.loop import build_optimizer
 # fused AdamW, 0.00057 FP16 amp; 2.5x margin at least. A skipped step moves them by O(1). Not yet measured on a GPU
 # (gpu.sh's calibration step measures them with the losses now).
 MOMENT_TOLERANCES = {"FP32": 1e-3, "TF32": 2e-2, "FP16": 5e-2, "BF16": 1e-1, "FP8": 1e-1}
+# A run made on the CPU, replayed on the CPU (issue 25, class 4): honest FP32 windows differ from the replay by
+# 6e-8 to 1.9e-7 (tiny preset, 5 steps, batch 1-4, eager and Inductor-compiled, 1 or 2 threads), where a plugin that
+# runs every MLP under autocast(float16) from step 3 on, FP32 whenever a dispatch mode is pushed, differs by 5.4e-5
+# while its losses stay within 4e-7 of the replay's (under the 1e-6 FP32 tolerance: at the tiny shape the loss
+# barely depends on the matmuls' rounding, AdamW's moments, a tenth of every gradient, do). 1e-5 holds both with a
+# margin of 5 or more. Other devices keep MOMENT_TOLERANCES until a GPU measures theirs (benchmarks/gpu.sh).
+CPU_MOMENT_TOLERANCES = {"FP32": 1e-5}
 # Tokens per micro-batch of the replay (one whole sequence where a sequence is longer: one row at the official
 # shape). What the replay holds beyond the model and AdamW is one micro-batch's activations, whatever the batch: at
 # the official shape about 0.1 GB of FP32 logits and their gradients; the GEMMs stay 256 rows tall there, which the
@@ -192,10 +199,20 @@ FP16_LOOP_HINT = (
 
 
 def compare(
-    window: dict, replayed: Replayed, effective: str, mode: str, fp32_master: bool, fused: bool | None = None
+    window: dict,
+    replayed: Replayed,
+    effective: str,
+    mode: str,
+    fp32_master: bool,
+    fused: bool | None = None,
+    scope: str = MODEL_SCOPE,
+    device_type: str | None = None,
 ) -> list[ReplayCheck]:
     """The window's recorded losses (and digest, for a whole window) against the replay, with the conformance
-    tolerances of what really ran (`fused`: whether the run's AdamW was the fused kernel, for the failure's hint)."""
+    tolerances of what really ran (`fused`: whether the run's AdamW was the fused kernel, for the failure's hint).
+    `scope` is what the digests cover as the job's layout says (evidence.digest_scope), never the window's own word:
+    a seal that called a one-process run's digests a part would skip the digest and AdamW moment checks.
+    `device_type`: the run's device type, which picks the moment tolerance (moment_tolerance)."""
     tol = replay_tolerance_for(effective, mode)
     digest_tolerance = tol.trained
     hint = FP16_LOOP_HINT if (effective, mode) == ("FP16", "pure") and not fused else ""
@@ -225,7 +242,7 @@ def compare(
                 tolerance,
             )
         )
-    if replayed.digest_end is not None and window.get("digest_scope", "model") == "model":
+    if replayed.digest_end is not None and scope == MODEL_SCOPE:
         end = window.get("digest_end") or []
         if fp32_master:
             # The weights dwarf their updates (about steps x 1e-5 per element): compare what the window changed.
@@ -244,14 +261,17 @@ def compare(
         checks.append(ReplayCheck("replay-digest", passed, detail, error, digest_tolerance))
         # Records made before the moments were sealed have no such key: nothing to compare, as before.
         if replayed.moments_end and "moments_end" in window:
-            checks.append(_moments_check(window, replayed, moment_tolerance(effective, mode), hint))
+            checks.append(_moments_check(window, replayed, moment_tolerance(effective, mode, device_type), hint))
     return checks
 
 
-def moment_tolerance(effective: str, mode: str) -> float:
+def moment_tolerance(effective: str, mode: str, device_type: str | None = None) -> float:
     """Relative error allowed between a whole window's AdamW first-moment digest and the FP32 replay's: AdamW's
     state is kept in the parameters' dtype, so a pure 16-bit run's moments carry its rounding (MOMENT_TOLERANCES:
-    measured by benchmarks/replay_calibration.py, on the CPU so far)."""
+    measured by benchmarks/replay_calibration.py, on the CPU so far); a run made on the CPU is held to the CPU's own
+    measurement where one exists (CPU_MOMENT_TOLERANCES)."""
+    if device_type == "cpu" and effective in CPU_MOMENT_TOLERANCES:
+        return CPU_MOMENT_TOLERANCES[effective]
     return MOMENT_TOLERANCES.get(effective, MOMENT_TOLERANCES["FP8"])
 
 
@@ -370,7 +390,10 @@ def replay_record(record: dict, steps: int, window: int | None = None, device: s
     precision = record["precision"]
     fp32_master = precision["mode"] == "amp" or precision["requested"] in ("FP32", "TF32")
     fused = bool(((record.get("optimizer") or {}).get("defaults") or {}).get("fused"))
-    checks = compare(chosen, replayed, precision["effective"], precision["mode"], fp32_master, fused)
+    scope = digest_scope(record.get("layout") or {})  # the layout's, not the window's (compare)
+    device_type = str((record.get("device") or {}).get("type") or "")
+    effective, mode = precision["effective"], precision["mode"]
+    checks = compare(chosen, replayed, effective, mode, fp32_master, fused, scope, device_type)
     return {
         "window": index,
         "steps": len(replayed.losses),

@@ -12,6 +12,7 @@ from llmb.audit import evidence, precision
 from llmb.judge import replay
 from llmb.records import RecordError, Result, energy, median_index
 from llmb.spec import flops
+from llmb.spec import peak_table as peaks
 from llmb.spec.presets import official_reasons
 from llmb.spec.shape import ModelConfig
 from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW
@@ -196,6 +197,15 @@ def finish(
     for index, window in enumerate(closed):
         invalid += nesting_problems(index, window)
     invalid += record_problems(record, closed)
+    # What the sealed digests cover is the job's layout's to say (the judge's tp and pp), not the seal's: a seal that
+    # called a one-process run's digests "rank 0's part" would have its whole-window replay skip them.
+    scope = evidence.digest_scope(record.get("layout") or {})
+    for index, window in enumerate(closed):
+        sealed = window.answer.get("digest_scope", scope)
+        if sealed != scope:
+            invalid.append(
+                f"judge: window {index + 1}'s seal says its digests cover {sealed!r}; the job's layout gives {scope!r}"
+            )
     evidence_windows = [
         evidence.Window(
             challenge=w.challenge,
@@ -206,7 +216,7 @@ def finish(
             worker_seconds=_number(w.answer.get("worker_window_seconds")),
             moments_end=list(w.answer.get("moments_end") or []),
         ).to_dict()
-        | {"digest_scope": str(w.answer.get("digest_scope", "model"))}
+        | {"digest_scope": scope}
         for w in closed
     ]
     steps = int(record["steps"])
@@ -214,6 +224,9 @@ def finish(
         if len(window["losses"]) != steps:
             invalid.append(f"judge: window {index + 1} answered {len(window['losses'])} losses for {steps} steps")
     record = dict(record)
+    # The peak behind the MFU, chosen here again: the worker's choice (and its reasons) crossed the link as its word.
+    record["peak"], problems = judged_peak(record)
+    invalid += [problem for problem in problems if problem not in invalid]
     if closed:
         seconds = [w.seconds for w in closed]
         headline = median_index([1 / s for s in seconds])  # by throughput: the headline rule
@@ -227,6 +240,7 @@ def finish(
         )
         record["timing"] = timing
         record.update(headline_figures(record, seconds[headline]))
+        invalid += [problem for problem in peaks.mfu_problems(record["mfu"]) if problem not in invalid]
         chosen = evidence_windows[headline]["losses"]
         if chosen:
             record["loss"] = {**record["loss"], "first": chosen[0], "last": chosen[-1]}
@@ -274,6 +288,28 @@ def _sealed(result, record: dict, invalid: list[str]):
     """The judged record with its invalid reasons and verdict, typed as the worker's record came (Result or dict)."""
     record = {**record, "invalid_reasons": invalid, "valid": bool(record.get("official")) and not invalid}
     return type(result).from_dict(record) if hasattr(result, "to_dict") else record
+
+
+def judged_peak(record: dict) -> tuple[dict, list[str]]:
+    """The record's peak as llmb's table gives it for the record's device name and label, with the plugin's
+    declaration only where the table lacks the device (llmb.spec.peak_table.choose, as the worker's record.choose_peak
+    calls it), and every problem with it: a peak the worker's record carries that is not this one is named. The
+    device name and the declaration stay the plugin's word (docs/integrity.md, section 6)."""
+    said = record.get("peak") if isinstance(record.get("peak"), dict) else {}
+    name = str((record.get("device") or {}).get("name") or "")
+    effective = str((record.get("precision") or {}).get("effective") or "")
+    declared = _number(said.get("declared_flops"))
+    declared = declared if effective in precision.PRECISIONS and math.isfinite(declared) and declared > 0 else None
+    source = said.get("source") if said.get("origin") == peaks.ORIGIN_DECLARED else None
+    choice = peaks.choose(name, effective, declared, source if isinstance(source, str) else None)
+    peak = choice.to_dict()
+    problems = list(choice.problems)
+    if (said.get("flops"), said.get("origin")) != (peak["flops"], peak["origin"]):
+        problems.append(
+            f"judge: the worker's record says peak {said.get('flops')!r} ({said.get('origin')}); llmb's table and the "
+            f"plugin's declaration give {peak['flops']!r} ({peak['origin']}) for {name!r} {effective}"
+        )
+    return peak, problems
 
 
 def nesting_problems(index: int, window: JudgedWindow) -> list[str]:

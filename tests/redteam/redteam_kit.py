@@ -7,9 +7,10 @@ Two ways to lay one out: `build` pip-installs a package built from a pyproject (
 
 An attack is module-level code (what runs at import: the global monkeypatching) plus optional functions the
 generated plugin calls from its hooks: ``_setup(device, precision, settings)``, ``_process_model(model, optimizer,
-device, precision, settings)``, ``_step_end(device)``, ``_peak(device, precision)``, ``_device_name(device)``,
-``_new_event(device)``. The generator writes them as this llmb's plugin API wants them (module hooks, or a
-`llmb.Backend` subclass where llmb has one), so the attacks stay the same when the API changes.
+device, precision, settings)``, ``_optimizer_options(device, precision, settings)``, ``_step_end(device)``,
+``_peak(device, precision)``, ``_device_name(device)``, ``_new_event(device)``, ``_vendor_libraries()``. The
+generator writes them as this llmb's plugin API wants them (module hooks, or a `llmb.Backend` subclass where llmb has
+one), so the attacks stay the same when the API changes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ HOOKS = {  # attack function -> (old hook name, Backend method name, arguments)
     "_device_name": ("device_name", "device_name", "device"),
     "_new_event": ("device_event", "new_event", "device"),
     "_vendor_libraries": ("vendor_libraries", "vendor_libraries", ""),
+    "_optimizer_options": ("optimizer_options", "optimizer_options", "device, precision, settings"),
 }
 PEAK_SHIM = """
 try:  # the Backend API's peak carries its source; older llmb takes any object with flops and source

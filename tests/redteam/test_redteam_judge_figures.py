@@ -1,10 +1,14 @@
 """Red team, class 1 of the second round: the judge takes the worker's word for what ran. A plugin that rewrites
 what the worker's end of the link sends (here through multiprocessing's Connection.send, which no identity guard
-watches) claims more steps, a larger batch or a job it never ran. The judge's figures are its own: what it asked
-for. Stage: run; reason: "judge: the worker's record says <field> ...; the judge asked for ..."."""
+watches) claims more steps, a larger batch or a job it never ran, a peak of its own, or digests that cover less than
+the model. The judge's figures are its own: what it asked for, the peak llmb's table gives, the scope the job's
+layout gives. Stage: run; reason: "judge: the worker's record says <field> ...; the judge asked for ..." (the peak:
+"...; llmb's table and the plugin's declaration give ..."; the seal: "judge: window N's seal says its digests cover
+...")."""
 
 import pytest
 from redteam_kit import install, reasons, run
+from test_redteam_steps_at_risk import attack
 
 from llmb.spec.flops import model_flops_per_token
 from llmb.spec.shape import ModelConfig
@@ -73,6 +77,18 @@ def _forge_record(record):
     record["nodes"] = 2
     return record
 """
+# The peak behind the MFU: a device the table knows (one row), its figure replaced by one a fiftieth of the
+# achieved rate's order and still called the table's, with the worker's own peak reasons dropped.
+A_PEAK_OF_ITS_OWN = """
+def _device_name(device):
+    return "NVIDIA H100 80GB HBM3"
+
+
+def _forge_record(record):
+    record["peak"] = {**record["peak"], "flops": 2e10, "source": "a datasheet", "origin": "llmb table"}
+    record["invalid_reasons"] = [r for r in record["invalid_reasons"] if not r.startswith(("peak", "MFU"))]
+    return record
+"""
 
 
 @pytest.mark.parametrize(
@@ -83,6 +99,7 @@ def _forge_record(record):
         ("job", A_JOB_IT_NEVER_RAN, "world_size"),
         ("flops", TEN_TIMES_THE_FLOPS, "model_flops_per_token"),
         ("nodes", TWO_NODES, "nodes"),
+        ("peak", A_PEAK_OF_ITS_OWN, "peak"),
     ],
 )
 def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path, name, forge, field):
@@ -100,3 +117,29 @@ def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path
     flops = flops_per_token(record["config"])
     assert record["model_flops_per_token"] == flops and record["nodes"] == 1
     assert record["tflops"] == pytest.approx(record["tokens_per_second"] * flops / 1e12, rel=1e-9)
+    # The peak is llmb's table's for the device name the record gives (the H100's FP32 row for the forged peak).
+    if name == "peak":
+        assert record["peak"]["flops"] == 66.9e12 and record["peak"]["origin"] == "llmb table", record["peak"]
+        assert record["mfu"] == pytest.approx(record["tflops"] * 1e12 / 66.9e12, rel=1e-9)
+
+
+# What the sealed digests cover is the job's layout's to say: a one-process run whose seal calls its digests "rank 0's
+# part" (as a tensor-parallel job's are) would have the whole-window replay compare neither the parameter digest nor
+# AdamW's moments, so a pure BF16 plugin that stops computing after step 1 (losses inside the bracket) would pass.
+NARROWED_SEAL = """
+    if isinstance(message, tuple) and len(message) == 2 and message[0] == "seal" and isinstance(message[1], dict):
+        message = ("seal", {**message[1], "digest_scope": "rank 0's part"})
+    return _send(self, message)"""
+NO_FORGERY = "def _forge_record(record):\n    return record\n\n\ndef _forge_answer(answer):\n    return answer\n"
+FORGE_THE_SEAL = FORGE_THE_LINK.replace("\n    return _send(self, message)", NARROWED_SEAL)
+FORGE_THE_SEAL = FORGE_THE_SEAL.replace("# FORGERY\n", NO_FORGERY)
+
+
+def test_a_seal_that_narrows_what_its_digests_cover_is_judged_on_the_layout(tmp_path):
+    site = install(tmp_path / "site", "forgescope", FORGE_THE_SEAL + attack(2))
+    args = ["--plugin", "forgescope", "--precision", "BF16", "--steps", "5", "--replay-whole", "1"]
+    proc, record = run(site, tmp_path, *args)
+    assert record is not None, proc.stderr[-2000:]
+    assert reasons(record, "judge: window 1's seal says its digests cover \"rank 0's part\""), record["invalid_reasons"]
+    assert record["evidence"]["windows"][0]["digest_scope"] == "model"
+    assert reasons(record, "replay: AdamW's first-moment digest"), record["invalid_reasons"]

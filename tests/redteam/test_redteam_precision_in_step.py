@@ -47,3 +47,43 @@ def test_bf16_entered_inside_the_step_fails_the_fp32_replay_of_that_step(tmp_pat
         assert replay["passed"] is True, replay
         return
     assert replay["passed"] is False and reasons(record, caught), record["invalid_reasons"]
+
+
+# Class 4 with a lighter touch: every MLP (two thirds of the matmuls) under autocast(float16) from step 3 on, plain
+# FP32 whenever a dispatch mode is pushed. At the tiny shape its losses stay within the FP32 tolerance (4e-7 against
+# 1e-6); AdamW's moments, a tenth of every gradient, differ by 5e-5 where an honest CPU window differs by 2e-7 at most
+# (llmb.judge.replay.CPU_MOMENT_TOLERANCES).
+FP16_MLP_FROM_STEP = """
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+_calls = [0]
+
+
+def _process_model(model, optimizer, device, precision, settings):
+    forward = model.forward
+
+    def counting(input_ids, labels=None):
+        _calls[0] += labels is not None
+        return forward(input_ids, labels)
+
+    for layer in model.layers:
+        def fp16(x, inner=layer.mlp.forward):
+            if _calls[0] < FIRST_CHANGED or _get_current_dispatch_mode() is not None:
+                return inner(x)
+            with torch.autocast("cpu", dtype=torch.float16):
+                return inner(x).float()
+
+        layer.mlp.forward = fp16
+    model.forward = counting
+    return model
+"""
+
+
+def test_fp16_inside_one_module_fails_the_fp32_replay_of_the_window(tmp_path):
+    site = install(tmp_path / "site", "fp16mlp", FP16_MLP_FROM_STEP.replace("FIRST_CHANGED", str(WARMUP + 3)))
+    args = ["--plugin", "fp16mlp", "--precision", "FP32", "--steps", "5", "--replay-whole", "1"]
+    proc, record = run(site, tmp_path, *args)
+    assert record is not None, proc.stderr[-2000:]
+    assert record["precision"]["effective"] == "FP32"  # the audit's recorded step saw FP32: the label is FP32
+    assert reasons(record, "replay: AdamW's first-moment digest"), record["invalid_reasons"]

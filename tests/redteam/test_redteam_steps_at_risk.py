@@ -87,3 +87,100 @@ def test_one_rank_of_a_job_that_skips_work_is_at_risk_as_one_process_is(tmp_path
     assert record["world_size"] == 2 and record["evidence"]["replay"]["drawn"]["whole"] is True
     assert reasons(record, "replay: step 3: recorded loss"), record["invalid_reasons"]
     assert not reasons(record, "replay: step 2:"), record["invalid_reasons"]  # the steps before were honest
+
+
+# Other shapes of the same cheat. The last step of every window trains on a fake backward (its loss is real):
+# only the window's digests can see it.
+LAST_STEP_OF_EACH_WINDOW = """
+import torch
+
+_calls = [0]
+_noise = {}
+
+
+def _process_model(model, optimizer, device, precision, settings):
+    forward = model.forward
+
+    def last_step_cheap(input_ids, labels=None):
+        _calls[0] += labels is not None
+        loss, logits = forward(input_ids, labels)
+        position = _calls[0] - WARMUP
+        if labels is None or position < 1 or position % STEPS != 0:
+            return loss, logits
+        fake = torch.zeros((), dtype=torch.float32)
+        for name, p in model.named_parameters():
+            noise = _noise.setdefault(name, torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+            fake = fake + (p.float() * noise).sum() * 1e-9
+        return (fake - fake.detach() + loss.detach().float()).to(loss.dtype), None
+
+    model.forward = last_step_cheap
+    return model
+"""
+# A random half of the steps from step 3 on skip the model (SKIP_FROM_STEP's fake loss and gradients).
+RANDOM_HALF = SKIP_FROM_STEP.replace(
+    "if _calls[0] < FIRST_SKIPPED or labels is None or _rank not in SKIPPING_RANKS:",
+    "if _calls[0] < FIRST_SKIPPED or labels is None or _coin.random() < 0.5:",
+).replace("import os\n", "import os\nimport random as _coin\n")
+# The first half of the layers never runs its backward: the hidden state is detached after it, with a tiny path
+# kept to every weight so no gradient is all-zero.
+HALF_THE_LAYERS_BACKWARD = """
+import torch
+
+
+def _process_model(model, optimizer, device, precision, settings):
+    half = len(model.layers) // 2
+    before = [*model.embed_tokens.parameters(), *model.layers[:half].parameters()]
+
+    def cut(module, args, output):
+        if not torch.is_grad_enabled():
+            return output
+        tiny = sum(p.float().sum() for p in before) * 1e-12
+        return output.detach() + (tiny - tiny.detach()).to(output.dtype)
+
+    model.layers[half - 1].register_forward_hook(cut)
+    return model
+"""
+# Pure FP16 wants the fused AdamW (its per-tensor loops underflow g^2 in FP16: an honest run fails the replay too).
+FUSED_ADAMW = """
+
+def _optimizer_options(device, precision, settings):
+    return {"fused": True}
+"""
+
+
+@pytest.mark.parametrize(
+    "name, code, precision, steps, caught",
+    [
+        # Class 2: the last step of every window, backward skipped: the parameter digest's update and the moments.
+        (
+            "laststep",
+            LAST_STEP_OF_EACH_WINDOW.replace("WARMUP", str(WARMUP)).replace("STEPS", "5"),
+            "FP32",
+            5,
+            "replay: AdamW's first-moment digest",
+        ),
+        # Class 2: a random half of steps 3-6.
+        (
+            "randomhalf",
+            RANDOM_HALF.replace("FIRST_SKIPPED", str(WARMUP + 3)).replace("SKIPPING_RANKS", "(0,)"),
+            "FP32",
+            6,
+            "replay: AdamW's first-moment digest",
+        ),
+        # Class 3: pure FP16 (not BF16) that stops computing after step 1, its later losses inside the bracket.
+        ("fp16stop", attack(2) + FUSED_ADAMW, "FP16", 5, "replay: AdamW's first-moment digest"),
+        # Class 3: pure BF16 and pure FP16 that skip half the layers' backward from step 1.
+        ("bf16halflayers", HALF_THE_LAYERS_BACKWARD, "BF16", 5, "replay: AdamW's first-moment digest"),
+        ("fp16halflayers", HALF_THE_LAYERS_BACKWARD + FUSED_ADAMW, "FP16", 5, "replay: AdamW's first-moment digest"),
+    ],
+)
+def test_other_shapes_of_skipped_work_fail_the_whole_window_replay(tmp_path, name, code, precision, steps, caught):
+    """Each variant is caught by the whole-window replay (drawn with probability --replay-whole, here 1); the prefix
+    replay of steps 1-2 sees none of them where their losses there are exact (FP32) or bracketed (pure 16-bit)."""
+    site = install(tmp_path / "site", name, code)
+    args = ["--plugin", name, "--precision", precision, "--steps", str(steps), "--replay-whole", "1"]
+    proc, record = run(site, tmp_path, *args)
+    assert record is not None, proc.stderr[-2000:]
+    replay = record["evidence"]["replay"]
+    assert replay["drawn"]["whole"] is True and replay["passed"] is False, replay
+    assert reasons(record, caught), record["invalid_reasons"]

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import textwrap
 
+import pytest
 from redteam_kit import install, reasons, run
 from test_redteam_plugins import SKIP_LAYERS
 
@@ -42,15 +43,17 @@ def record_line(path: str, data: bytes) -> str:
     return f"{path},sha256={digest},{len(data)}"
 
 
-def test_a_lookalike_release_whose_record_matches_its_files_is_not_the_vendor_library(tmp_path):
-    site = install(tmp_path / "site", "lookalike", PLUGIN)
+@pytest.mark.parametrize("version", ["2.8.0", "2.9.0"])  # a pinned release; a real-looking one llmb holds no pins for
+def test_a_lookalike_release_whose_record_matches_its_files_is_not_the_vendor_library(tmp_path, version):
+    name = f"lookalike{version.replace('.', '')}"
+    site = install(tmp_path / "site", name, PLUGIN)
     (site / "intel_extension_for_pytorch").mkdir()
     (site / "intel_extension_for_pytorch" / "__init__.py").write_text(LOOKALIKE)
-    info = site / "intel_extension_for_pytorch-2.8.0.dist-info"
+    info = site / f"intel_extension_for_pytorch-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: 2.8.0\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: intel-extension-for-pytorch\nVersion: {version}\n")
     (info / "RECORD").write_text(record_line("intel_extension_for_pytorch/__init__.py", LOOKALIKE.encode()) + "\n")
-    proc, record = run(site, tmp_path, "--plugin", "lookalike")
+    proc, record = run(site, tmp_path, "--plugin", name)
     assert record is not None, proc.stderr[-2000:]
     assert not record["valid"]
     assert reasons(record, "identity after post-processing: llmb.model.LlamaModel.forward was replaced")
