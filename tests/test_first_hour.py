@@ -67,6 +67,11 @@ def test_sweep_report_and_summary_md_show_one_headline(tmp_path):
     md = submission.render_summary({"submitter": "t", "system_name": "s", "plugins": [], "debug": {"is_debug": False}},
                                    counted)  # fmt: skip
     assert "| 1,000.0 | 990.0-1,010.0 |" in md  # pooled: "| 1,010.0 | 990.0-1,500.0 |"
+    # The leaderboard (and verify's run count, from the same headlines) of the bundle these results make.
+    from llmb.submit import leaderboard
+
+    (row,) = leaderboard._headlines({f"results/{r.run_id}.json": r for r in counted})
+    assert row.tokens_per_second == 1000.0 and row.runs == 3
 
 
 SUMMARY_BUNDLE = {"submitter": "t", "system_name": "s", "plugins": [], "debug": {"is_debug": False}}
@@ -168,6 +173,7 @@ def test_an_unknown_plugin_name_says_what_fixes_it():
     assert shipped == sorted(names.FIRST_PARTY_PLUGINS)
     for name in shipped:
         assert f"pip install -e plugins/{name}" in plugins.unknown_plugin(name, ["cpu"])
+        assert f"pip install -e plugins/{name}" in plugins.unknown_plugin(name.upper(), ["cpu"])
 
 
 def test_a_mistyped_plugin_is_refused_before_torch_is_imported():
@@ -194,6 +200,65 @@ def test_no_baseline_names_the_baseline_option():
     points = [report.point_from_record(r, None, "") for r in runs]
     (table,) = report.comparison_tables(points)
     assert table.note.startswith("No baseline") and "--baseline" in table.note
+    assert "cpu threads=2, cpu threads=4" in table.note  # the methods it takes
+    # A --baseline that names no method here: the methods it takes, and the closest.
+    (table,) = report.comparison_tables(points, baseline="cpu thread=4")
+    assert "no run of 'cpu thread=4'" in table.note and "did you mean cpu threads=4" in table.note
+
+
+def every_param(kind: str):
+    """(command, parameter) for every option of every command whose name is `kind` (--plugin, --device)."""
+    return [(name, p) for name, p in command_params() if p.name == kind]
+
+
+def test_every_named_choice_matches_in_any_case():
+    # Not only click.Choice options: a plugin, a device, a setting's key and a commbench dtype are choices too.
+    from llmb.cli.common import device_spelling, known_plugin
+
+    assert {n for n, _ in every_param("plugin")} >= {"run", "sweep", "peak", "check-plugin", "commbench"}
+    assert all(p.callback is known_plugin for _, p in every_param("plugin"))
+    assert {n for n, _ in every_param("device")} >= {"run", "sweep", "peak", "check-plugin", "commbench"}
+    assert all(p.callback is device_spelling for _, p in every_param("device"))
+    assert plugins.check_name("CPU") == plugins.check_name("cpu") == "cpu"
+    assert [device_spelling(None, None, d) for d in ("CPU", "Cuda:1", "xpu")] == ["cpu", "cuda:1", "xpu"]
+    dtype = next(p for name, p in command_params() if name == "commbench" and p.name == "dtype")
+    converted = [dtype.type.convert(v, dtype, None) for v in ("Float16", "BF16", "fp32")]
+    assert converted == ["float16", "bfloat16", "float32"]
+
+    from llmb.api.settings import resolve_settings
+
+    declared = [Setting("threads", int, 0, "threads"), Setting("fast", bool, False, "flag")]
+    assert resolve_settings("acme", declared, {"Threads": "2", "FAST": "On"}) == {"threads": 2, "fast": True}
+
+
+def test_every_choice_error_names_the_closest_choice():
+    # Every fixed choice of every command, mistyped (its last letter dropped): the error names the choices and the
+    # closest one, never click's bare "is not one of".
+    for name, param in command_params():
+        if not isinstance(param.type, click.Choice):
+            continue
+        for listed in param.type.choices:
+            typo = listed[:-1] + "x" if len(listed) > 2 else listed + "x"
+            if any(typo.lower() == c.lower() for c in param.type.choices):
+                continue
+            with pytest.raises(click.BadParameter) as refused:
+                param.type.convert(typo, param, None)
+            message = refused.value.message
+            assert "unknown " in message and "choose from" in message, (name, param.opts, message)
+            assert "did you mean" in message and listed in message.split("did you mean", 1)[1], (name, message)
+
+    from llmb.api.errors import UsageError
+    from llmb.api.settings import resolve_settings
+
+    declared = [Setting("threads", int, 0, "threads"), Setting("compile", str, "none", "c", ("none", "default"))]
+    for given, expected in (
+        ({"thread": "1"}, "has no setting 'thread' (settings: compile, threads); did you mean threads?"),
+        ({"threads": "x"}, "threads='x': expected an integer"),  # not int()'s "invalid literal ... base 10"
+        ({"compile": "defalt"}, "expected one of none, default; did you mean default?"),
+    ):
+        with pytest.raises(UsageError) as refused:
+            resolve_settings("acme", declared, given)
+        assert expected in str(refused.value)
 
 
 # A resumed sweep takes its options from its log; its stop reason agrees with its best batch.
@@ -221,6 +286,32 @@ def test_resume_takes_the_logs_options_and_names_every_mismatch_at_once(tmp_path
     assert wrong.exit_code == 2
     assert "steps is 2 there, 3 here" in wrong.output and "seed is 0 there, 5 here" in wrong.output
     assert "Traceback" not in wrong.output
+
+
+def test_the_stop_reason_brackets_the_best_batch_on_any_noisy_host():
+    # Seeded noisy hosts: whatever the confirmations did to the medians, the stop reason's pair holds the best
+    # batch, and a failure it names is above it.
+    import random
+
+    from test_sweep import search
+
+    for seed in range(200):
+        rng = random.Random(seed)
+        peak, oom, noise = rng.choice([2, 4, 8, 32]), rng.choice([None, 3, 5, 12, 40]), rng.uniform(0, 0.4)
+
+        def measure(batch, index, rng=rng, peak=peak, oom=oom, noise=noise):
+            if oom and batch >= oom:
+                return None
+            return max(1.0, 100 * min(batch, peak) / peak + 100 * rng.uniform(-noise, noise))
+
+        _, points, reason = search(measure)
+        best = sweep.best_batch(points)
+        pair = re.search(r"batch (\d+) -> (\d+)", reason)
+        failed = re.search(r" at batch (\d+)", reason)
+        if pair:
+            assert int(pair.group(1)) <= best <= int(pair.group(2)), (seed, reason, best)
+        elif failed:
+            assert best < int(failed.group(1)), (seed, reason, best)
 
 
 def test_the_stop_reason_brackets_the_best_batch():
@@ -270,6 +361,24 @@ def test_an_efficiency_over_the_measured_matmul_peak_is_warned_not_plotted(tmp_p
     assert max(y for line in ax.get_lines() for y in line.get_ydata()) <= 100
 
 
+def test_a_packager_of_an_interrupted_sweep_says_it_is_interrupted(tmp_path):
+    write_sweep(tmp_path, [(1, "search", 500.0), (2, "search", 900.0)])  # no sweep-summary.json: interrupted
+    (line,) = submission.interrupted_sweeps(tmp_path)
+    assert "interrupted before its search of FP32 ended" in line and f"--resume --out {tmp_path}" in line
+    write_json_atomic(tmp_path / sweep.SUMMARY_NAME, {"precisions": {"FP32": {"status": "ok"}}})
+    assert submission.interrupted_sweeps(tmp_path) == []
+
+
+def test_the_sweeps_summary_names_the_device_as_the_run_does():
+    from rich.console import Console
+
+    stream = io.StringIO()
+    entry = {"status": "ok", "best_batch_size": 2, "tokens_per_second": 10.0, "spread": [9.0, 11.0], "runs": 3}
+    entry.update(tflops=0.1, stop="plateau", device_label="Acme A1 (CPU emulation) (cpu)")
+    sweep.print_summary({"plugin": "acme", "device": "cpu", "precisions": {"FP32": entry}}, Console(file=stream))
+    assert "llmb sweep: acme on Acme A1 (CPU emulation) (cpu)" in stream.getvalue()
+
+
 def test_resumed_trial_lines_end_without_dangling_text():
 
     from rich.console import Console
@@ -290,6 +399,13 @@ def test_output_off_a_terminal_is_not_padded(tmp_path):
     lines = result.output.splitlines()
     assert any(line.startswith("┏") for line in lines)  # a table was printed
     assert all(line == line.rstrip() for line in lines)
+
+
+def test_a_table_of_prose_off_a_terminal_is_as_wide_as_a_window():
+    # `llmb plugins`: a setting's help wraps instead of widening every row of the table to 240 columns.
+    result = CliRunner().invoke(cli_main(), ["plugins"])
+    assert result.exit_code == 0, result.output
+    assert "fused_adamw" in result.output and max(len(line) for line in result.output.splitlines()) <= 130
 
 
 def test_the_packager_says_a_line_before_it_runs_a_conformance_check():
@@ -338,6 +454,21 @@ def test_long_commands_say_what_is_left_from_what_is_done(monkeypatch):
     submission.gather_conformance(records, [], check_plugin, said.append)
     assert [line.split(" for ")[0] for line in said] == ["running check-plugin 1 of 2", "running check-plugin 2 of 2"]
     assert said[0].endswith("(no conformance record given)") and said[1].endswith("; about 12 s left (1 of 2 done)")
+
+
+def test_reproduce_says_which_headline_it_runs_and_what_is_left(tmp_path, monkeypatch):
+    import shutil
+
+    from llmb.submit import reproduce
+
+    reference = Path(__file__).resolve().parent.parent / "submissions" / "llmb" / "cpu-reference"
+    bundle = shutil.copytree(reference, tmp_path / "bundle")
+    monkeypatch.setattr(reproduce, "reproduce_one", lambda root, record, runs, timeout: [record] * runs)
+    said: list[str] = []
+    rows = reproduce.reproduce(bundle, runs=2, say=said.append)
+    assert len(said) == len(rows) >= 2
+    assert said[0].startswith("reproducing ") and said[0].endswith(f"(1 of {len(rows)}, 2 runs)")
+    assert f"(1 of {len(rows)} done)" in said[1] and "s left" in said[1]
 
 
 # Threads on a loaded host: chosen before the run, and advice that works for the plugin in use.
@@ -433,6 +564,21 @@ def names_module():
     return names
 
 
+def test_peak_says_what_is_left_as_each_precision_ends():
+    args = ["peak", "--device", "cpu", "--precision", "fp32", "--precision", "BF16", "--square", "64"]
+    result = CliRunner().invoke(cli_main(), [*args, "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    assert "FP32 measured (1 of 2); about" in result.stderr and "s left (1 of 2 done)" in result.stderr
+    assert "BF16 measured (2 of 2)\n" in result.stderr  # nothing left after the last
+    quiet = CliRunner().invoke(cli_main(), [*args, "--repeats", "1", "--json"])
+    # `--precision all`, as run, sweep and check-plugin take it: every precision the plugin supports.
+    every = CliRunner().invoke(cli_main(), ["peak", "--device", "cpu", "--precision", "ALL", "--square", "64",
+                                            "--repeats", "1", "--json"])  # fmt: skip
+    assert every.exit_code == 0, every.output
+    assert [r["precision"] for r in json.loads(every.stdout)["rooflines"]] == ["FP32", "FP16", "BF16"]
+    assert "measured (" not in quiet.stderr and json.loads(quiet.stdout)  # --json: the JSON alone, and no progress
+
+
 def test_emulated_16_bit_precisions_are_named_from_the_cpu_flags(monkeypatch):
     from llmb.run import sysinfo
 
@@ -506,6 +652,18 @@ def test_the_scaffolds_settings_table_is_checked_against_its_settings(tmp_path, 
     backend.settings = lambda: [Setting("threads", int, 0, "intra-op threads")]  # the vendor edits settings()
     with pytest.raises(AssertionError, match="settings table is stale"):
         check()
+
+
+def test_the_scaffolds_method_table_gives_each_contract_a_whole_sentence(tmp_path):
+    from llmb.run.scaffold import write_plugin
+
+    readme = (write_plugin("acme", tmp_path / "llmb-acme") / "README.md").read_text()
+    table = readme.split("| method | contract |", 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]
+    assert len(table) >= 20
+    for row in table:
+        cell = row.rsplit(" |", 1)[0].split("| ", 2)[2]
+        assert cell.endswith("."), row  # not "... replace torch's functions or aten" cut at a docstring's line end
+        assert cell.count("(") == cell.count(")"), row
 
 
 def test_the_scaffolds_readme_runs_what_the_main_readme_runs(tmp_path):

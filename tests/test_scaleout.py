@@ -436,8 +436,11 @@ BASE = runner.RunOptions(config=PRESETS["tiny"], preset="tiny", device="cpu", ba
         (2, [dict(tp=2), dict(pp=2), dict(pp=2, pp_schedule="1f1b"), dict(tp=2, sequence_parallel=True),
              dict(parallel="fsdp", grad_accum=2)]),
         (4, [dict(parallel="hsdp"), dict(tp=2, parallel="fsdp"), dict(tp=2, pp=2)]),
-        # Pipeline x DDP (2 stages x 2 replicas) with several microbatches: each stage's DDP reduces once per step.
+        # Pipeline x DDP (2 stages x 2 replicas) with several microbatches: each stage's DDP reduces once per step,
+        # with 2 and with 4 microbatches under either schedule.
         (4, [dict(pp=2, parallel="ddp", microbatches=2),
+             dict(pp=2, parallel="ddp", microbatches=4, batch_size=4),
+             dict(pp=2, parallel="ddp", microbatches=2, pp_schedule="1f1b"),
              dict(pp=2, parallel="ddp", microbatches=4, batch_size=4, pp_schedule="1f1b")]),
     ],
     ids=["2-processes", "4-processes", "4-processes-pp-ddp"],

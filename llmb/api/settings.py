@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmb.api.errors import UsageError
-from llmb.spec.redact import REDACTED, is_secret
+from llmb.spec.redact import REDACTED, is_secret, value_for_record
 
 # How a sweep hands secret settings to its trials' `llmb run`: an environment is readable by its user only, a command
 # line by anyone on the host.
@@ -52,12 +53,16 @@ class Setting:
     def parse(self, raw: str) -> Any:
         if self.type is bool:
             return parse_bool(raw)
-        value = self.type(raw)
+        try:
+            value = self.type(raw.strip()) if self.type in (int, float) else self.type(raw)
+        except ValueError:  # int("x") says "invalid literal for int() with base 10": say what was expected
+            raise ValueError(f"expected {'an integer' if self.type is int else 'a number'}") from None
         if self.choices is not None:
             # Choices match in any case, as every choice on llmb's command line does (bounds.choice).
             matched = [c for c in self.choices if str(c).lower() == str(value).lower()]
             if not matched:
-                raise ValueError(f"expected one of {', '.join(map(str, self.choices))}")
+                listed = [str(c) for c in self.choices]
+                raise ValueError(f"expected one of {', '.join(listed)}{did_you_mean(str(value), listed)}")
             value = matched[0]
         return value
 
@@ -153,10 +158,7 @@ def parse_options(options: tuple[str, ...] | list[str]) -> dict[str, str]:
 def resolve_settings(plugin_name: str, declared: list[Setting], given: dict[str, str]) -> dict[str, Any]:
     """Validate the given raw values against the declared settings; return every setting's value."""
     by_name = {s.name: s for s in declared}
-    for key in given:
-        if key not in by_name:
-            known = ", ".join(sorted(by_name)) or "none"
-            raise UsageError(f"plugin {plugin_name!r} has no setting {key!r} (settings: {known})")
+    given = {_setting_key(plugin_name, key, by_name): raw for key, raw in given.items()}
     values = Resolved({s.name: s.default for s in declared})
     values.secret = frozenset(s.name for s in declared if s.hidden)
     for key, raw in given.items():
@@ -171,6 +173,25 @@ def resolve_settings(plugin_name: str, declared: list[Setting], given: dict[str,
     return values
 
 
+def _setting_key(plugin_name: str, key: str, by_name: Mapping[str, Setting]) -> str:
+    """The declared name of a -O key, matched in any case; a usage error naming the closest names otherwise."""
+    if key in by_name:
+        return key
+    same = [name for name in by_name if name.lower() == key.lower()]
+    if len(same) == 1:
+        return same[0]
+    known = ", ".join(sorted(by_name)) or "none"
+    raise UsageError(f"plugin {plugin_name!r} has no setting {key!r} (settings: {known}){did_you_mean(key, by_name)}")
+
+
+def did_you_mean(given: str, names: Iterable[str]) -> str:
+    """What ends an unknown name's error: "; did you mean X?", with the names closest to the given one compared in
+    any case, or "" when none is close."""
+    by_lower = {str(n).lower(): str(n) for n in names}
+    close = [by_lower[n] for n in difflib.get_close_matches(given.lower(), list(by_lower), n=2, cutoff=0.6)]
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
 class Resolved(dict):
     """Resolved setting values that remember which are secret, so that `recorded` can leave them out."""
 
@@ -179,6 +200,7 @@ class Resolved(dict):
 
 def recorded(values: dict[str, Any]) -> dict[str, Any]:
     """Settings as a result or conformance record keeps them: a secret's value (declared secret=True, or a
-    credential-like name) replaced by <redacted>."""
+    credential-like name) replaced by <redacted>, and any other text scrubbed of what looks like a credential (a URL's
+    user:password, a token, a secret-named pair: llmb.spec.redact.scrub)."""
     secret = getattr(values, "secret", frozenset())
-    return {k: REDACTED if k in secret or is_secret(k) else v for k, v in values.items()}
+    return {k: REDACTED if k in secret else value_for_record(k, v) for k, v in values.items()}

@@ -22,14 +22,13 @@ import json
 import sys
 from pathlib import Path
 
-from llmb.records import RELEASE_MANIFEST_SCHEMA
+from llmb.records.codec import RELEASE_MANIFEST_SCHEMA, RELEASES_SCHEMA
 from llmb.records.result_files import write_json_atomic
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.spec.version import __version__
 
 MANIFEST_NAME = "release_manifest.json"
 RELEASES_NAME = "releases.json"
-RELEASES_SCHEMA = "llmb.releases/1"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 MODEL_PATH = "llmb/model.py"
 # The model's shape, part of its definition since release 4 (torch-free, so records read without torch).

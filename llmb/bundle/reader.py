@@ -168,15 +168,29 @@ def importable_names(folder: Path, namespaces: bool = True) -> list[str]:
     return found
 
 
-def find_root(extracted: Path) -> Path:
-    """The one folder in an unpacked archive that holds a MANIFEST.sha256 (at most three levels down)."""
-    found = [
-        Path(d)
-        for d, _, files in os.walk(extracted)
-        if MANIFEST_FILE in files and len(Path(d).relative_to(extracted).parts) <= 3
-    ]
+def bundle_folders(top: Path, depth: int = DEFAULT_LIMITS.depth) -> list[Path]:
+    """The folders under ``top`` (itself included, at most ``depth`` levels down) that hold a MANIFEST.sha256. A
+    bundle's own folders hold none, so each is a bundle's root; links are never followed."""
+    found = []
+    for folder, dirs, files in os.walk(top):
+        level = len(Path(folder).relative_to(top).parts)
+        if MANIFEST_FILE in files:
+            found.append(Path(folder))
+            dirs.clear()  # a bundle's insides are its own: nothing below its root is another bundle's root
+        elif level >= depth:
+            dirs.clear()
+    return found
+
+
+def find_root(extracted: Path, depth: int = DEFAULT_LIMITS.depth) -> Path:
+    """The one folder in an unpacked archive (or a folder given) that holds a MANIFEST.sha256, however deep its
+    wrapper folders put it within the depth limit: a valid bundle verifies however it is wrapped."""
+    found = bundle_folders(extracted, depth)
     if len(found) != 1:
-        raise Refused(f"expected one bundle folder holding {MANIFEST_FILE}, found {len(found)}")
+        shown = ", ".join(p.relative_to(extracted).as_posix() or "." for p in found[:3])
+        raise Refused(
+            f"expected one bundle folder holding {MANIFEST_FILE}, found {len(found)}" + (f" ({shown})" if found else "")
+        )
     return found[0]
 
 
@@ -204,8 +218,13 @@ def open_bundle(path: Path, limits: Limits = DEFAULT_LIMITS) -> Iterator[Path]:
     path = Path(path)
     if path.is_dir():
         scan_folder(path, limits)
-        _refuse_importable(path, path)
-        yield path
+        # A folder that wraps the bundle (a submitter's folder, a copy of the repository's submissions/ layout) is
+        # opened at the bundle's root, as an archive is; a folder with no manifest anywhere is checked as given (its
+        # checks say what is missing).
+        root = path if (path / MANIFEST_FILE).is_file() or not bundle_folders(path, limits.depth) else None
+        root = root or find_root(path, limits.depth)
+        _refuse_importable(path, root)
+        yield root
         return
     if not path.is_file():
         raise Refused(f"{path} is neither a bundle folder nor a .tar.gz archive")
@@ -215,7 +234,7 @@ def open_bundle(path: Path, limits: Limits = DEFAULT_LIMITS) -> Iterator[Path]:
         top.mkdir()
         unpack(path, top, limits)
         scan_folder(top, limits)  # the unpacked tree gets the folder checks too
-        root = find_root(top)
+        root = find_root(top, limits.depth)
         _refuse_importable(top, root)
         yield root
     finally:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import click
 
+from llmb.api.settings import did_you_mean
 from llmb.spec import vocab as names
 
 
@@ -38,27 +39,37 @@ PROJECT = click.IntRange(1, 10**12)  # `llmb project` sizes a model on paper: la
 
 
 class Choice(click.Choice):
-    """A fixed choice matched in any case; `what` names it in the error ("unknown precision 'FP64' (choose from
-    ...)"), click's own message otherwise."""
+    """A fixed choice matched in any case, whose error names the choices and the closest one ("unknown preset 'tny'
+    (choose from official, small, tiny; did you mean tiny?)"); `what` names the kind of value (the option's name
+    otherwise)."""
 
-    def __init__(self, values: Sequence[str], what: str | None = None) -> None:
+    def __init__(self, values: Sequence[str], what: str | None = None, aliases: dict[str, str] | None = None) -> None:
         super().__init__(values, case_sensitive=False)
         self.what = what
+        self.aliases = {k.lower(): v for k, v in (aliases or {}).items()}
 
     def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.lower() in self.aliases:
+            value = self.aliases[value.lower()]
         try:
             return super().convert(value, param, ctx)
         except click.BadParameter:
-            if self.what is None:
-                raise
-            self.fail(f"unknown {self.what} {value!r} (choose from {', '.join(self.choices)})", param, ctx)
+            what = self.what or (param.name.replace("_", " ") if param is not None and param.name else "value")
+            self.fail(unknown_choice(what, str(value), [str(c) for c in self.choices]), param, ctx)
 
 
-def choice(values: Sequence[str], what: str | None = None) -> click.Choice:
+def unknown_choice(what: str, value: str, choices: Sequence[str]) -> str:
+    """The one error of every fixed choice: what was given, what may be, and the closest, compared in any case."""
+    return f"unknown {what} {value!r} (choose from {', '.join(choices)}){did_you_mean(value, choices)}"
+
+
+def choice(values: Sequence[str], what: str | None = None, aliases: dict[str, str] | None = None) -> click.Choice:
     """Every fixed choice on the command line, matched in any case (`--preset Tiny` as `--precision bf16`); the
-    value passed on is the listed spelling."""
-    return Choice(values, what)
+    value passed on is the listed spelling (an alias's listed value)."""
+    return Choice(values, what, aliases)
 
 
 # --precision: a benchmark precision, or all (every precision the plugin supports); checked before torch is imported.
 PRECISION = choice([*names.PRECISIONS, "all"], "precision")
+# commbench --dtype: a torch dtype's name, or the benchmark's name of the same format (fp32, fp16, bf16).
+COMM_DTYPE = choice(names.COMM_DTYPES, "dtype", {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"})

@@ -91,16 +91,25 @@ def pop_shape(params: dict[str, Any]) -> dict[str, int | None]:
     return {name: params.pop(name) for name in names.SHAPE_FIELDS}
 
 
-def _known_plugin(ctx, param, value: str | None) -> str | None:
+def known_plugin(ctx, param, value: str | None) -> str | None:
     """--plugin checked as it is parsed, from installed metadata (no torch import): a typo is answered at once."""
     from llmb.registry import plugins  # lazy: the entry points are read only when --plugin is given
 
     if value is not None:
         try:
-            plugins.check_name(value)
+            return plugins.check_name(value)
         except LlmbError as exc:
             raise click.BadParameter(str(exc)) from None
     return value
+
+
+def device_spelling(ctx, param, value: str | None) -> str | None:
+    """--device in any case (`CPU`, `Cuda:1`): torch's device types are lower case, and so is what a record, a
+    sweep's log and its --resume compare."""
+    if value is None:
+        return None
+    kind, sep, index = value.strip().partition(":")
+    return f"{kind.lower()}{sep}{index}"
 
 
 def plugin_options(func: Callable) -> Callable:
@@ -112,11 +121,16 @@ def plugin_options(func: Callable) -> Callable:
         metavar="KEY=VALUE",
         help="A plugin setting (repeatable); see `llmb plugins`.",
     )(func)
-    func = click.option("--device", default=None, help="Any device string torch accepts (default: the plugin's).")(func)
+    func = click.option(
+        "--device",
+        default=None,
+        callback=device_spelling,
+        help="Any device string torch accepts, in any case (default: the plugin's).",
+    )(func)
     func = click.option(
         "--plugin",
         default=None,
-        callback=_known_plugin,
+        callback=known_plugin,
         help="Hardware plugin (default: first with hardware present, else cpu).",
     )(func)
     return func
@@ -181,7 +195,7 @@ def precision_options(default: str) -> Callable[[Callable], Callable]:
                 "mode",
                 default="pure",
                 show_default=True,
-                type=bounds.choice(names.MODES),
+                type=bounds.choice(names.MODES, "precision mode"),
                 help="pure: 16-bit everything; amp: FP32 master weights + autocast.",
             ),
         ],
@@ -191,7 +205,8 @@ def precision_options(default: str) -> Callable[[Callable], Callable]:
 def model_options(func: Callable) -> Callable:
     """The preset and its debug shape overrides."""
     func = shape_options(func)
-    return click.option("--preset", default="official", show_default=True, type=bounds.choice(tuple(PRESETS)))(func)
+    preset = bounds.choice(tuple(PRESETS), "preset")
+    return click.option("--preset", default="official", show_default=True, type=preset)(func)
 
 
 def device_scaled(name: str) -> str:

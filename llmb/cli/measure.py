@@ -13,15 +13,18 @@ from llmb.cli import click_types as bounds
 from llmb.cli.common import (
     EXISTING_FILE,
     console,
+    device_spelling,
     given_on_command_line,
     handle_errors,
     json_option,
     json_out_option,
+    known_plugin,
     model_options,
     plugin_options,
 )
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
+from llmb.terminal.progress import Pace
 
 
 @click.command(name="peak")
@@ -30,8 +33,8 @@ from llmb.terminal import console as term
     "--precision",
     "precisions",
     multiple=True,
-    type=bounds.choice(names.PRECISIONS),
-    help="Precision to measure (repeatable; default: every one the plugin supports).",
+    type=bounds.PRECISION,
+    help="Precision to measure (repeatable), or all (the default: every one the plugin supports).",
 )
 @model_options
 @click.option(
@@ -65,15 +68,23 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
             stderr=True,
         )
     emulated = sysinfo.cpu_emulated_precisions() if kind == "cpu" else []
+    pace = Pace()  # what is left, from the precisions already measured
+
+    def measured(result, total: int) -> None:
+        pace.done(total=total)
+        if not as_json:  # --json's output is the JSON alone, for a script
+            term.say(f"{result.precision} measured ({pace.finished} of {total}){pace.left()}", stderr=True)
+
     results = roofline.peak(
         plugin=plugin,
         device=device,
-        precisions_wanted=list(precisions),
+        precisions_wanted=[] if "all" in precisions else list(precisions),  # as run, sweep and check-plugin take it
         config=build_config(preset, **shape),
         batch_size=batch_size,
         settings=parse_options(options),
         square=square,
         repeats=repeats,
+        measured=measured,
     )
     data = {
         **envelope(ROOFLINE_SCHEMA),
@@ -106,8 +117,10 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
 
 
 @click.command(name="commbench")
-@click.option("--plugin", default=None, help="Hardware plugin whose process-group backend is measured.")
-@click.option("--device", default=None, help="Device type (default: the plugin's).")
+@click.option(
+    "--plugin", default=None, callback=known_plugin, help="Hardware plugin whose process-group backend is measured."
+)
+@click.option("--device", default=None, callback=device_spelling, help="Device type (default: the plugin's).")
 @click.option(
     "--nproc-per-node", type=bounds.PROCESSES, default=None, help="Processes (default: the host's devices, at least 2)."
 )
@@ -116,7 +129,13 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
 @click.option(
     "--warmup", default=5, show_default=True, type=click.IntRange(0, 10**6), help="Untimed all-reduces per size."
 )
-@click.option("--dtype", default="float32", show_default=True, help="Element type of the buffers.")
+@click.option(
+    "--dtype",
+    default="float32",
+    show_default=True,
+    type=bounds.COMM_DTYPE,
+    help="Element type of the buffers (fp32, fp16 and bf16 are float32, float16 and bfloat16).",
+)
 @json_out_option
 @handle_errors
 def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:

@@ -36,7 +36,7 @@ def plugins_command(as_json: bool) -> None:
         title = f"{b['name']}  (plugin {b['plugin']}: {b['distribution']} {b['version']}, hardware {hardware})"
         table = term.table(title, show_header=False)
         term.column(table, "", style="bold")
-        term.column(table, "")  # folds long values (URLs) instead of cutting them
+        term.column(table, "", prose=True)  # folds long values (URLs) instead of cutting them; wraps the help
         term.row(table, "devices", ", ".join(b["device_types"]))
         term.row(table, "precisions", ", ".join(b["precisions"]))
         term.row(table, "methods overridden", ", ".join(b["methods_overridden"]) or "none")
@@ -64,8 +64,10 @@ def setting_line(s: dict) -> Text:
     help="FP32, TF32, FP16, BF16, or all (every precision the plugin supports; one record each, "
     "named like conformance-bf16.json).",
 )
-@click.option("--precision-mode", "mode", default="pure", show_default=True, type=bounds.choice(names.MODES))
-@click.option("--preset", default="tiny", show_default=True, type=bounds.choice(names.CONFORMANCE_PRESETS))
+@click.option(
+    "--precision-mode", "mode", default="pure", show_default=True, type=bounds.choice(names.MODES, "precision mode")
+)
+@click.option("--preset", default="tiny", show_default=True, type=bounds.choice(names.CONFORMANCE_PRESETS, "preset"))
 @click.option(
     "--steps",
     default=names.CONFORMANCE_STEPS,

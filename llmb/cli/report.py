@@ -19,7 +19,7 @@ from llmb.terminal import console as term
     "--format",
     "fmt",
     default=None,
-    type=bounds.choice(names.REPORT_FORMATS),
+    type=bounds.choice(names.REPORT_FORMATS, "format"),
     help="Output format (default: tables on the console, or the --out file's suffix).",
 )
 @click.option("--out", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")
@@ -110,7 +110,10 @@ def leaderboard_command(bundles: tuple[Path, ...], out: Path, replay: bool) -> N
 
     outputs.refuse_overlap({"--out": out}, bundles)  # before anything is made: the site never enters a bundle
     check_writable(out)
-    entries = leaderboard.build(list(bundles), out, names.DEFAULT_REPLAY_STEPS if replay else 0)
+    skipped: list[str] = []
+    entries = leaderboard.build(list(bundles), out, names.DEFAULT_REPLAY_STEPS if replay else 0, skipped=skipped)
+    for line in skipped:  # every bundle left out is named, with why
+        term.say("skipped: ", line, stderr=True)
     for entry in entries:
         style = {"valid": "green", "debug": "yellow"}.get(entry.verdict, "bold red")
         term.say((entry.verdict, style), ": ", entry.system or entry.source)  # the bundle's name is text, not markup

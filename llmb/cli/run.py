@@ -45,7 +45,7 @@ from llmb.spec import vocab as names
 @launch_options
 @click.option(
     "--parallel",
-    type=bounds.choice(names.PARALLEL),
+    type=bounds.choice(names.PARALLEL, "parallelism"),
     default=None,
     help="Several processes: DDP, FSDP2 (each decoder layer a unit) or HSDP (replicate x shard); default ddp. "
     "Batch size is per data-parallel rank.",
@@ -57,7 +57,9 @@ from llmb.spec import vocab as names
     "--pp", type=bounds.PROCESSES, default=1, show_default=True, help="Pipeline stages (torch.distributed.pipelining)."
 )
 @click.option("--microbatches", type=bounds.COUNT, default=None, help="Pipeline microbatches per step (default: --pp).")
-@click.option("--pp-schedule", type=bounds.choice(names.SCHEDULES), default="gpipe", show_default=True)
+@click.option(
+    "--pp-schedule", type=bounds.choice(names.SCHEDULES, "pipeline schedule"), default="gpipe", show_default=True
+)
 @click.option("--grad-accum", type=bounds.COUNT, default=1, show_default=True, help="Micro-steps per optimizer step.")
 @click.option("--sequence-parallel", is_flag=True, help="With --tp: shard norms and the residual along the sequence.")
 @click.option(

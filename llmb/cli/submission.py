@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.text import Text
 
+from llmb.cli import click_types as bounds
 from llmb.cli.common import console, err_console, handle_errors
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
@@ -133,7 +134,7 @@ def verify_command(path: Path, accept_debug: bool, replay: bool, replay_steps: i
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--tolerance",
-    type=float,
+    type=bounds.FiniteFloatRange(0, 10),
     default=0.05,
     show_default=True,
     help="How far a headline may exceed the reproduced median (0.05: 5%) before it is refuted.",
@@ -147,7 +148,13 @@ def reproduce_command(path: Path, tolerance: float, runs: int) -> None:
     headline exceeds its reproduction by more than the tolerance."""
     from llmb.submit import reproduce  # lazy: reproducing runs the plugin
 
-    rows = reproduce.reproduce(path, tolerance=tolerance, runs=runs)
+    rows = reproduce.reproduce(
+        path,
+        tolerance=tolerance,
+        runs=runs,
+        warn=lambda line: term.say("skipped: ", line, stderr=True),
+        say=lambda line: term.say(line, stderr=True),
+    )
     table = term.table(f"llmb reproduce {path}")
     for column in ("headline", "result", "detail"):
         term.column(table, column)

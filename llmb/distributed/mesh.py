@@ -108,6 +108,10 @@ def check(layout: Layout, config: ModelConfig, batch_size: int) -> None:
             raise UsageError("--grad-accum with --pp: raise --microbatches instead (the pipeline accumulates them)")
     elif layout.microbatches != 1:
         raise UsageError("--microbatches needs --pp 2 or more")
+    elif layout.schedule != SCHEDULES[0]:  # an option that would change nothing is refused, never ignored
+        raise UsageError(f"--pp-schedule {layout.schedule} needs --pp 2 or more")
+    if layout.sequence_parallel and layout.tp < 2:
+        raise UsageError("--sequence-parallel needs --tp 2 or more")
 
 
 def build_mesh(layout: Layout, device_type: str):

@@ -29,6 +29,8 @@ RELEASE_MANIFEST_SCHEMA = "llmb.release-manifest/1"
 REPORT_SCHEMA = "llmb.report/1"
 ROOFLINE_SCHEMA = "llmb.roofline/1"
 ATTEMPT_SCHEMA = "llmb.attempt/1"  # a feature-matrix attempt that failed before a result (llmb.run.feature_matrix)
+SEARCH_SUMMARY_SCHEMA = "llmb.search-summary/1"  # a settings search's summary (llmb.run.grid)
+RELEASES_SCHEMA = "llmb.releases/1"  # the released versions' list (llmb.bundle.manifest)
 
 # A freshly initialised model predicts near-uniformly: its first loss sits near ln(vocab). Measured here: tiny
 # preset 10.38, small 10.40, official ~11.0 (logit std 0.02 x sqrt(hidden)); a scaled or broken model leaves the band.

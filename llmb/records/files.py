@@ -11,11 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from llmb.records import RECORD_LIMIT, RecordError
+from llmb.records import RECORD_LIMIT, RecordError, codec
+from llmb.terminal.console import clean
+
+# Every schema id this llmb writes: a record of one of them is llmb's, whichever reader meets it.
+KNOWN_SCHEMAS = frozenset(
+    value for name, value in vars(codec).items() if name.endswith("_SCHEMA") and isinstance(value, str)
+) | frozenset(codec.RESULT_SCHEMAS)
 
 # llmb's records nest a few levels (result -> timing -> windows -> ...); far deeper is no record, and a structure
 # nested past Python's recursion limit would break every later step (dumping, copying, comparing) if let through.
@@ -33,16 +41,32 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise IrregularFile(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)  # before any read: a folder, a FIFO or a device named x.json is named, never read
         if not stat.S_ISREG(info.st_mode):
-            raise IrregularFile(f"{path}: not a regular file")
+            raise IrregularFile(f"{path}: {_kind_of(info.st_mode)}, not a regular file")
         if info.st_size > max_bytes:
             raise IrregularFile(f"{path}: {info.st_size} bytes (limit {max_bytes})")
-        data = f.read(max_bytes + 1)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:  # a read that fails (EIO, a file system gone): the file's fault, named as such
+        raise IrregularFile(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise IrregularFile(f"{path}: over {max_bytes} bytes (limit {max_bytes})")
     return data
+
+
+def _kind_of(mode: int) -> str:
+    kinds = [
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 
@@ -61,18 +85,26 @@ def _why_not_json(exc: BaseException) -> str:
     return f"not JSON ({first})"
 
 
+# A lone surrogate (\ud800 in JSON) is no character: text holding one cannot be written to a file or printed.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def depth_problem(value: Any) -> str | None:
-    """Why a parsed JSON value is no record's shape (nested too deep, a number no float can hold), else None.
-    Walked without recursion, so the check itself cannot overflow the stack."""
+    """Why a parsed JSON value is no record's shape (nested too deep, a number no float can hold, text holding a
+    lone surrogate), else None. Walked without recursion, so the check itself cannot overflow the stack."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, (dict, list)):
             if depth > MAX_DEPTH:
                 return f"nested deeper than {MAX_DEPTH} levels"
+            if isinstance(item, dict):
+                stack.extend((k, depth) for k in item)  # the keys are text too
             stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
         elif isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > 1023:
             return f"a number out of range ({item.bit_length()}-bit integer)"
+        elif isinstance(item, str) and _SURROGATE.search(item):
+            return "not Unicode text (a lone surrogate escaped in a string)"
     return None
 
 
@@ -113,6 +145,49 @@ def parse(cls: type[T], data: dict) -> T:
         raise Unreadable(f"incomplete llmb {cls.__name__.lower()} ({exc})") from None
     except (OverflowError, RecursionError, TypeError, ValueError) as exc:  # a value no field can hold
         raise Unreadable(f"not an llmb {cls.__name__.lower()} ({exc.__class__.__name__}: {exc})") from None
+
+
+# A bundle's system description: the one JSON file llmb writes without a schema (it is the submitter's, merged).
+SCHEMALESS_NAMES = frozenset({"system.json"})
+
+
+def foreign(data: dict, path: Path | str, reads: Iterable[str]) -> str | None:
+    """Why an object found among records is left out unread, or None when the reader takes it or it is an llmb
+    record of another kind (a reader of results passes over a conformance record or a sweep summary in silence).
+
+    A reader of many records names every file it does not take unless llmb wrote it: an object of no llmb schema
+    (``{"hello": 1}``, an exported spreadsheet), or of a version of a kind it reads that this llmb does not know
+    (``llmb.result/9``, written by a later llmb), is named, never dropped in silence."""
+    schema = data.get("schema")
+    if isinstance(schema, str) and schema in reads:
+        return None
+    if schema is None and Path(path).name in SCHEMALESS_NAMES:
+        return None
+    if not isinstance(schema, str):
+        return "not an llmb record (no schema)" if schema is None else "not an llmb record (its schema is no text)"
+    shown = clean(schema, limit=80)
+    kinds = {s.rsplit("/", 1)[0] for s in reads}
+    if schema.rsplit("/", 1)[0] in kinds:
+        return f"a version this llmb does not read ({shown}; it reads {', '.join(sorted(reads))})"
+    if schema in KNOWN_SCHEMAS:
+        return None
+    if schema.startswith("llmb."):
+        return f"an llmb record this llmb does not know (schema {shown})"
+    return f"not an llmb record (schema {shown})"
+
+
+def under(directory: Path, *patterns: str) -> list[Path]:
+    """The files a reader of many records reads in a folder (searched recursively), sorted: every name matching one
+    of ``patterns`` but those on a hidden path, which hold a sweep's scratch (a trial in flight) and the temporary
+    files of atomic writes. A folder named x.json is searched like any folder, not read; anything else found (a
+    FIFO, a link to a folder, which is never followed) is for ``read_object`` to name."""
+    found = {p for pattern in patterns for p in Path(directory).rglob(pattern)}
+    return sorted(
+        f
+        for f in found
+        if not any(part.startswith(".") for part in f.relative_to(directory).parts)
+        and not (f.is_dir() and not f.is_symlink())
+    )
 
 
 def skipped_line(path: Path | str, why: object) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -108,10 +109,39 @@ class Result(Record):
             data = upgrade_v1(data)
         return super().from_dict(data)
 
+    # The figures every reader shows, sums or divides by: a measurement of a number no run can give (NaN, infinite,
+    # negative; a batch of none) is no result, whatever its type. Losses may be non-finite (a diverged run records
+    # them so, and is invalid for it).
+    FIGURES: ClassVar[tuple[str, ...]] = (
+        "tokens_per_second", "tokens_per_second_per_device", "samples_per_second", "tflops", "mfu", "fom",
+        "measured_matmul_peak", "measured_model_gemm_flops", "matmul_peak_efficiency",
+    )  # fmt: skip
+    COUNTS: ClassVar[tuple[str, ...]] = ("batch_size", "sequence_length", "steps", "repeats", "world_size", "nodes")
+
     def check(self, path: str) -> None:
         super().check(path)
         if self.precision.audit is None:
             raise RecordError(f"{_join(path, 'precision.audit')}: missing")
+        if not self.run_id.strip():
+            raise RecordError(f"{_join(path, 'run_id')}: empty")
+        for name in self.FIGURES:
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise RecordError(f"{_join(path, name)}: {value!r} is no measurement (a finite number, 0 or more)")
+        timing = self.timing
+        for name, values in (
+            ("timing.window_seconds", [timing.window_seconds]),
+            ("timing.step_seconds", timing.step_seconds),
+            ("timing.repeat_window_seconds", timing.repeat_window_seconds),
+        ):
+            if not all(math.isfinite(v) and v >= 0 for v in values):
+                raise RecordError(f"{_join(path, name)}: holds no time (a finite number of seconds, 0 or more)")
+        for name in self.COUNTS:
+            if getattr(self, name) < 1:
+                raise RecordError(f"{_join(path, name)}: {getattr(self, name)} (at least 1)")
+        for name in ("warmup_steps", "parameters", "model_flops_per_token"):
+            if getattr(self, name) < 0:
+                raise RecordError(f"{_join(path, name)}: {getattr(self, name)} (0 or more)")
 
     @property
     def shape(self) -> str:

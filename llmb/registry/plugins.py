@@ -10,7 +10,6 @@ plugin from package metadata without importing any.
 
 from __future__ import annotations
 
-import difflib
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -23,6 +22,7 @@ import pluggy
 from llmb.api import hookspecs
 from llmb.api.backend import Backend, overridden
 from llmb.api.errors import LlmbError, PluginError, UsageError
+from llmb.api.settings import did_you_mean
 from llmb.api.settings import resolve_settings as resolve
 from llmb.audit import vendor_libraries
 from llmb.registry import state as run_state
@@ -165,6 +165,9 @@ def get_backend(name: str) -> Registration:
     found = registrations()
     if name in found:
         return found[name]
+    same = [n for n in found if n.lower() == name.lower()]  # in any case, as check_name matched the plugin's name
+    if len(same) == 1:
+        return found[same[0]]
     for plugin in sources:
         if plugin in load_errors:
             raise LlmbError(f"plugin {plugin!r} failed to load: {load_errors[plugin]}")
@@ -177,12 +180,18 @@ def get_backend(name: str) -> Registration:
     raise UsageError(unknown_plugin(name, sorted({*found, *(info.name for info in installed())})))
 
 
-def check_name(name: str) -> None:
+def check_name(name: str) -> str:
     """Refuse a backend name that no installed or registered plugin can provide, from metadata only (nothing is
-    imported, torch included), so a mistyped --plugin fails at once instead of after seconds of imports."""
+    imported, torch included), so a mistyped --plugin fails at once instead of after seconds of imports. The name
+    matches in any case, as every choice on llmb's command line does: the plugin's own spelling is returned."""
     known = sorted({*(info.name for info in installed()), *(n for n, _ in pm.list_name_plugin() if n)})
-    if not any(name == n or name.startswith(f"{n}-") for n in known):
-        raise UsageError(unknown_plugin(name, known))
+    if any(name == n or name.startswith(f"{n}-") for n in known):
+        return name
+    for n in sorted(known, key=len, reverse=True):  # the longest plugin name the given one starts with, in any case
+        lower = name.lower()
+        if lower == n.lower() or lower.startswith(f"{n.lower()}-"):
+            return n + name[len(n) :]
+    raise UsageError(unknown_plugin(name, known))
 
 
 def unknown_plugin(name: str, known: list[str]) -> str:
@@ -194,10 +203,9 @@ def _install_hint(name: str, installed_names: list[str]) -> str:
     """What fixes an unknown plugin name: the install command of a plugin shipped in the checkout, else the
     closest installed names."""
     # A fact, not a look at the disk: an installed llmb (not an editable checkout) has no plugins/ folder beside it.
-    if name in FIRST_PARTY_PLUGINS:
-        return f"; it ships with llmb: pip install -e plugins/{name} (from the llmb checkout)"
-    close = difflib.get_close_matches(name, installed_names, n=3)
-    return f"; did you mean {' or '.join(close)}?" if close else ""
+    if name.lower() in FIRST_PARTY_PLUGINS:  # in any case, as every name on the command line
+        return f"; it ships with llmb: pip install -e plugins/{name.lower()} (from the llmb checkout)"
+    return did_you_mean(name, installed_names)
 
 
 def all_registrations() -> dict[str, Registration]:

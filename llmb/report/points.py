@@ -16,6 +16,7 @@ from llmb.records import (
     SWEEP_SUMMARY_NAME,
     SWEEP_SUMMARY_SCHEMA,
     PluginRef,
+    RecordError,
     Result,
     best_batch_runs,
     counted_runs,
@@ -130,6 +131,9 @@ def load(paths: list[Path]) -> Inputs:
                     continue
                 data = record_files.read_object(file, RECORD_LIMIT)  # FIFO, giant, deep, torn: named, skipped
                 schema = data.get("schema")
+                foreign = None if explicit else record_files.foreign(data, file, RESULT_SCHEMAS)
+                if foreign:  # no llmb record, or a version this llmb does not read: named, never dropped unsaid
+                    raise record_files.Unreadable(foreign)
                 record = record_files.parse(Result, data) if schema in RESULT_SCHEMAS else None
             except ValueError as exc:  # Unreadable says why; RecordError: a log that is no sweep log
                 inputs.skipped.append(record_files.skipped_line(file, exc))
@@ -144,7 +148,7 @@ def load(paths: list[Path]) -> Inputs:
     phases = {t.run_id: t.phase for _, trials in logs for t in trials if t.run_id}
     unfinished = {
         t.run_id for (_, trials), file in zip(logs, log_files, strict=True) for t in trials
-        if t.precision not in _finished_precisions(file.parent)
+        if t.precision not in finished_precisions(file.parent)
     }  # fmt: skip
     for record, file in records.values():
         inputs.points.append(point_from_record(record, phases.get(record.run_id), str(file)))
@@ -160,7 +164,7 @@ def load(paths: list[Path]) -> Inputs:
     return inputs
 
 
-def _finished_precisions(folder: Path) -> set[str]:
+def finished_precisions(folder: Path) -> set[str]:
     """The precisions whose search a sweep folder's summary says ended; none where it has no readable summary (a
     sweep interrupted before its first precision ended)."""
     try:
@@ -169,6 +173,25 @@ def _finished_precisions(folder: Path) -> set[str]:
         return {name for name, entry in entries if entry.get("status") != "not run yet"}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return set()
+
+
+def interrupted_sweeps(results_dir: Path) -> list[str]:
+    """One line per sweep under a results folder that was interrupted before the search of a precision it ran ended:
+    its figure there is the best so far, as `llmb report` says, not the sweep's answer."""
+    lines = []
+    for path in record_files.under(results_dir, SWEEP_LOG_NAME):
+        try:
+            _, trials = read_sweep_log(path, skipped=[])
+        except RecordError:
+            continue  # sweep_phases names a log that does not read
+        finished = finished_precisions(path.parent)
+        left = sorted({t.precision for t in trials} - finished, key=lambda p: (p not in PRECISIONS, p))
+        if left:
+            lines.append(
+                f"the sweep in {path.parent} was interrupted before its search of {', '.join(left)} ended: its runs "
+                f"there are the best so far, not its answer (llmb sweep --resume --out {path.parent} finishes it)"
+            )
+    return lines
 
 
 def _usable(path: Path | str) -> Path:
@@ -221,9 +244,7 @@ def mark_reference(inputs: Inputs, selector: str) -> None:
 
 
 def _files(directory: Path) -> list[Path]:
-    found = [*directory.rglob("*.json"), *directory.rglob(SWEEP_LOG_NAME)]
-    # Hidden paths hold a sweep's scratch (a trial in flight) and temporary files of atomic writes.
-    return sorted(f for f in found if not any(part.startswith(".") for part in f.relative_to(directory).parts))
+    return record_files.under(directory, "*.json", SWEEP_LOG_NAME)
 
 
 def point_from_record(record: Result, phase: str | None, source: str) -> Point:

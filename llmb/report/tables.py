@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from llmb.api.settings import did_you_mean
 from llmb.records import (
     over_peak_warning,
 )
@@ -273,8 +274,12 @@ def comparison_tables(
         if base:
             note = f"Speed-up in tokens/s over {base.label} (each method at its best batch size)."
         else:
-            note = f"No baseline: no run of {baseline!r}" if baseline else "No baseline: no run with default settings"
-            note += " (--baseline METHOD names the run to compare against)"
+            listed = ", ".join(sorted(methods))
+            if baseline:
+                note = f"No baseline: no run of {baseline!r} (--baseline takes one of {listed}"
+                note += f"{did_you_mean(baseline, methods)})"
+            else:
+                note = f"No baseline: no run with default settings (--baseline METHOD compares against one of {listed})"
         if refs is not None:
             note += reference_note({k: v for k, v in refs.items() if k == (shape, prec)})
         title = f"Methods on {device}, {prec}" + (f" ({mode})" if mode != "pure" else "") + f", {shape}"

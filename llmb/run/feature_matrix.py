@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmb.records import ATTEMPT_SCHEMA
+from llmb.records import ATTEMPT_SCHEMA, CONFORMANCE_SCHEMA, RESULT_SCHEMAS
 from llmb.records import files as record_files
 from llmb.terminal import console as term
 
@@ -33,6 +33,8 @@ FEATURES = {
     "fp8": "FP8 (torchao float8)",
 }
 PARALLEL = {"none": "Single device", "ddp": "DDP", "fsdp": "FSDP"}
+# The records the matrix reads; any other llmb record is passed over, anything else named.
+READS = (*RESULT_SCHEMAS, CONFORMANCE_SCHEMA, ATTEMPT_SCHEMA)
 FP8_LABEL_REASON = "effective precision FP8 is not a benchmark precision"
 # Pairs one setting cannot hold at once: not a failure, not a blank.
 EXCLUSIVE = {frozenset({"compile", "thunder"}): "one compile setting"}
@@ -99,24 +101,26 @@ def load_records(paths: Iterable[Path]) -> Records:
     found = Records([], [], [])
     seen: dict[str, Path] = {}
     for path in paths:
-        files = sorted(Path(path).rglob("*.json")) if Path(path).is_dir() else [Path(path)]
-        for file in files:
+        for file in record_files.under(Path(path), "*.json") if Path(path).is_dir() else [Path(path)]:
             try:
                 record = record_files.read_object(file)
+                foreign = record_files.foreign(record, file, READS)
+                if foreign:  # no llmb record, or a version this llmb does not read: named, never dropped unsaid
+                    raise record_files.Unreadable(foreign)
                 schema = str(record.get("schema", ""))
-                if schema.startswith(("llmb.result/", "llmb.conformance/")) or schema == ATTEMPT_SCHEMA:
+                if schema in READS:
                     _check(record, schema)
             except record_files.Unreadable as exc:
                 found.skipped.append(record_files.skipped_line(file, exc))
                 continue
-            if schema.startswith("llmb.result/"):
+            if schema in RESULT_SCHEMAS:
                 run_id = str(record.get("run_id", ""))
                 if run_id and run_id in seen:  # a copy of one run must not count twice
                     found.skipped.append(record_files.duplicate_line(file, run_id, seen[run_id]))
                     continue
                 seen[run_id] = file
                 found.results.append(record)
-            elif schema.startswith("llmb.conformance/"):
+            elif schema == CONFORMANCE_SCHEMA:
                 found.conformance.append(record)
             elif schema == ATTEMPT_SCHEMA:
                 found.attempts.append(record)

@@ -14,15 +14,14 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from rich.table import Table
-
 from llmb.api.errors import UsageError
 from llmb.records import envelope
+from llmb.records.codec import SEARCH_SUMMARY_SCHEMA
 from llmb.records.result_files import read_result, write_json_atomic
 from llmb.run import sweep as sweeps
+from llmb.terminal import console as term
 
 SEARCH_SUMMARY_NAME = "search-summary.json"
-SEARCH_SUMMARY_SCHEMA = "llmb.search-summary/1"
 _VALUE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
@@ -117,20 +116,22 @@ def best_by_precision(out: Path, entries: list[dict]) -> dict[str, dict]:
 def print_search(summary: dict, console) -> None:
     """The combinations' headlines per precision, and the winner of each precision."""
     names = sorted({n for e in summary["combinations"] for n in (e.get("precisions") or {})})
-    table = Table(title="llmb sweep --search: headline tokens/s (best batch) per combination")
-    table.add_column("settings")
+    # The folders, statuses and errors are text from the sweeps (a plugin's exception): plain text, never markup.
+    table = term.table("llmb sweep --search: headline tokens/s (best batch) per combination")
+    term.column(table, "settings")
     for name in names:
-        table.add_column(name, justify="right")
+        term.column(table, name, numeric=True)
+    errors = any(entry.get("error") for entry in summary["combinations"])
+    if errors:  # a combination that could not run says why in a column of its own, even when none ran
+        term.column(table, "error")
     for entry in summary["combinations"]:
         cells = []
         for name in names:
             point = (entry.get("precisions") or {}).get(name) or {}
             tps = point.get("tokens_per_second")
             cells.append(f"{tps:,.1f} (b{point['best_batch_size']})" if tps else str(point.get("status", "-")))
-        if entry.get("error"):
-            cells = [entry["error"]] + [""] * (len(names) - 1) if names else []
-        table.add_row(entry["folder"], *cells)
+        term.row(table, entry["folder"], *cells, *([entry.get("error") or ""] if errors else []))
     console.print(table)
     for name, best in summary["best"].items():
         line = f"{name}: best {best['folder']} at batch {best['best_batch_size']}, {best['tokens_per_second']:,.1f}"
-        console.print(line + " tokens/s", markup=False, highlight=False)
+        console.print(term.text(line + " tokens/s"), soft_wrap=True)

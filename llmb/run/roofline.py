@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -231,8 +232,10 @@ def peak(
     settings: dict[str, str],
     square: int | None = None,
     repeats: int = 5,
+    measured: Callable[[Roofline, int], None] | None = None,
 ) -> list[Roofline]:
-    """`llmb peak`: the roofline of each precision on the plugin's device, at the model's GEMMs and a square one."""
+    """`llmb peak`: the roofline of each precision on the plugin's device, at the model's GEMMs and a square one.
+    `measured(roofline, total)` is called as each precision's ends (a long command says what is left)."""
     selected = select_backend(plugin)
     backend = selected.backend
     resolved = resolve_settings(backend, settings)
@@ -255,6 +258,8 @@ def peak(
         check_device_present(torch_device)
         gemms = model_gemms(config, batch_size) + [square_gemm(backend, torch_device, MATMUL_DTYPE[name], square)]
         results.append(measure(backend, torch_device, name, gemms, repeats))
+        if measured is not None:
+            measured(results[-1], len(wanted))
     return results
 
 

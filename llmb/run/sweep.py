@@ -87,15 +87,18 @@ def sweep(options: SweepOptions, display: Display | None = None) -> dict:
     """Run (or resume) a sweep; return its summary, which is also written to SUMMARY_NAME in the out directory.
     The sweep holds an exclusive lock on its folder for its whole life: a second sweep there is refused."""
     out = Path(options.out)
-    created = not out.exists()
+    # The folders this sweep makes (--out and any parent missing, as for `--search`'s sub-folders), deepest first.
+    made = [p for p in [out, *out.parents] if not os.path.lexists(p)]
     try:
         check_writable(out)
         out.mkdir(parents=True, exist_ok=True)  # the lock is taken on the folder; removed below if nothing ran
         with _folder_lock(out):
             return _sweep(options, display)
     except BaseException:
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # a sweep refused before its first trial leaves no empty folder behind
+        for folder in made:  # a sweep refused before its first trial leaves no empty folder behind, parents neither
+            if not folder.is_dir() or folder.is_symlink() or any(folder.iterdir()):
+                break
+            folder.rmdir()
         raise
 
 
@@ -271,6 +274,7 @@ def _sweep_precision(options: SweepOptions, name: str, point, display: Display) 
         "runs": len(measured),
         "headline_result": headline.result,
         "effective_precision": record.precision.effective,
+        "device_label": record.device.label,  # as the run and check-plugin name it: "AMD EPYC (cpu)"
         "tflops": record.tflops,
         "mfu": record.mfu,
         "peak_memory_bytes": record.peak_memory_bytes,
@@ -318,7 +322,8 @@ def parse_batch_sizes(text: str) -> list[int] | None:
 
 
 def print_summary(summary: dict, console: Console) -> None:
-    table = term.table(f"llmb sweep: {summary['plugin']} on {summary['device']}")
+    labels = [e["device_label"] for e in summary["precisions"].values() if isinstance(e.get("device_label"), str)]
+    table = term.table(f"llmb sweep: {summary['plugin']} on {labels[0] if labels else summary['device']}")
     columns = ("precision", "best batch", "tokens/s (median)", "spread (min-max)", "runs", "TFLOP/s", "stopped because")
     for column in columns:
         term.column(table, column, numeric=column in ("best batch", "tokens/s (median)", "runs", "TFLOP/s"))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from llmb.records import SweepTrial as Trial
@@ -133,7 +134,27 @@ def next_point(points: Points, search) -> tuple[int | None, str]:
     if batch is not None:
         return batch, reason
     again = confirming(points)
-    return (again, "confirming the best batch") if again is not None else (None, reason)
+    return (again, "confirming the best batch") if again is not None else (None, bracketing(points, reason))
+
+
+def bracketing(points: Points, reason: str) -> str:
+    """The stop reason, told again where the confirmations moved the best batch below the pair it names: "slower:
+    batch 2 -> 4" beside a best batch 1 would say the search grew past a size it found best. The pair then becomes
+    the best batch and the next size measured above it, with their final medians."""
+    pair = re.search(r"batch (\d+) -> (\d+)", reason)
+    best = best_batch(points)
+    if pair is None or best is None or int(pair.group(1)) <= best <= int(pair.group(2)):
+        return reason
+    above = min((b for b in points if b > best and points[b]), default=None)
+    if above is None:
+        return reason
+    failed = failure(points[above])
+    if failed is not None:
+        return f"{failed.status} at batch {above}"
+    now, before = _tps(points, above), _tps(points, best)
+    if now < before:
+        return f"slower: batch {best} -> {above} lost {1 - now / before:.1%} (medians)"
+    return f"plateau: batch {best} -> {above} gained {now / before - 1:.1%}, under {PLATEAU_GAIN:.0%}"
 
 
 def headline_of(points: Points, repeats: list[Trial]) -> tuple[Trial, list[Trial]] | None:

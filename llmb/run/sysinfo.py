@@ -188,11 +188,12 @@ def complete(system: dict, given: dict) -> dict:
 
 
 def _scrubbed(value):
-    """Every string in a JSON value scrubbed (llmb.spec.redact.scrub): system.json is published."""
+    """Every string in a JSON value scrubbed (llmb.spec.redact.scrub), and every value under a credential's name
+    (``{"bmc": {"password": "hunter2"}}``) redacted whatever it is: system.json is published."""
     if isinstance(value, str):
         return scrub(value)
     if isinstance(value, dict):
-        return {k: _scrubbed(v) for k, v in value.items()}
+        return {k: REDACTED if is_secret(str(k)) and v not in (None, "") else _scrubbed(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_scrubbed(v) for v in value]
     return value

@@ -36,7 +36,19 @@ _WORDS = re.compile("|".join(SECRET_WORDS), re.IGNORECASE)
 # scheme://user:password@host -> scheme://<redacted>@host (also a bare user@, which can be a token).
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
 # key=value or key:value pairs inside a value ("--xla_auth_token=abc", "password: hunter2").
-_PAIR = re.compile(rf"(?P<key>[A-Za-z0-9_.-]*(?:{'|'.join(SECRET_WORDS)})[A-Za-z0-9_.-]*\s*[=:]\s*)[^\s,;&]+", re.I)
+# The separator also URL-encoded ("secret%3Dabc" in a query string held by a flag).
+_PAIR = re.compile(
+    rf"(?P<key>[A-Za-z0-9_.-]*(?:{'|'.join(SECRET_WORDS)})[A-Za-z0-9_.-]*\s*(?:[=:]|%3[DdAa])\s*)[^\s,;&]+", re.I
+)
+# A query parameter that carries a credential under a short name (an Azure SAS "sig", an OAuth "code").
+_QUERY_SECRET = re.compile(r"(?P<key>[?&](?:sig|code|sas|access_token)=)[^&\s#,;]+", re.I)
+# A credential word standing alone, its value the next word ("password hunter2", "token abc123").
+_WORD_VALUE = re.compile(
+    r"(?P<key>\b(?:password|passwd|passphrase|token|secret|api[_-]?key)[ \t]+)(?![-=:])[^\s,;&]+", re.I
+)
+# An AWS secret access key standing alone: 40 characters of base64 (its "/" splits it into short runs, which the
+# random-run rule below would let through).
+_AWS_SECRET = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{40}(?![A-Za-z0-9+/=])")
 # Well-known token shapes (GitHub, Hugging Face, OpenAI-style, Slack, AWS access keys, JWTs).
 _TOKENS = re.compile(
     r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}"
@@ -66,6 +78,10 @@ def _homes() -> list[str]:
     return sorted((h for h in found if h and h not in ("/", "~")), key=len, reverse=True)
 
 
+def _mixed(run: str) -> bool:
+    return any(c.isdigit() for c in run) and any(c.islower() for c in run) and any(c.isupper() for c in run)
+
+
 def _random(run: str) -> bool:
     return any(c.isdigit() for c in run) and any(c.isalpha() for c in run)
 
@@ -77,7 +93,10 @@ def scrub(value: str) -> str:
     value = _AUTH_SCHEME.sub(lambda m: f"{m['scheme']} {REDACTED}", value)
     value = _QUOTED_PAIR.sub(lambda m: f"{m['key']}{REDACTED}", value)
     value = _PAIR.sub(lambda m: f"{m['key']}{REDACTED}", value)
+    value = _QUERY_SECRET.sub(lambda m: f"{m['key']}{REDACTED}", value)
     value = _FLAG_VALUE.sub(lambda m: f"{m['flag']}{REDACTED}", value)
+    value = _WORD_VALUE.sub(lambda m: f"{m['key']}{REDACTED}", value)
+    value = _AWS_SECRET.sub(lambda m: REDACTED if _mixed(m.group()) else m.group(), value)
     value = _TOKENS.sub(REDACTED, value)
     value = _RANDOM_RUN.sub(lambda m: REDACTED if _random(m.group()) else m.group(), value)
     for home in _homes():

@@ -26,6 +26,8 @@ SHAPE_FIELDS = (
 FIRST_PARTY_PLUGINS = ("cuda", "rocm", "xla", "xpu")
 PARALLEL = ("ddp", "fsdp", "hsdp")
 SCHEDULES = ("gpipe", "1f1b")  # the pipeline schedules llmb.distributed.mesh builds
+# `llmb commbench --dtype`: the torch dtypes (by their torch attribute names) that every collective backend reduces.
+COMM_DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int32", "int64")
 # How long a collective may wait for a peer before the group fails it: long enough for a slow first step (compile),
 # short enough that a rank lost without its process dying (a hung device, a lost node) fails the run, not hangs it.
 DEFAULT_TIMEOUT_SECONDS = 600

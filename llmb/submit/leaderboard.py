@@ -14,14 +14,17 @@ import base64
 import html
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmb import report, verify
+from llmb.api.errors import UsageError
 from llmb.bundle import reader as bundle_io
 from llmb.bundle.layout import CODE_DIFF, CODE_STATUS, SUBMISSION_JSON, SYSTEM_JSON, headlines
 from llmb.bundle.reader import DEFAULT_LIMITS, Limits, Refused
 from llmb.records import Conformance, Result, energy, outputs
+from llmb.records.result_files import write_bytes_atomic
 from llmb.spec.vocab import PRECISIONS
 from llmb.terminal import console as term
 
@@ -449,13 +452,32 @@ def submission_html(entry: Entry) -> str:
     return _page(f"llmb: {title}", "\n".join(parts))
 
 
-def build(paths: list[Path], out: Path, replay_steps: int = 0, limits: Limits = DEFAULT_LIMITS) -> list[Entry]:
+def build(
+    paths: list[Path],
+    out: Path,
+    replay_steps: int = 0,
+    limits: Limits = DEFAULT_LIMITS,
+    skipped: list[str] | None = None,
+) -> list[Entry]:
     """Verify each bundle and write the site into ``out``: index.html and submission-N.html for the N-th bundle.
-    ``out`` may not be, hold or sit inside a bundle (a page written into one would break its manifest)."""
+    ``out`` may not be, hold or sit inside a bundle (a page written into one would break its manifest), and a page
+    never replaces anything but a file (a symlink named index.html in ``out`` is refused, its target untouched).
+    A bundle given twice (the same path, or a link to it) is listed once; the copy is named in ``skipped``."""
     outputs.refuse_overlap({"--out": out}, paths)
-    entries = [load(Path(p), f"submission-{n}.html", replay_steps, limits) for n, p in enumerate(paths, start=1)]
+    unique: list[Path] = []
+    for path in map(Path, paths):
+        first = next((u for u in unique if outputs.overlap(path, u) == "is"), None)
+        if first is None:
+            unique.append(path)
+        elif skipped is not None:
+            skipped.append(f"{path}: the bundle {first} again (given twice; listed once)")
+    pages = ["index.html", *(f"submission-{n}.html" for n in range(1, len(unique) + 1))]
+    for name in pages:  # before any bundle is read: a page in the way that is no file is refused, not written through
+        if (out / name).is_symlink() or (os.path.lexists(out / name) and not (out / name).is_file()):
+            raise UsageError(f"--out {out}: {name} there is not a regular file; refusing to replace it")
+    entries = [load(p, f"submission-{n}.html", replay_steps, limits) for n, p in enumerate(unique, start=1)]
     out.mkdir(parents=True, exist_ok=True)
     for entry in entries:
-        (out / entry.page).write_text(submission_html(entry), encoding="utf-8")
-    (out / "index.html").write_text(index_html(entries), encoding="utf-8")
+        write_bytes_atomic(out / entry.page, submission_html(entry).encode("utf-8"))
+    write_bytes_atomic(out / "index.html", index_html(entries).encode("utf-8"))
     return entries

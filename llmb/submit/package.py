@@ -16,11 +16,9 @@ Layout of ``<out>/<ORG>/<NAME>/`` (the verifier, llmb.verify, reads the same nam
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,9 +66,16 @@ from llmb.records import (
 )
 from llmb.records import files as record_files
 from llmb.records.result_files import result_filename, write_json_atomic
+from llmb.report.points import interrupted_sweeps
 from llmb.run import sysinfo
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.spec.vocab import PRECISIONS
+from llmb.submit.archive import (  # noqa: F401 (write_archive and written_by_llmb: the packager's API)
+    check_archive_replaceable,
+    check_replaceable,
+    write_archive,
+    written_by_llmb,
+)
 from llmb.terminal.progress import Pace
 
 
@@ -121,34 +126,42 @@ def load_inputs(results_dir: Path) -> tuple[list[Result], list[Conformance], lis
     if not results_dir.is_dir():
         raise UsageError(f"--results {results_dir} is not a directory")
     results, conformance, skipped = [], [], []
+    seen: dict[str, Path] = {}
     kinds = {**dict.fromkeys(RESULT_SCHEMAS, Result), CONFORMANCE_SCHEMA: Conformance}
-    for path in sorted(results_dir.rglob("*.json")):
-        if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
-            continue
+    for path in record_files.under(results_dir, "*.json"):
         try:
             data = record_files.read_object(path, 64 * 2**20)  # never waits on a FIFO
+            foreign = record_files.foreign(data, path, kinds)
+            if foreign:  # no llmb record, or a version this llmb does not read: named, never dropped unsaid
+                raise record_files.Unreadable(foreign)
             kind = kinds.get(data.get("schema"))
             record = record_files.parse(kind, data) if kind else None
         except record_files.Unreadable as exc:
             skipped.append(record_files.skipped_line(path, exc))
             continue
         if isinstance(record, Result):
+            if record.run_id in seen:  # one run read twice (a copy): the first read is kept, the copy named
+                skipped.append(record_files.duplicate_line(path, record.run_id, seen[record.run_id]))
+                continue
+            seen[record.run_id] = path
             results.append(record)
         elif isinstance(record, Conformance):
             conformance.append(record)
     return results, conformance, skipped
 
 
-def sweep_phases(results_dir: Path) -> dict[str, str]:
-    """Run id -> sweep phase ("search" or "repeat") from the sweep logs under a results folder."""
+def sweep_phases(results_dir: Path, skipped: list[str] | None = None) -> dict[str, str]:
+    """Run id -> sweep phase ("search" or "repeat") from the sweep logs under a results folder. A log that does not
+    read (or a line of one) is named in ``skipped`` and left out: its runs count as runs of no sweep."""
     phases = {}
-    for path in sorted(results_dir.rglob(SWEEP_LOG_NAME)):
-        if any(part.startswith(".") for part in path.relative_to(results_dir).parts):
-            continue
+    for path in record_files.under(results_dir, SWEEP_LOG_NAME):
         try:
-            _, trials = read_sweep_log(path)
+            _, trials = read_sweep_log(path, skipped=skipped)
         except RecordError as exc:
-            raise UsageError(str(exc)) from None
+            if skipped is None:
+                raise UsageError(str(exc)) from None
+            skipped.append(str(exc))  # the message starts with the log's path
+            continue
         phases.update({t.run_id: t.phase for t in trials if t.run_id})
     return phases
 
@@ -225,7 +238,7 @@ def gather_conformance(
                 f"no conformance record for plugin {name} {requested} {mode} with settings {settings} "
                 f"in the results directory: run `llmb check-plugin` or leave out --no-run-conformance"
             )
-        if sysinfo.REDACTED in json.loads(settings).values():
+        if any(isinstance(v, str) and sysinfo.REDACTED in v for v in json.loads(settings).values()):
             raise UsageError(
                 f"plugin {name} {requested} {mode} used a secret setting, which records never hold: run "
                 "`llmb check-plugin` with it yourself and put its record under --results"
@@ -254,6 +267,11 @@ def plugin_entries(records: list[Result]) -> list[dict]:
         p = record.plugin
         if p.name in entries:
             continue
+        if p.distribution != "llmb":  # a record's text becomes a folder only as the plain name verify takes
+            try:
+                bundle_io.check_part(p.distribution, "distribution")
+            except ValueError as exc:
+                raise LlmbError(f"plugin {p.name}: {exc}") from None
         try:
             installed = metadata.version(p.distribution)
         except metadata.PackageNotFoundError:
@@ -292,52 +310,6 @@ def write_manifest(root: Path) -> None:
     write_text(root / MANIFEST_FILE, "".join(lines))
 
 
-def write_archive(root: Path, archive: Path, arcname: str) -> Path:
-    """A .tar.gz of the bundle: regular files and folders only, owner and mode normalised. Written whole or not at
-    all: a temporary file renamed into place, removed on any failure (a full disk leaves no .tmp behind)."""
-
-    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        info.mode = 0o755 if info.isdir() else 0o644
-        return info
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{archive.name}.", suffix=".tmp", dir=archive.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with tarfile.open(fileobj=f, mode="w:gz") as tar:
-                tar.add(root, arcname=arcname, filter=normalise)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, archive)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            why = exc.strerror or exc.__class__.__name__
-            raise LlmbError(f"--archive: {archive} not written ({why}); the bundle folder {root} is whole") from None
-        raise
-    return archive
-
-
-def written_by_llmb(folder: Path) -> str | None:
-    """None when every file under ``folder`` is one its MANIFEST.sha256 lists (a bundle llmb wrote, which --force
-    may replace), else the first file that is not (something llmb did not write, which it never deletes)."""
-    try:
-        listed = {
-            line.split("  ", 1)[1]
-            for line in (folder / MANIFEST_FILE).read_text(encoding="utf-8").splitlines()
-            if "  " in line
-        }
-    except (OSError, UnicodeDecodeError):
-        return f"{MANIFEST_FILE} (missing or unreadable: not a bundle llmb wrote)"
-    for path in sorted(folder.rglob("*")):
-        name = path.relative_to(folder).as_posix()
-        if path.is_symlink() or (not path.is_dir() and name != MANIFEST_FILE and name not in listed):
-            return name
-    return None
-
-
 def package(options: PackageOptions) -> tuple[Path, list[str]]:
     """Write the bundle; return its folder and one line for each result left out."""
     org, name = check_name(options.submitter, "--submitter"), check_name(options.system, "--system")
@@ -346,7 +318,9 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     sources = [Path(options.results), options.system_file, *map(Path, options.release_sources)]
     # Before anything is read or written: the bundle and its archive never replace, enter or hold an input.
     outputs.refuse_overlap({"--out": final, "--archive": archive if options.archive else None}, sources)
-    _check_replaceable(final, options.force)
+    check_replaceable(final, options.force)
+    if options.archive:
+        check_archive_replaceable(archive, f"{org}/{name}", options.force)
     package_dir = Path(options.package_dir)
     model_hash = manifest.sha256_file(package_dir / "model.py")
     if model_hash != RELEASED_MODEL_FINGERPRINT:
@@ -361,7 +335,9 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     given_system = read_json_file(options.system_file) if options.system_file else {}
 
     results, given_conformance, unread = load_inputs(Path(options.results))
-    results, pooled = counted_results(results, sweep_phases(Path(options.results)))
+    results, pooled = counted_results(results, sweep_phases(Path(options.results), unread))
+    for line in interrupted_sweeps(Path(options.results)):
+        options.say(f"warning: {line}")
     try:
         try:
             records, skipped = select_results(results, options)
@@ -381,7 +357,9 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     if failed and not options.include_debug:
         raise LlmbError(f"conformance failed for {', '.join(failed)}: the plugin does not preserve the model")
 
-    _check_replaceable(final, options.force)  # again: the check-plugin runs took a while
+    check_replaceable(final, options.force)  # again: the check-plugin runs took a while
+    if options.archive:
+        check_archive_replaceable(archive, f"{org}/{name}", options.force)
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=final.parent) as tmp:
         root = Path(tmp) / name
@@ -392,20 +370,6 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     if options.archive:
         write_archive(final, archive, f"{org}/{name}")
     return final, skipped
-
-
-def _check_replaceable(final: Path, force: bool) -> None:
-    """A bundle folder in the way is replaced only with --force, and only when llmb wrote all of it."""
-    if not os.path.lexists(final):
-        return
-    if not force:
-        raise UsageError(f"{final} exists: remove it or pass --force to replace it")
-    foreign = written_by_llmb(final) if final.is_dir() and not final.is_symlink() else final.name
-    if foreign:
-        raise UsageError(
-            f"--force replaces only a bundle llmb wrote, and {final} holds {foreign}, which its manifest does not "
-            "list: move what you keep out of it, or give another --out or --system"
-        )
 
 
 def _write_bundle(root, org, name, options, records, conformance, plugins, released, status, diff, given_system):

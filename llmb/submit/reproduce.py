@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +26,13 @@ import tomllib
 from llmb.api.errors import LlmbError, UsageError
 from llmb.bundle import reader as bundle_io
 from llmb.records import Result, group_runs, headline
+from llmb.records import files as record_files
 from llmb.spec.presets import SHAPE_FIELDS
+from llmb.terminal.progress import Pace
 
 DEFAULT_TOLERANCE = 0.05
+# A version, an entry point's name or its target (module:attribute): what a dist-info's files may hold from a bundle.
+_ENTRY_TEXT = re.compile(r"^[A-Za-z0-9_.+-]+(:[A-Za-z0-9_.]+)?$")
 RUNS = 3  # the reproduction's own median, as a bundle's headline is one
 
 
@@ -74,15 +80,28 @@ def run_arguments(record: dict) -> list[str]:
 def shipped_plugin_path(root: Path, distribution: str, site: Path) -> list[str]:
     """Import paths that make the shipped source of a plugin distribution the one `llmb run` loads: its package
     folder, and a dist-info declaring the entry points of its pyproject.toml."""
-    source = root / "code" / "plugins" / distribution
+    try:  # the bundle's text (a distribution, a version, entry points) names a folder or a line only when plain
+        source = root / "code" / "plugins" / bundle_io.check_part(str(distribution), "distribution")
+    except ValueError as exc:
+        raise LlmbError(f"the bundle's plugin: {exc}") from None
     pyproject = source / "pyproject.toml"
     if not pyproject.is_file():
         raise LlmbError(f"the bundle ships no pyproject.toml for plugin distribution {distribution!r}")
-    project = tomllib.loads(pyproject.read_text()).get("project", {})
-    points = (project.get("entry-points") or {}).get("llmb") or {}
+    try:
+        project = tomllib.loads(bundle_io.read_regular(pyproject, 2**20).decode("utf-8")).get("project", {})
+        points = (project.get("entry-points") or {}).get("llmb") or {}
+        if not isinstance(project, dict) or not isinstance(points, dict):
+            raise ValueError("[project] and its llmb entry points are no tables")
+    except (ValueError, AttributeError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise LlmbError(f"{distribution}'s shipped pyproject.toml does not read ({first})") from None
     if not points:
         raise LlmbError(f"{distribution}'s shipped pyproject.toml declares no llmb entry point")
     version = str(project.get("version", "0"))
+    plain = [version, *map(str, points), *map(str, points.values())]
+    odd = next((text for text in plain if not _ENTRY_TEXT.match(text)), None)
+    if odd is not None:
+        raise LlmbError(f"{distribution}'s shipped pyproject.toml holds {odd[:80]!r} where a plain name belongs")
     info = site / f"{distribution.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
@@ -129,9 +148,18 @@ def compare(label: str, claimed: float, reproduced: list[dict], tolerance: float
     return Reproduction(label, claimed, median, ratio, passed, detail)
 
 
-def reproduce(path: Path, tolerance: float = DEFAULT_TOLERANCE, runs: int = RUNS, timeout: float = 3600) -> list:
-    """Every headline of a bundle, reproduced here."""
-    if tolerance < 0 or runs < 1:
+def reproduce(
+    path: Path,
+    tolerance: float = DEFAULT_TOLERANCE,
+    runs: int = RUNS,
+    timeout: float = 3600,
+    warn: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> list:
+    """Every headline of a bundle, reproduced here; a result file that does not read is named (``warn``, one line
+    with why) and left out, the others reproduced. ``say`` gets a line before each headline's runs, with what is
+    left from those done (a long command says where it is)."""
+    if not 0 <= tolerance < float('inf') or runs < 1:  # NaN too: every comparison with it is false
         raise UsageError("--tolerance must be 0 or more and --runs at least 1")
     try:
         opened = bundle_io.open_bundle(Path(path), bundle_io.DEFAULT_LIMITS)
@@ -139,12 +167,23 @@ def reproduce(path: Path, tolerance: float = DEFAULT_TOLERANCE, runs: int = RUNS
     except bundle_io.Refused as exc:
         raise LlmbError(f"bundle refused: {exc}") from None
     try:
-        results = [Result.from_dict(json.loads(p.read_text())) for p in sorted((root / "results").rglob("*.json"))]
+        results = []
+        for file in record_files.under(root / "results", "*.json") if (root / "results").is_dir() else []:
+            try:
+                results.append(record_files.parse(Result, record_files.read_object(file)))
+            except record_files.Unreadable as exc:
+                if warn is not None:
+                    warn(record_files.skipped_line(file.relative_to(root), exc))
         rows = []
-        for group, members in group_runs([r for r in results if not r.invalid_reasons]).items():
+        groups = group_runs([r for r in results if not r.invalid_reasons])
+        pace = Pace(total=len(groups))
+        for index, (group, members) in enumerate(groups.items()):
             median_run = headline(members).run.to_dict()
-            reproduced = reproduce_one(root, median_run, runs, timeout)
             label = f"{median_run['precision']['effective']} {group.plugin} b{median_run['batch_size']}"
+            if say is not None:
+                say(f"reproducing {label} ({index + 1} of {len(groups)}, {runs} runs){pace.left()}")
+            reproduced = reproduce_one(root, median_run, runs, timeout)
+            pace.done()
             claimed = median_run["tokens_per_second"]
             rows.append(compare(label, claimed, reproduced, tolerance, median_run["device"]["name"]))
         if not rows:

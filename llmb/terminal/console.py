@@ -59,7 +59,9 @@ def clean(value: object, limit: int | None = DETAIL_LIMIT) -> str:
 # What Markdown (CommonMark, GitHub's tables) could read as markup in the records' text: each is backslash-escaped,
 # so a device named "<img src=x>" or "**fast**" is shown as written, never rendered. An underscore between two
 # letters or digits opens no emphasis, so setting names (oom_above_batch_size) stay readable.
-MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|&~#")
+MARKDOWN_SPECIAL = frozenset("\\`*_[]<>|&~#$")  # $: GitHub's inline math ($\\color{red}{...}$)
+# At the start of a line of its own (a note in summary.md), these open a list, a rule or a heading: escaped there.
+_MARKDOWN_BLOCK_START = re.compile(r"^(\s*)([-+](?=\s|$)|\d{1,9}(?=[.)](\s|$))|[-=](?=[-=\s]*$))")
 # Line breaks and tabs are shown as \n and \t: text from a record never starts a line of its own (a heading, a rule,
 # a list, a table row of its own) nor ends a table's row.
 _MARKDOWN_BREAKS = {"\n": "\\n", "\t": "\\t"}
@@ -75,14 +77,27 @@ def markdown(value: object) -> str:
     for i, c in enumerate(text):
         intraword = c == "_" and 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
         out.append(_MARKDOWN_BREAKS.get(c) or ("\\" + c if c in MARKDOWN_SPECIAL and not intraword else c))
-    return "".join(out)
+    shown = "".join(out)
+    block = _MARKDOWN_BLOCK_START.match(shown)
+    if block:  # "- x", "+ x", "===", "1. x": the marker escaped ("1\\. x"), so the line stays a paragraph
+        at = block.end() if block.group(2).isdigit() else block.start(2)
+        shown = shown[:at] + "\\" + shown[at:]
+    return shown
+
+
+# What a spreadsheet skips before it looks for a formula: blanks of any kind and quotes (a cell '"=1+1' or " =1+1"
+# is a formula to some), and the characters that draw as nothing.
+_CSV_LEAD = re.compile(r"""^[\s"'`\u200b-\u200f\u2028-\u202f\u2060-\u206f\ufeff]*""")
 
 
 def csv_cell(value: str) -> str:
-    """Text from records as a CSV cell: printable (``clean``), and a leading formula character (after any blanks)
-    neutralised with a ``'`` so that a spreadsheet shows the text instead of evaluating it."""
+    """Text from records as a CSV cell: printable (``clean``), and a leading formula character (also after blanks,
+    quotes or invisible characters) neutralised with a ``'`` so that a spreadsheet shows the text instead of
+    evaluating it."""
     text = clean(value, limit=None)
-    formula = value.startswith(CSV_FORMULA_START) or value.lstrip().startswith(CSV_FORMULA_START)
+    formula = value.startswith(CSV_FORMULA_START) or any(
+        _CSV_LEAD.sub("", s, count=1).startswith(CSV_FORMULA_START) for s in (value, text)
+    )
     return "'" + text if formula else text
 
 
@@ -165,9 +180,21 @@ def table(title: object = None, *, show_header: bool = True, **kwargs) -> Table:
     return Table(title=caption, title_justify="left", show_header=show_header, **kwargs)
 
 
-def column(t: Table, header: str, *, numeric: bool = False, style: str = "") -> None:
-    """A column that folds long values instead of cutting them ("…"); numbers never wrap."""
-    t.add_column(header, justify="right" if numeric else "left", overflow="fold", no_wrap=numeric, style=style)
+# A column of prose (a setting's help, a list of methods) wraps at this width, on a terminal or off one: a log's
+# table is then as wide as a reader's window, not _WIDE columns of one long line beside padded short ones.
+PROSE = 100
+
+
+def column(t: Table, header: str, *, numeric: bool = False, style: str = "", prose: bool = False) -> None:
+    """A column that folds long values instead of cutting them ("…"); numbers never wrap; prose wraps at PROSE."""
+    t.add_column(
+        header,
+        justify="right" if numeric else "left",
+        overflow="fold",
+        no_wrap=numeric,
+        style=style,
+        max_width=PROSE if prose else None,
+    )
 
 
 def row(t: Table, *cells: object) -> None:
