@@ -113,6 +113,20 @@ def test_llmb_debug_shows_the_plugins_own_traceback(register_backend, tmp_path, 
     assert "raise RuntimeError" in result.output
 
 
+@pytest.mark.parametrize("word", ["0", "off", "false", "No", ""])
+def test_llmb_debug_set_to_a_no_word_is_off(register_backend, tmp_path, monkeypatch, word):
+    from llmb.distributed.cluster import quiet_native_logs
+
+    monkeypatch.setenv("LLMB_DEBUG", word)
+    register_backend(FailingPlugin())
+    result = CliRunner().invoke(cli, ["run", *TINY, "--plugin", "hostile_fails", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output and "LLMB_DEBUG=1 shows the traceback" not in result.output
+    env = {"LLMB_DEBUG": word}
+    quiet_native_logs(env)
+    assert env["TORCH_CPP_LOG_LEVEL"] == "FATAL"  # torch's C++ logs stay quiet too
+
+
 def test_error_messages_keep_their_brackets(monkeypatch):
     import click
 

@@ -769,6 +769,10 @@ def test_a_sweep_estimates_what_is_left_from_its_trial_bound(tmp_path):
     display.plan(most)
     display.finished(sweep.Trial("FP32", 1, "search", 0, "ok", tokens_per_second=10.0, seconds=30.0), reused=False)
     assert f"at most {most - 1} trials left" in stream.getvalue() and "min at most" in stream.getvalue()
+    for _ in range(most - 1):  # the rest of the bound: after the last trial nothing is left to estimate
+        display.finished(sweep.Trial("FP32", 1, "search", 0, "ok", tokens_per_second=10.0, seconds=30.0), False)
+    last = stream.getvalue().splitlines()[-1]
+    assert display.left() == "" and "trials left" not in last and "at most 0 trials" not in stream.getvalue(), last
 
 
 def test_a_cpu_sweep_names_the_precisions_this_cpu_emulates_before_its_trials(monkeypatch):

@@ -130,9 +130,9 @@ def test_package_submission_reads_the_good_result_and_names_each_bad_file(tmp_pa
     assert len(skipped) == 1 and skipped[0].startswith(f"{bad}"), skipped  # a folder: the torn file inside it
 
 
-@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+@pytest.mark.parametrize("kind", sorted({**BAD_FILES, **BAD_FIGURES}))
 def test_features_names_each_file_it_cannot_read(tmp_path, kind):
-    folder, bad = _folder(tmp_path, BAD_FILES[kind])
+    folder, bad = _folder(tmp_path, {**BAD_FILES, **BAD_FIGURES}[kind])
     result = CliRunner().invoke(cli, ["features", str(folder), "--markdown"])
     assert result.exit_code == 0, result.output
     _named_once(result.stderr, bad)

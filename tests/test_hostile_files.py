@@ -279,8 +279,19 @@ def test_the_atomic_writer_honours_the_umask(tmp_path):
 # Results never lost
 
 
-@pytest.mark.parametrize("out", ["/dev/full", "FILE/sub"])
+def _proc_takes_no_folder() -> bool:
+    """/proc refuses a new folder even to root (whom os.access answers yes everywhere): true on Linux."""
+    try:
+        os.rmdir(tempfile.mkdtemp(dir="/proc"))
+    except OSError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("out", ["/dev/full", "FILE/sub", "/proc/llmb-results"])
 def test_run_refuses_an_unwritable_out_before_measuring(tmp_path, out):
+    if out.startswith("/proc") and not _proc_takes_no_folder():
+        pytest.skip("this host's /proc takes a folder (not Linux's procfs)")
     (tmp_path / "FILE").write_text("a file, not a folder")
     out = out.replace("FILE", str(tmp_path / "FILE"))
     result = CliRunner().invoke(cli, ["run", *TINY, "--out", out])
@@ -417,6 +428,17 @@ def test_report_skips_a_fifo_and_a_giant_file_without_hanging(tmp_path, monkeypa
     skipped = "\n".join(done[0].skipped)
     for name in ("pipe.json", LOG_NAME, "giant.json"):
         assert str(tmp_path / name) in skipped, skipped
+
+
+@pytest.mark.parametrize("out", ["FILE/r.md", "/proc/llmb-report.md"])
+def test_report_refuses_an_unwritable_out_in_one_line(tmp_path, out):
+    if out.startswith("/proc") and not _proc_takes_no_folder():
+        pytest.skip("this host's /proc takes a folder (not Linux's procfs)")
+    (tmp_path / "FILE").write_text("a file, not a folder")
+    out = out.replace("FILE", str(tmp_path / "FILE"))
+    result = CliRunner().invoke(cli, ["report", str(REFERENCE / "results"), "--out", out])
+    assert result.exit_code == 2 and "is not a writable folder" in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "Error" not in result.stderr, result.stderr
 
 
 def test_check_plugin_refuses_an_unwritable_out_before_running(tmp_path):

@@ -195,3 +195,17 @@ def test_an_efficiency_over_the_measured_matmul_peak_is_struck_through_with_why_
     over, under = row(1.18), row(0.62)
     assert "<s>118.0%</s> over peak" in over and "data-v=''" in over and "load average 3.10" in over
     assert "62.0%" in under and "over peak" not in under and "data-v='0.62'" in under
+
+
+def test_copies_of_one_bundle_are_listed_once_and_each_copy_named(tmp_path):
+    """The same files in a second folder and in an archive are one submission: listed once, each copy named."""
+    copy = shutil.copytree(REFERENCE, tmp_path / "copy")
+    archive = submission.write_archive(copy, tmp_path / "copy.tar.gz", "cpu-reference")
+    second = renamed_copy(tmp_path / "second", "acme", "second-system")  # other files: its own row
+    result = invoke("leaderboard", REFERENCE, copy, archive, second, "--out", tmp_path / "site")
+    assert result.exit_code == 0, result.output
+    named = [line for line in result.output.splitlines() if line.startswith("skipped: ")]
+    assert len(named) == 2 and all(f"the same bundle as {REFERENCE}" in line for line in named), result.output
+    assert "2 submission(s)" in result.output
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert index.count("second-system") >= 1 and not (tmp_path / "site" / "submission-3.html").exists()

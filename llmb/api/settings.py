@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,18 @@ def parse_bool(raw: str) -> bool:
     if word in _FALSE:
         return False
     raise ValueError(f"expected one of {BOOL_WORDS}")
+
+
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """An on/off environment variable (LLMB_DEBUG, LLMB_IN_PROCESS): unset, empty or a "no" word (0, false, off, no)
+    is off, so `LLMB_DEBUG=0` means what it says; any other value is on, as it always was."""
+    raw = (os.environ if env is None else env).get(name, "")
+    if not raw.strip():
+        return False
+    try:
+        return parse_bool(raw)
+    except ValueError:
+        return True
 
 
 @dataclass(frozen=True)

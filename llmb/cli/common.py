@@ -8,7 +8,6 @@ it are imported inside the commands that train, so `llmb --help` and `llmb CMD -
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmb.api.errors import LlmbError
+from llmb.api.settings import env_flag
 from llmb.cli import click_types as bounds
 from llmb.spec import vocab as names
 from llmb.spec.presets import PRESETS  # torch-free: the shapes themselves, so --help names them from their one source
@@ -38,7 +38,7 @@ def handle_errors(func: Callable) -> Callable:
         try:
             return func(*args, **kwargs)
         except LlmbError as exc:
-            if os.environ.get("LLMB_DEBUG") and exc.__cause__ is not None:
+            if env_flag("LLMB_DEBUG") and exc.__cause__ is not None:
                 # A plugin's own exception (PluginError wraps it): its traceback is what the plugin's author needs.
                 traceback.print_exception(exc.__cause__)
             term.error(str(exc))
@@ -50,7 +50,7 @@ def handle_errors(func: Callable) -> Callable:
             raise  # click's own usage errors keep click's messages and exit codes
         except Exception as exc:
             # An unexpected failure (a plugin's kernel, a backend's dtype error): still one line, exit 1.
-            if os.environ.get("LLMB_DEBUG"):
+            if env_flag("LLMB_DEBUG"):
                 raise
             first_line = (str(exc).strip().splitlines() or [""])[0]
             term.error(f"{type(exc).__name__}: {first_line}", (" (LLMB_DEBUG=1 shows the traceback)", ""))

@@ -17,6 +17,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from llmb.api.errors import UsageError
+from llmb.api.settings import env_flag
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 
@@ -177,5 +178,5 @@ def quiet_native_logs(env: MutableMapping[str, str]) -> None:
     stack frames included, before llmb's own line names the failure. Its threshold, TORCH_CPP_LOG_LEVEL, is read when
     torch loads: set it to FATAL before the first import (the ranks a launch starts inherit it), unless LLMB_DEBUG=1
     asks for everything or the user chose a level."""
-    if not env.get("LLMB_DEBUG") and "TORCH_CPP_LOG_LEVEL" not in env:
+    if not env_flag("LLMB_DEBUG", env) and "TORCH_CPP_LOG_LEVEL" not in env:
         env["TORCH_CPP_LOG_LEVEL"] = "FATAL"

@@ -31,6 +31,7 @@ import time
 from multiprocessing.connection import Listener
 
 from llmb.api.errors import LlmbError
+from llmb.api.settings import env_flag
 from llmb.audit import evidence
 from llmb.judge.link import ERRORS, KEY_ENV, error_line
 from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed_plugins: importable from here as before)
@@ -52,7 +53,7 @@ RUN_TASK = f"{WORKER_MODULE}.run_task"
 def in_process() -> bool:
     """LLMB_IN_PROCESS=1: run and judge in this process (tests with plugins registered in memory); such a record
     says clean_room false and is never valid."""
-    return os.environ.get("LLMB_IN_PROCESS") == "1"
+    return env_flag("LLMB_IN_PROCESS")
 
 
 class Judge:

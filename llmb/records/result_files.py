@@ -86,6 +86,10 @@ def check_writable(out_dir: Path, what: str = "--out") -> None:
         parent = next((p for p in out_dir.absolute().parents if os.path.exists(p)), Path("/"))
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             raise UsageError(f"{what} {out_dir} is not a writable folder ({parent} is not a writable folder)")
+        try:  # os.access answers yes to root everywhere (/proc, a read-only mount): a folder made and removed says
+            os.rmdir(tempfile.mkdtemp(prefix=".llmb-write-check-", dir=parent))
+        except OSError as exc:
+            raise UsageError(f"{what} {out_dir} is not a writable folder ({parent}: {exc.strerror or exc})") from None
         return
     try:
         fd, probe = tempfile.mkstemp(prefix=".llmb-write-check-", dir=out_dir)

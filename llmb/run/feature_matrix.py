@@ -16,12 +16,14 @@ This module reads records only; it never runs a plugin.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmb.records import ATTEMPT_SCHEMA, CONFORMANCE_SCHEMA, RESULT_SCHEMAS
 from llmb.records import files as record_files
+from llmb.records.schemas import Result
 from llmb.terminal import console as term
 
 # Feature key -> row label, in table order.
@@ -93,6 +95,23 @@ def _check(record: dict, schema: str) -> None:
     expect(isinstance(record.get("parallel", "none"), str), "parallel", "a name")
     if schema == ATTEMPT_SCHEMA:
         expect(names(record.get("features")), "features", "a list of names")
+    if schema in RESULT_SCHEMAS:
+        # The matrix reads partial results (only the fields above), but a figure no run can give (Result.check's
+        # rule: NaN, infinite, negative, a batch of none, a blank run id) makes it no result, here as in every reader.
+        for name in Result.FIGURES:
+            value = record.get(name)
+            expect(value is None or (_number(value) and math.isfinite(value) and value >= 0), name, "a number >= 0")
+        for name in Result.COUNTS:
+            value = record.get(name, 1)
+            expect(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, "a count >= 1")
+        expect(str(record.get("run_id", "-")).strip() != "", "run_id", "a name")
+        timing = record.get("timing", {})
+        times = [timing.get("window_seconds", 0), *timing.get("step_seconds", [])] if isinstance(timing, dict) else []
+        expect(all(_number(t) and math.isfinite(t) and t >= 0 for t in times), "timing", "seconds")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def load_records(paths: Iterable[Path]) -> Records:

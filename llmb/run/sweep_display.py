@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     pass
 
 
-
 # Display: what a sweep reports while it works; the CLI draws it live, tests ignore it.
 
 
@@ -76,6 +75,8 @@ class LiveDisplay(Display):
         if not ran or not self.most:
             return ""
         remaining = max(self.most - len(self.rows), 0)
+        if not remaining:  # the last trial has run: nothing is left to estimate
+            return ""
         return f"at most {remaining} trials left, ~{remaining * ran[len(ran) // 2] / 60:.0f} min at most"
 
     def trial(self, precision_name: str, batch: int, phase: str, number: int) -> None:

@@ -11,6 +11,7 @@ written, and a bundle that cannot be read or fails a check is listed as failed, 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import math
@@ -22,7 +23,7 @@ from llmb import report, verify
 from llmb.api.errors import UsageError
 from llmb.bundle import reader as bundle_io
 from llmb.bundle.layout import CODE_DIFF, CODE_STATUS, SUBMISSION_JSON, SYSTEM_JSON, headlines
-from llmb.bundle.reader import DEFAULT_LIMITS, Limits, Refused
+from llmb.bundle.reader import DEFAULT_LIMITS, MANIFEST_FILE, Limits, Refused
 from llmb.records import Conformance, Result, energy, outputs
 from llmb.records.result_files import write_bytes_atomic
 from llmb.spec.vocab import PRECISIONS
@@ -67,6 +68,9 @@ class Entry:
     rows: list[verify.Row] = field(default_factory=list)
     headlines: list[Headline] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)
+    # sha256 of the bundle's MANIFEST.sha256 (which lists the sha256 of every other file): two copies of one bundle,
+    # in two folders or as a folder and its archive, share it. None where there is no manifest to read.
+    identity: str | None = None
 
 
 def judge(rows: list[verify.Row], is_debug: bool) -> tuple[str, str]:
@@ -87,6 +91,10 @@ def load(path: Path, page: str, replay_steps: int = 0, limits: Limits = DEFAULT_
     try:
         with bundle_io.open_bundle(path, limits) as root:
             checked = verify.check_bundle(root, accept_debug=True, limits=limits, replay_steps=replay_steps)
+            try:
+                entry.identity = hashlib.sha256(checked.text(MANIFEST_FILE).encode("utf-8")).hexdigest()
+            except (ValueError, OSError):  # no manifest, or past the limits: verify's rows say so; nothing to compare
+                entry.identity = None
             entry.rows = checked.rows
             _read(entry, checked)
     except Refused as exc:  # as `llmb verify` words it
@@ -462,7 +470,8 @@ def build(
     """Verify each bundle and write the site into ``out``: index.html and submission-N.html for the N-th bundle.
     ``out`` may not be, hold or sit inside a bundle (a page written into one would break its manifest), and a page
     never replaces anything but a file (a symlink named index.html in ``out`` is refused, its target untouched).
-    A bundle given twice (the same path, or a link to it) is listed once; the copy is named in ``skipped``."""
+    A bundle given twice (the same path, a link to it, or an identical copy elsewhere: a second folder, its archive)
+    is listed once; the copy is named in ``skipped``."""
     outputs.refuse_overlap({"--out": out}, paths)
     unique: list[Path] = []
     for path in map(Path, paths):
@@ -475,7 +484,14 @@ def build(
     for name in pages:  # before any bundle is read: a page in the way that is no file is refused, not written through
         if (out / name).is_symlink() or (os.path.lexists(out / name) and not (out / name).is_file()):
             raise UsageError(f"--out {out}: {name} there is not a regular file; refusing to replace it")
-    entries = [load(p, f"submission-{n}.html", replay_steps, limits) for n, p in enumerate(unique, start=1)]
+    entries: list[Entry] = []
+    for path in unique:
+        entry = load(path, f"submission-{len(entries) + 1}.html", replay_steps, limits)
+        copy_of = next((e for e in entries if entry.identity and e.identity == entry.identity), None)
+        if copy_of is None:
+            entries.append(entry)
+        elif skipped is not None:  # the same files in another place: one submission, listed once
+            skipped.append(f"{path}: the same bundle as {copy_of.source} (identical manifest; listed once)")
     out.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         write_bytes_atomic(out / entry.page, submission_html(entry).encode("utf-8"))
