@@ -441,6 +441,24 @@ def test_report_refuses_an_unwritable_out_in_one_line(tmp_path, out):
     assert len(result.stderr.strip().splitlines()) == 1 and "Error" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("args", [["report", "RESULTS", "--format", "csv"], ["report", "RESULTS"]])
+def test_a_reader_that_stops_reading_gets_no_error_line(args):
+    """`llmb report | head -1`: the pipe's reader left before llmb wrote. Nothing failed, so nothing is said (no
+    BrokenPipeError line, no 'Exception ignored' at exit); exit 1 as rich's console exits for the same."""
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte
+    try:
+        args = [str(REFERENCE / "results") if a == "RESULTS" else a for a in args]
+        done = subprocess.run(
+            [sys.executable, "-m", "llmb", *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+
+
 def test_check_plugin_refuses_an_unwritable_out_before_running(tmp_path):
     (tmp_path / "file").write_text("not a folder")
     result = CliRunner().invoke(cli, ["check-plugin", "--plugin", "cpu", "--out", str(tmp_path / "file" / "c.json")])

@@ -116,6 +116,7 @@ def test_plugins_json_describes_each_backend(register_backend):
     }
     assert [s["type"] for s in host["settings"]] == ["str", "int", "bool"]
     assert host["peak_sources"] == {}
+    assert host["vendor_libraries"] == [] and cpu["vendor_libraries"] == []
 
 
 def test_plugins_table_lists_backends_methods_settings_choices_and_peak_sources(register_backend):
@@ -133,6 +134,23 @@ def test_plugins_table_lists_backends_methods_settings_choices_and_peak_sources(
     assert "methods overridden" in text and "peak_sources" in text
     assert "(one of off, on)" in text
     assert "Sourced X1: https://example.com/x1-datasheet.pdf" in text.replace("│", "").replace("\n", "")
+    assert "vendor libraries" in text
+
+
+def test_plugins_names_the_vendor_libraries_a_backend_names(register_backend):
+    class Vendor(HostBackend):
+        name = "vendored"
+
+        def vendor_libraries(self):
+            return ["acme-kernels"]
+
+    register_backend(Vendor())
+    described = {p["name"]: p for p in json.loads(invoke("plugins", "--json").stdout)}
+    assert described["vendored"]["vendor_libraries"] == ["acme-kernels"]
+    if "xpu" in described:  # the first-party xpu plugin (installed by the test env) names IPEX
+        assert described["xpu"]["vendor_libraries"] == ["intel-extension-for-pytorch"]
+    table = invoke("plugins").output.replace("│", " ")
+    assert any("vendor libraries" in line and "acme-kernels" in line for line in table.splitlines()), table
 
 
 def test_plugins_command_reports_plugins_that_failed_to_load(monkeypatch):

@@ -8,6 +8,7 @@ it are imported inside the commands that train, so `llmb --help` and `llmb CMD -
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -36,7 +37,15 @@ def handle_errors(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
+            returned = func(*args, **kwargs)
+            sys.stdout.flush()  # here, not at exit: a reader that stopped (`| head`) is caught below, not printed
+            return returned
+        except BrokenPipeError:
+            # The reader of stdout stopped (`llmb report --format csv | head -1`): nothing is left to tell it and
+            # nothing failed. Silent, exit 1, as rich's console does for the same (Console.on_broken_pipe); stdout
+            # goes to /dev/null so the interpreter's last flush has nowhere to fail.
+            _stdout_to_devnull()
+            sys.exit(1)
         except LlmbError as exc:
             if env_flag("LLMB_DEBUG") and exc.__cause__ is not None:
                 # A plugin's own exception (PluginError wraps it): its traceback is what the plugin's author needs.
@@ -57,6 +66,14 @@ def handle_errors(func: Callable) -> Callable:
             sys.exit(1)
 
     return wrapper
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind stdout (a test's capture): nothing to do
+        pass
 
 
 def given_on_command_line() -> set[str]:

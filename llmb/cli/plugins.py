@@ -21,7 +21,8 @@ from llmb.terminal.progress import Pace
 @json_option
 @handle_errors
 def plugins_command(as_json: bool) -> None:
-    """List installed backends: plugin, devices, precisions, methods overridden, settings, peak sources."""
+    """List installed backends: plugin, devices, precisions, methods overridden, settings, peak sources, vendor
+    libraries."""
     from llmb.registry import plugins  # lazy: loading the backends imports torch
 
     described = [plugins.describe(r) for r in plugins.all_registrations().values()]
@@ -44,6 +45,8 @@ def plugins_command(as_json: bool) -> None:
         term.row(table, "settings", settings if b["settings"] else "none")
         peaks = "\n".join(f"{device}: {source}" for device, source in b["peak_sources"].items())
         term.row(table, "peak sources", peaks or "none (no MFU)")
+        # What the guard accepts process-wide replacements of torch from (a pinned official release of each)
+        term.row(table, "vendor libraries", ", ".join(b["vendor_libraries"]) or "none")
         console.print(table)
 
 

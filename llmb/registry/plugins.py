@@ -292,7 +292,8 @@ def resolve_settings(backend: Backend, given: dict[str, str]) -> Any:
 
 
 def describe(registration: Registration) -> dict:
-    """What `llmb plugins` shows of a backend: origin, devices, precisions, methods overridden, settings, peaks."""
+    """What `llmb plugins` shows of a backend: origin, devices, precisions, methods overridden, settings, peaks, and
+    the vendor libraries it names as replacing torch process-wide (the only ones the guard accepts such code from)."""
     backend = registration.backend
     return {
         "name": backend.name,
@@ -305,4 +306,5 @@ def describe(registration: Registration) -> dict:
         "methods_overridden": overridden(backend),
         "settings": [s.describe() for s in call(backend.settings)],
         "peak_sources": dict(call(backend.peak_sources)),
+        "vendor_libraries": [str(name) for name in call(backend.vendor_libraries)],
     }
