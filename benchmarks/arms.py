@@ -309,12 +309,19 @@ def run_llmb_cli(spec: dict) -> dict:
         if proc.returncode or not files:
             raise RuntimeError(f"llmb run exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
         record = json.loads(files[-1].read_text())
+        if spec.get("keep_records"):
+            # The whole record (energy, the replay's device and cost) for the benchmark's reader, one file per arm.
+            kept = Path(spec["keep_records"])
+            kept.mkdir(parents=True, exist_ok=True)
+            name = f"{spec.get('path', 'run')}-b{spec['batch_size']}-{record.get('run_id', 'record')}.json"
+            (kept / name).write_text(files[-1].read_text())
     replay = (record.get("evidence") or {}).get("replay") or {}
     return {
         **record_measurement(record),
         "record_tokens_per_second": record["tokens_per_second"],
         "valid": record["valid"],
         "replay_seconds": replay.get("seconds"),
+        "replay_build_seconds": replay.get("build_seconds"),
         "replay_peak_rss_bytes": replay.get("peak_rss_bytes"),
         "command_wall_seconds": wall,
     }

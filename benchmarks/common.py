@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -77,13 +78,23 @@ def run_arm(spec: dict, timeout: float | None = None) -> dict:
     """Run one arm in a fresh interpreter; return its measurement with the load before and after."""
     before, started = load(), time.perf_counter()
     out = {"spec": spec, "load_before": before}
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(ARMS_SCRIPT), json.dumps(spec)], capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        out.update(load_after=load(), error=f"timed out after {timeout:.0f} s")
-        return out
+    # Its own process group: an arm that times out goes with every process it started (`llmb run`'s worker and judge
+    # kept 78 GB of an H100 after their arm timed out, and the next arms ran out of memory beside them).
+    with subprocess.Popen(
+        [sys.executable, str(ARMS_SCRIPT), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            out.update(load_after=load(), error=f"timed out after {timeout:.0f} s")
+            return out
+    proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     out.update(load_after=load(), process_seconds=time.perf_counter() - started)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("LLMB_BENCH_RESULT ")]
     if proc.returncode or not lines:

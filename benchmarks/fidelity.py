@@ -88,6 +88,7 @@ def summary_row(path: str, batch: int, measured: list[dict]) -> dict:
         "llmb_valid": [m.get("valid") for m in measured if m["label"] == "llmb run"],
         "llmb_invalid_reasons": sorted({r for m in measured for r in m.get("invalid_reasons") or []}),
         "replay_seconds": median("llmb run", "replay_seconds"),
+        "replay_build_seconds": median("llmb run", "replay_build_seconds"),
         "replay_peak_rss_bytes": median("llmb run", "replay_peak_rss_bytes"),
         "command_wall_seconds": median("llmb run", "command_wall_seconds"),
         "errors": errors,
@@ -124,7 +125,15 @@ def table(rows: list[dict]) -> Table:
     help="llmb run's --replay-whole (default: llmb's). The replay runs after the window and never changes the "
     "headline; 0 bounds the benchmark's wall time on a CPU host.",
 )
-def main(batch_sizes: str, paths: str, timeout: float, replay_whole: float | None, **options) -> None:
+@click.option(
+    "--keep-records",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder that keeps each `llmb run` arm's whole record (energy, the replay's device and cost).",
+)
+def main(
+    batch_sizes: str, paths: str, timeout: float, replay_whole: float | None, keep_records: str | None, **options
+) -> None:
     """llmb run vs the same loop by hand, per path and batch size; prints the ratios and writes the raw JSON."""
     chosen = [p.strip() for p in paths.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in PATHS]
@@ -141,6 +150,8 @@ def main(batch_sizes: str, paths: str, timeout: float, replay_whole: float | Non
             base = base_spec(**{**options, "batch_size": batch})
             if replay_whole is not None:
                 base["replay_whole"] = replay_whole
+            if keep_records:
+                base.update(keep_records=keep_records, path=path)
             measured = point_rounds(arm_specs(base, path, options["threads"]), options["rounds"], timeout)
             raw += measured
             row = summary_row(path, batch, measured)

@@ -32,7 +32,8 @@ python benchmarks/compile_modes.py --device cuda --plugin cuda --preset official
 # 3b. Fidelity (issue 24): `llmb run` against the same loop timed by hand, eager, compiled, AMP and FP8, batch 8 to 64.
 #     The cuda plugin's defaults are the compiled path; each arm is a fresh process, the arms alternate.
 python benchmarks/fidelity.py --device cuda --plugin cuda --preset official --precision BF16 \
-  --batch-sizes 8,16,32,64 --paths eager,compiled,amp,fp8 --steps 20 --warmup-steps 5 --rounds 2
+  --batch-sizes 8,16,32,64 --paths eager,compiled,amp,fp8 --steps 20 --warmup-steps 5 --rounds 2 --timeout 600 \
+  --keep-records "$OUT/fidelity-records"
 # 4. llmb vs HF transformers, and the harness's overhead, at the official shape.
 python benchmarks/vs_transformers.py --device cuda --preset official --precision BF16 --batch-size "$BATCH" \
   --steps 20 --warmup-steps 3 --rounds 3
@@ -42,7 +43,7 @@ python benchmarks/adamw_impls.py --device cuda --preset official --precision BF1
 # 5. The run replay's tolerances on this GPU (llmb/spec/tolerances.py's REPLAY_TOLERANCES cite an H100's): each mode
 #    against FP32 on this device, judged by llmb.judge.replay.compare; a printed measured/tolerance pair above 1 is a
 #    tolerance to revisit before results from this GPU are trusted.
-python benchmarks/replay_calibration.py --device cuda --preset official --seeds 0,1 --batch-sizes 1,8,16 \
+python benchmarks/replay_calibration.py --device cuda --preset official --seeds 0,1 --batch-sizes 1,8,16 --steps 20 \
   --out "$OUT/replay_calibration.jsonl"
 # 6. Tables with MFU, and the submission bundle.
 llmb report "$OUT/precisions" "$OUT/sweep-bf16-eager" "$OUT/sweep-bf16-compiled" --out "$OUT/report.md"

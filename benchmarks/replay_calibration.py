@@ -2,7 +2,8 @@
 
 Each arm trains a copy of the same initial model for --steps steps on one batch (a measured window's semantics), and
 llmb.judge.replay.compare judges its losses and parameter digest against the FP32 arm's, exactly as the clean room
-judges a window against its FP32 CPU replay (on the GPU the FP32 arm matched the CPU replay exactly). One JSON line per
+judges a window against its FP32 CPU replay (on the GPU the FP32 arm matched the CPU replay exactly); a pure 16-bit
+arm is also judged against the judge's replay in its own format (replay.same_precision_checks). One JSON line per
 arm goes to --out; `llmb/spec/tolerances.py` (REPLAY_TOLERANCES) cites what this printed on an H100 on 2026-11-22
 (raw/h100-20261122/replay_calibration.jsonl).
 
@@ -22,7 +23,6 @@ import torch
 from arms import hand_step  # benchmarks/ is on the path when a script here runs
 
 from llmb.audit import evidence, precision
-from llmb.audit.evidence import synthetic_batch
 from llmb.judge import replay
 from llmb.model import LlamaModel
 from llmb.spec.presets import PRESETS
@@ -73,7 +73,8 @@ def main(device: str, preset: str, seeds: str, batch_sizes: str, steps: int, out
             torch.manual_seed(seed)
             base = LlamaModel(config)
             for batch_size in (int(b) for b in batch_sizes.split(",")):
-                batch = synthetic_batch(config, batch_size, 1000 + seed, where)
+                # The batch of a window opened with challenge 1000 + seed: what the judge's own replay draws.
+                batch = evidence.global_batch(config, batch_size, 1000 + seed, 1).to(where)
                 reference = None
                 for name, mode, fused in ARMS:
                     losses, start, end, moments = train(base, name, mode, fused, batch, steps)
@@ -94,9 +95,21 @@ def main(device: str, preset: str, seeds: str, batch_sizes: str, steps: int, out
                         )  # fmt: skip
                         checks = replay.compare(window, replayed, name, mode, fp32_master, fused)
                         row[f"checks_{replayed_steps}"] = {c.name: [c.measured, c.tolerance, c.passed] for c in checks}
+                    if mode == "pure" and name in replay.SIXTEEN_BIT_DTYPES:
+                        # The judge's replay in the run's own format (its kernels, micro-batches, AdamW
+                        # implementation): what a whole pure 16-bit window is held to (SAME_PRECISION_TOLERANCES).
+                        same = replay.replay(
+                            config, seed, batch_size, 1, 1000 + seed, steps, steps, where,
+                            replay.SIXTEEN_BIT_DTYPES[name], {"fused": True} if fused else {"foreach": False},
+                        )  # fmt: skip
+                        checks = replay.same_precision_checks(window, same, name, mode, fused=fused)
+                        row["same_precision"] = {c.name: [c.measured, c.tolerance, c.passed] for c in checks}
                     lines.write(json.dumps(row) + "\n")
                     lines.flush()
-                    summary = {k: f"{v[0]:.3g}/{v[1]:g}" for k, v in row[f"checks_{steps}"].items()}
+                    shown = {**row[f"checks_{steps}"], **row.get("same_precision", {})}
+                    last = ("-1", f"-{steps}")  # the first and last losses of the window, every other check
+                    kept = {k: v for k, v in shown.items() if "loss-" not in k or k.endswith(last)}
+                    summary = {k: f"{v[0]:.3g}/{v[1]:g}" for k, v in kept.items()}
                     click.echo(f"seed {seed} batch {batch_size} {name} {mode} fused={fused}: {summary} "
                                f"({time.perf_counter() - began:.0f} s)")  # fmt: skip
 

@@ -1,5 +1,6 @@
 """The benchmark scripts' moving parts (benchmarks/) and the cpu plugin's AdamW default they measured."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,32 @@ def test_a_failing_arm_is_recorded_not_raised(bench):
     out = common.run_arm({**SPEC, "preset": "no-such-preset", "arm": "bare", "steps": 1, "warmup_steps": 1})
     assert out["error"].startswith("exit 1") and "no-such-preset" in out["error"]
     assert len(out["load_before"]) == len(out["load_after"]) == 3
+
+
+def test_an_arm_that_times_out_takes_every_process_it_started_with_it(bench, tmp_path, monkeypatch):
+    """`llmb run` in an arm starts a judge and a worker: on a GPU they kept its memory after their arm timed out."""
+    _, common, _ = bench
+    pid_file = tmp_path / "grandchild.pid"
+    script = tmp_path / "arm.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setattr(common, "ARMS_SCRIPT", script)
+    out = common.run_arm({}, timeout=5)
+    assert out["error"] == "timed out after 5 s"
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # reaped by init once killed: gone (or a zombie) within moments
+        try:
+            if Path(f"/proc/{grandchild}/stat").read_text().split()[2] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"process {grandchild}, started by the arm, outlived its timeout")
 
 
 def _m(label, rnd, tps, steps=2):

@@ -312,6 +312,30 @@ def test_tiny_run_on_the_gpu(tmp_path):
     assert record["facts"]["cuda_runtime"] == torch.version.cuda
     assert (record["mfu"] is None) == (peaks.choose(record["device"]["name"], "BF16").flops is None)
     assert (record["peak"]["source"] is None) == (record["mfu"] is None)
+    # NVML's counter, where the GPU has one (Volta and later): joules over the window, at a power under the limit.
+    counter = llmb_cuda.nvml_energy_counter(torch.device("cuda"))
+    energy = record["energy"]
+    if isinstance(counter, str):
+        assert energy["reason"] and not energy.get("scope")
+    elif energy.get("joules") is None:  # a tiny window can end before NVML's counter (10-100 ms) moves
+        assert energy["scope"].startswith("NVML") and "did not advance" in energy["reason"]
+    else:
+        assert energy["tokens_per_joule"] > 0 and 0 < energy["watts"] <= counter.limit_watts * 1.05
+
+
+@needs_cuda
+def test_the_nvml_energy_counter_on_the_gpu():
+    counter = llmb_cuda.nvml_energy_counter(torch.device("cuda"))
+    if isinstance(counter, str):
+        pytest.skip(counter)
+    x = torch.randn(8192, 8192, device="cuda")
+    before = counter.read()
+    for _ in range(50):
+        x = (x @ x).clamp_(-1, 1)
+    torch.cuda.synchronize()
+    after = counter.read()
+    assert after > before, "the counter did not advance over 50 large matmuls"
+    assert counter.limit_watts and counter.limit_watts > 0
 
 
 @needs_cuda

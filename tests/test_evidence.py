@@ -57,6 +57,9 @@ def test_an_in_process_run_records_evidence_that_replays_whole_windows():
         assert replayed["whole_window"] and replayed["passed"], replayed["checks"]
         names = ["replay-loss-1", "replay-loss-2", "replay-digest", "replay-moments"]
         assert [c["name"] for c in replayed["checks"]] == names
+        # Its cost, split: building the initial model from the seed is part of it (the GPU's replays spent 23-31 s,
+        # nearly the same at batch 8 and 64: a fixed cost to find).
+        assert 0 < replayed["build_seconds"] < replayed["seconds"]
 
 
 def test_the_replay_catches_a_changed_loss_and_a_changed_digest():
@@ -82,21 +85,32 @@ def test_a_record_made_before_the_moments_were_sealed_still_replays():
     assert replayed["passed"] and "replay-moments" not in [c["name"] for c in replayed["checks"]]
 
 
-@pytest.mark.parametrize("precision", ["BF16", "FP16"])
-def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_with_its_moments(precision):
-    """The honest twin of the red team's step-skipping attack on pure 16-bit runs: every loss, the digest and
-    AdamW's first moments of a 4-step window, replayed whole in FP32, pass; the moments are within half their
-    tolerance (an attack that skips steps moves them by O(1): tests/redteam/test_redteam_steps_at_risk.py)."""
+@pytest.mark.parametrize("precision, steps", [("BF16", 60), ("FP16", 40)])
+def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_at_any_window_length(precision, steps):
+    """The honest twin of the red team's step-skipping attacks on pure 16-bit runs. Its weights keep only part of
+    AdamW's updates, so over a long window it leaves the FP32 trajectory: its moments end further from an FP32
+    replay's than any fixed tolerance can allow (at the official shape on an H100 after 3 steps, and here after 40-60),
+    and an honest run failed whenever the whole window was drawn. A replay in its own format tracks it: every loss, the
+    digest and AdamW's first moments pass (an attack that skips steps moves the moments by O(1):
+    tests/redteam/test_redteam_steps_at_risk.py), and the first losses are still held to the FP32 replay."""
     record = runner.run(
         runner.RunOptions(
-            config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=4, warmup_steps=1, precision=precision
+            config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=steps, warmup_steps=1, precision=precision
         )
     ).to_dict()
-    replayed = replay.replay_record(record, steps=4)
+    window = record["evidence"]["windows"][record["evidence"]["headline_window"]]
+    fp32 = replay.replay(TINY, record["seed"], record["batch_size"], 1, window["challenge"], steps, steps)
+    drift = replay._relative(replay._flat(window["moments_end"]), replay._flat(fp32.moments_end))
+    assert drift > replay.MOMENT_TOLERANCES[precision], drift  # why the FP32 replay cannot judge the whole window
+    replayed = replay.replay_record(record, steps=steps)
     assert replayed["whole_window"] and replayed["moments_compared"], replayed
     assert replayed["passed"], [c for c in replayed["checks"] if not c["passed"]]
-    moments = next(c for c in replayed["checks"] if c["name"] == "replay-moments")
-    assert 0 < moments["measured"] <= moments["tolerance"] / 2, moments
+    checks = {c["name"]: c for c in replayed["checks"]}
+    assert {"replay-loss-1", "replay-loss-2", f"same-precision-loss-{steps}"} <= set(checks), sorted(checks)
+    assert "replay-loss-3" not in checks  # FP32 judges the first steps only
+    moments = checks["same-precision-moments"]
+    assert moments["measured"] <= moments["tolerance"] / 2, moments
+    assert replayed["same_precision"]["dtype"] == {"BF16": "bfloat16", "FP16": "float16"}[precision]
 
 
 def test_the_replay_runs_on_the_runs_own_accelerator_only_where_torch_drives_it(monkeypatch):

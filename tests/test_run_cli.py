@@ -66,6 +66,8 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     not_always_written |= {"peak.declared_flops", "precision.audit.switches_vs_probe", "device.memory_bytes"}
     # Written only when the replay's device failed it and the CPU replayed instead.
     not_always_written.add("evidence.replay.device_fallback")
+    # Written only for a pure FP16/BF16 whole window, replayed in its own format too (this run is FP32).
+    not_always_written |= {f"evidence.replay.same_precision{k}" for k in ("", ".dtype", ".seconds")}
     # The energy section holds the counter's figures or the reason there are none, as the host has a counter or not.
     written = {k for k in written_paths(record) if not k.startswith("energy.")}
     assert written == {k for k in declared if not k.startswith("energy.")} - not_always_written

@@ -15,32 +15,33 @@ do not grow with the batch or the world size; only its time does.
 from __future__ import annotations
 
 import gc
-import math
 import secrets
 import time
-from dataclasses import dataclass
 
 import torch
 
-from llmb.audit.evidence import MODEL_SCOPE, as_list, digest, digest_scope, global_batch, moment_digest
+from llmb.audit.evidence import as_list, digest, digest_scope, global_batch, moment_digest
 from llmb.audit.precision import apply_backend_recipe
+from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, importable from the replay as before)
+    CPU_MOMENT_TOLERANCES,
+    FP16_LOOP_HINT,
+    MOMENT_TOLERANCES,
+    ReplayCheck,
+    Replayed,
+    _flat,
+    _relative,
+    compare,
+    failed,
+    moment_tolerance,
+    same_precision_checks,
+)
 from llmb.model import LlamaModel, ModelConfig
-from llmb.spec.tolerances import BRACKETED, replay_tolerance_for
 from llmb.training.loop import build_optimizer
 
-# AdamW first-moment digests of a whole window against the FP32 replay (relative). Measured on the CPU by
-# benchmarks/replay_calibration.py (tiny preset, seeds 0-1, batch 1 and 8, 5-step windows; raw/replay_calibration-
-# cpu-tiny-20261123.jsonl): worst honest error 0 in FP32, 0.040 pure BF16, 0.0105 BF16 amp, 0.020 pure FP16 with the
-# fused AdamW, 0.00057 FP16 amp; 2.5x margin at least. A skipped step moves them by O(1). Not yet measured on a GPU
-# (gpu.sh's calibration step measures them with the losses now).
-MOMENT_TOLERANCES = {"FP32": 1e-3, "TF32": 2e-2, "FP16": 5e-2, "BF16": 1e-1, "FP8": 1e-1}
-# A run made on the CPU, replayed on the CPU (issue 25, class 4): honest FP32 windows differ from the replay by
-# 6e-8 to 1.9e-7 (tiny preset, 5 steps, batch 1-4, eager and Inductor-compiled, 1 or 2 threads), where a plugin that
-# runs every MLP under autocast(float16) from step 3 on, FP32 whenever a dispatch mode is pushed, differs by 5.4e-5
-# while its losses stay within 4e-7 of the replay's (under the 1e-6 FP32 tolerance: at the tiny shape the loss
-# barely depends on the matmuls' rounding, AdamW's moments, a tenth of every gradient, do). 1e-5 holds both with a
-# margin of 5 or more. Other devices keep MOMENT_TOLERANCES until a GPU measures theirs (benchmarks/gpu.sh).
-CPU_MOMENT_TOLERANCES = {"FP32": 1e-5}
+# Pure 16-bit runs: the parameters' dtype of the replay in the run's own format (same_precision_checks), and how many
+# of the window's first steps are still replayed in FP32 beside it (the first loss is what says which precision ran).
+SIXTEEN_BIT_DTYPES = {"BF16": torch.bfloat16, "FP16": torch.float16}
+SAME_PRECISION_FP32_STEPS = 2
 # Tokens per micro-batch of the replay (one whole sequence where a sequence is longer: one row at the official
 # shape). What the replay holds beyond the model and AdamW is one micro-batch's activations, whatever the batch: at
 # the official shape about 0.1 GB of FP32 logits and their gradients; the GEMMs stay 256 rows tall there, which the
@@ -55,38 +56,6 @@ NATIVE_REPLAY_DEVICE_TYPES = ("cuda", "xpu", "mps")
 # An accelerator's replay micro-batches: 2,048 tokens (8 sequences at the official shape, 0.26 GB of FP32 logits),
 # rows enough for its GEMMs to run at rate, the same at any batch.
 REPLAY_DEVICE_MICRO_TOKENS = 2048
-
-
-@dataclass
-class ReplayCheck:
-    name: str
-    passed: bool
-    detail: str
-    measured: float | None = None
-    tolerance: float | None = None
-
-    def to_dict(self) -> dict:
-        measured = self.measured
-        if isinstance(measured, float) and not math.isfinite(measured):
-            measured = str(measured)
-        return {
-            "name": self.name,
-            "passed": self.passed,
-            "detail": self.detail,
-            "measured": measured,
-            "tolerance": self.tolerance,
-        }
-
-
-@dataclass
-class Replayed:
-    losses: list[float]
-    digest_start: list[list[float]]
-    digest_end: list[list[float]] | None
-    seconds: float
-    peak_rss_bytes: int | None
-    moments_end: list[list[float]] | None = None  # AdamW's first moments after a whole window (moment_digest)
-    device: str = "cpu"  # where it ran (replay_device)
 
 
 def _peak_rss() -> int | None:
@@ -127,10 +96,14 @@ def replay(
     losses: int,
     window_steps: int,
     device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    optimizer_options: dict | None = None,
 ) -> Replayed:
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
-    kernels and torch.optim.AdamW."""
+    kernels and torch.optim.AdamW. `dtype` float16 or bfloat16 replays a pure 16-bit run in its own precision
+    (same_precision_checks), with the run's AdamW implementation (`optimizer_options`: torch's fused kernel or not),
+    since a pure 16-bit run keeps only part of AdamW's updates and leaves the FP32 trajectory within a few steps."""
     device = device or torch.device("cpu")
     if device.type != "cpu":
         apply_backend_recipe("FP32")  # IEEE FP32 matmuls: no TF32 on the accelerator's replay
@@ -139,11 +112,13 @@ def replay(
     losses = min(losses, window_steps)
     torch.manual_seed(seed)
     model = LlamaModel(config)  # the run's own initial weights, built on the CPU from the seed as the run does
-    model.to(device).train()
+    model.to(device=device, dtype=dtype).train()
+    built = _synchronized_seconds(device, start)
     batch = global_batch(config, batch_size, challenge, world_size).to(device)
     rows = micro_rows(config, REPLAY_MICRO_TOKENS if device.type == "cpu" else REPLAY_DEVICE_MICRO_TOKENS)
     initial = digest(model.parameters())
-    optimizer = build_optimizer(model, {"foreach": False})  # per-tensor updates keep the replay's peak memory low
+    # Per-tensor updates keep the FP32 replay's peak memory low; a 16-bit replay takes the run's implementation.
+    optimizer = build_optimizer(model, optimizer_options if dtype != torch.float32 else {"foreach": False})
     recorded = []
     updates = losses if whole else losses - 1  # the last loss needs only a forward when the window goes on
     for _ in range(updates):
@@ -157,7 +132,15 @@ def replay(
     end = as_list(digest(model.parameters())) if whole else None
     moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
     seconds = time.perf_counter() - start  # every loss came to the host as a float: the device has finished
-    return Replayed(recorded, as_list(initial), end, seconds, _peak_rss(), moments, str(device))
+    return Replayed(recorded, as_list(initial), end, seconds, _peak_rss(), moments, str(device), built)
+
+
+def _synchronized_seconds(device: torch.device, since: float) -> float:
+    """Seconds since `since`, once the device has finished what it was given (the model's copy to it)."""
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "synchronize"):
+        module.synchronize(device)
+    return time.perf_counter() - since
 
 
 def micro_rows(config: ModelConfig, tokens: int = REPLAY_MICRO_TOKENS) -> int:
@@ -181,115 +164,6 @@ def accumulated_loss(model: LlamaModel, batch: torch.Tensor, backward: bool, row
     return total
 
 
-def _relative(candidate: list[float], reference: list[float]) -> float:
-    c, r = torch.tensor(candidate, dtype=torch.float64), torch.tensor(reference, dtype=torch.float64)
-    if c.shape != r.shape or not bool(torch.isfinite(c).all()):
-        return math.inf
-    scale = r.norm().item()
-    difference = (c - r).norm().item()
-    if scale == 0:
-        return 0.0 if difference == 0 else math.inf
-    return difference / scale
-
-
-FP16_LOOP_HINT = (
-    "; pure FP16 with AdamW's per-tensor loops keeps g^2 in FP16, where it underflows and the weights run away: use "
-    "the fused AdamW (its arithmetic is FP32) or --precision-mode amp"
-)
-
-
-def compare(
-    window: dict,
-    replayed: Replayed,
-    effective: str,
-    mode: str,
-    fp32_master: bool,
-    fused: bool | None = None,
-    scope: str = MODEL_SCOPE,
-    device_type: str | None = None,
-) -> list[ReplayCheck]:
-    """The window's recorded losses (and digest, for a whole window) against the replay, with the conformance
-    tolerances of what really ran (`fused`: whether the run's AdamW was the fused kernel, for the failure's hint).
-    `scope` is what the digests cover as the job's layout says (evidence.digest_scope), never the window's own word:
-    a seal that called a one-process run's digests a part would skip the digest and AdamW moment checks.
-    `device_type`: the run's device type, which picks the moment tolerance (moment_tolerance)."""
-    tol = replay_tolerance_for(effective, mode)
-    digest_tolerance = tol.trained
-    hint = FP16_LOOP_HINT if (effective, mode) == ("FP16", "pure") and not fused else ""
-    checks = []
-    recorded = window.get("losses") or []
-    if len(recorded) < len(replayed.losses):
-        return [
-            ReplayCheck(
-                "replay-losses", False, f"the window records {len(recorded)} losses, replayed {len(replayed.losses)}"
-            )
-        ]
-    untrained = replayed.losses[0] if replayed.losses else math.nan  # every window step trains on one batch
-    for index, reference in enumerate(replayed.losses):
-        value = recorded[index]
-        if index and (effective, mode) in BRACKETED:
-            checks.append(_bracketed(index, value, reference, untrained, tol.loss, effective, mode, hint))
-            continue
-        tolerance = tol.loss if index == 0 else tol.loss_curve
-        error = abs(value - reference) / abs(reference) if _finite(value) else math.inf
-        checks.append(
-            ReplayCheck(
-                f"replay-loss-{index + 1}",
-                error <= tolerance,
-                f"step {index + 1}: recorded loss {value!r}, replayed {reference:.6f}: relative error {error:.3g} "
-                f"(tolerance {tolerance:g}, {effective} {mode})" + ("" if error <= tolerance else hint),
-                error,
-                tolerance,
-            )
-        )
-    if replayed.digest_end is not None and scope == MODEL_SCOPE:
-        end = window.get("digest_end") or []
-        if fp32_master:
-            # The weights dwarf their updates (about steps x 1e-5 per element): compare what the window changed.
-            start = window.get("digest_start") or []
-            candidate = _difference(end, start)
-            reference = _difference(replayed.digest_end, replayed.digest_start)
-            what = "update of the parameter digest"
-        else:
-            candidate, reference, what = _flat(end), _flat(replayed.digest_end), "parameter digest"
-        error = _relative(candidate, reference) if candidate is not None and reference is not None else math.inf
-        passed = error <= digest_tolerance
-        detail = f"{what} after {len(replayed.losses)} steps: relative error {error:.3g}"
-        detail += f" (tolerance {digest_tolerance:g})"
-        if not passed:
-            detail += hint
-        checks.append(ReplayCheck("replay-digest", passed, detail, error, digest_tolerance))
-        # Records made before the moments were sealed have no such key: nothing to compare, as before.
-        if replayed.moments_end and "moments_end" in window:
-            checks.append(_moments_check(window, replayed, moment_tolerance(effective, mode, device_type), hint))
-    return checks
-
-
-def moment_tolerance(effective: str, mode: str, device_type: str | None = None) -> float:
-    """Relative error allowed between a whole window's AdamW first-moment digest and the FP32 replay's: AdamW's
-    state is kept in the parameters' dtype, so a pure 16-bit run's moments carry its rounding (MOMENT_TOLERANCES:
-    measured by benchmarks/replay_calibration.py, on the CPU so far); a run made on the CPU is held to the CPU's own
-    measurement where one exists (CPU_MOMENT_TOLERANCES)."""
-    if device_type == "cpu" and effective in CPU_MOMENT_TOLERANCES:
-        return CPU_MOMENT_TOLERANCES[effective]
-    return MOMENT_TOLERANCES.get(effective, MOMENT_TOLERANCES["FP8"])
-
-
-def _moments_check(window: dict, replayed: Replayed, tolerance: float, hint: str = "") -> ReplayCheck:
-    candidate, reference = _flat(window.get("moments_end") or []), _flat(replayed.moments_end)
-    error = _relative(candidate, reference) if candidate is not None and reference is not None else math.inf
-    passed = error <= tolerance
-    detail = (
-        f"AdamW's first-moment digest after {len(replayed.losses)} steps: relative error {error:.3g} "
-        f"(tolerance {tolerance:g})"
-    )
-    if candidate is None:
-        detail = (
-            f"the window records no AdamW first-moment digest to compare with the replay's (tolerance {tolerance:g})"
-        )
-    return ReplayCheck("replay-moments", passed, detail + ("" if passed else hint), error, tolerance)
-
-
 def draw_replay_steps(floor: int, window_steps: int, whole_probability: float) -> tuple[int, bool]:
     """How many steps of the window the judge replays, drawn after the worker committed to all of them: the whole
     window (losses, digest and AdamW's moments) with probability `whole_probability`, else the first `floor`."""
@@ -298,50 +172,6 @@ def draw_replay_steps(floor: int, window_steps: int, whole_probability: float) -
 
     whole = floor >= window_steps or secrets.randbelow(1_000_000) < round(whole_probability * 1_000_000)
     return (window_steps if whole else floor), whole
-
-
-def _bracketed(
-    index: int, value, trained: float, untrained: float, tolerance: float, effective: str, mode: str, hint: str
-) -> ReplayCheck:
-    """A pure 16-bit step after the first. Its weights keep only part of AdamW's updates, yet rounding to nearest
-    can also round an update up to a whole unit in the last place (up to twice the update): so its loss lies between
-    the untrained loss (no update) and twice the FP32 replay's fall (2 x trained - untrained, where the loss is convex
-    along the updates), each widened by the first loss's tolerance."""
-    low = 2 * trained - untrained - tolerance * abs(trained)
-    high = untrained * (1 + tolerance)
-    if not _finite(value):
-        error = math.inf
-    else:
-        error = max(low - value, value - high, 0.0) / abs(trained) if trained else math.inf
-    passed = error == 0.0
-    detail = (
-        f"step {index + 1}: recorded loss {value!r}, {'between' if passed else 'outside'} {low:.6f} (twice the FP32 "
-        f"replay's fall to {trained:.6f}) and the untrained {untrained:.6f} ({effective} {mode} weights round "
-        f"AdamW's updates; widened by {tolerance:g})"
-    )
-    if not passed:
-        detail += f": {error:.3g} beyond" + hint
-    # measured: how far outside the bracket (already widened), so the verdict is measured <= 0 as for every check.
-    return ReplayCheck(f"replay-loss-{index + 1}", passed, detail, error, 0.0)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _flat(rows) -> list[float] | None:
-    try:
-        values = [float(x) for row in rows for x in row]
-    except (TypeError, ValueError):
-        return None
-    return values if values else None
-
-
-def _difference(end, start) -> list[float] | None:
-    a, b = _flat(end), _flat(start)
-    if a is None or b is None or len(a) != len(b):
-        return None
-    return [x - y for x, y in zip(a, b, strict=True)]
 
 
 def replay_record(record: dict, steps: int, window: int | None = None, device: str | None = None) -> dict:
@@ -378,34 +208,54 @@ def replay_record(record: dict, steps: int, window: int | None = None, device: s
         losses=steps,
         window_steps=int(record["steps"]),
     )
-    target, fallback = replay_device(device), None
-    try:
-        replayed = replay(**arguments, device=target)
-    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-        if target.type == "cpu":
-            raise
-        fallback = f"{target} failed the replay ({type(exc).__name__}); replayed on the CPU"
-        _release(target)
-        replayed = replay(**arguments)
     precision = record["precision"]
     fp32_master = precision["mode"] == "amp" or precision["requested"] in ("FP32", "TF32")
     fused = bool(((record.get("optimizer") or {}).get("defaults") or {}).get("fused"))
     scope = digest_scope(record.get("layout") or {})  # the layout's, not the window's (compare)
     device_type = str((record.get("device") or {}).get("type") or "")
     effective, mode = precision["effective"], precision["mode"]
+    sixteen = SIXTEEN_BIT_DTYPES.get(precision["requested"]) if precision["mode"] == "pure" else None
+    same = None
+    target, fallbacks = replay_device(device), []
+    if sixteen is not None and steps >= arguments["window_steps"]:
+        # A pure 16-bit window is judged twice: its first losses against FP32 (what precision ran), and the whole
+        # window against a replay in its own precision (that the work was done), which it tracks where FP32 does not.
+        arguments["losses"] = min(SAME_PRECISION_FP32_STEPS, steps)
+        implementation = {"fused": True} if fused else {"foreach": False}
+        same = _replay_on(target, fallbacks, **{**arguments, "losses": steps}, dtype=sixteen,
+                          optimizer_options=implementation)  # fmt: skip
+    replayed = _replay_on(target, fallbacks, **arguments)
     checks = compare(chosen, replayed, effective, mode, fp32_master, fused, scope, device_type)
+    if same is not None:
+        checks += same_precision_checks(chosen, same, effective, mode, scope, fused)
+    ran = [r for r in (replayed, same) if r is not None]
+    rss = [r.peak_rss_bytes for r in ran if r.peak_rss_bytes is not None]
     return {
         "window": index,
-        "steps": len(replayed.losses),
-        "moments_compared": bool(replayed.moments_end),
-        "whole_window": replayed.digest_end is not None,
+        "steps": max(len(r.losses) for r in ran),
+        "moments_compared": any(bool(r.moments_end) for r in ran),
+        "whole_window": any(r.digest_end is not None for r in ran),
+        **({"same_precision": {"dtype": str(sixteen).removeprefix("torch."), "seconds": same.seconds}} if same else {}),
         "passed": all(c.passed for c in checks),
-        "seconds": replayed.seconds,
-        "peak_rss_bytes": replayed.peak_rss_bytes,
+        "seconds": sum(r.seconds for r in ran),
+        "build_seconds": sum(r.build_seconds or 0.0 for r in ran),
+        "peak_rss_bytes": max(rss) if rss else None,
         "device": replayed.device,
-        **({"device_fallback": fallback} if fallback else {}),
+        **({"device_fallback": "; ".join(fallbacks)} if fallbacks else {}),
         "checks": [c.to_dict() for c in checks],
     }
+
+
+def _replay_on(target: torch.device, fallbacks: list[str], **arguments) -> Replayed:
+    """replay() on `target`, or on the CPU where the device fails it (said in `fallbacks`)."""
+    try:
+        return replay(**arguments, device=target)
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        if target.type == "cpu":
+            raise
+        fallbacks.append(f"{target} failed the replay ({type(exc).__name__}); replayed on the CPU")
+        _release(target)
+        return replay(**arguments)
 
 
 def _release(device: torch.device) -> None:
@@ -414,7 +264,3 @@ def _release(device: torch.device) -> None:
     module = getattr(torch, device.type, None)
     if module is not None and hasattr(module, "empty_cache"):
         module.empty_cache()
-
-
-def failed(replay_result: dict) -> list[str]:
-    return [c["detail"] for c in replay_result.get("checks", []) if not c.get("passed")]

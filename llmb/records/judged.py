@@ -36,6 +36,14 @@ class ReplayDraw(Typed):
 
 
 @dataclass(kw_only=True)
+class SamePrecision(Typed):
+    """A pure 16-bit whole window's second replay, in the run's own format (llmb.judge.replay.same_precision_checks)."""
+
+    dtype: str
+    seconds: float
+
+
+@dataclass(kw_only=True)
 class Replay(Typed):
     """The window replayed in FP32 from the seed and the challenge, and its checks against the recorded losses and
     digests. A replay with nothing to replay has only its verdict and the check that says why."""
@@ -47,10 +55,12 @@ class Replay(Typed):
     whole_window: bool | None = None
     moments_compared: bool | None = None
     seconds: float | None = None
+    build_seconds: float | None = None  # of `seconds`: the initial model built from the seed, placed on the device
     peak_rss_bytes: int | None = None
     device: str | None = None  # where it ran (llmb.judge.replay.replay_device)
     device_fallback: str | None = None  # why the device it was tried on left it to the CPU
     drawn: ReplayDraw | None = None  # absent in records written before the depth was drawn
+    same_precision: SamePrecision | None = None  # a pure 16-bit whole window's replay in its own format
 
 
 @dataclass(kw_only=True)

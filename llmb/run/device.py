@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from llmb.api.errors import UsageError
@@ -21,3 +23,15 @@ def check_device_present(device: torch.device) -> None:
         torch.empty(1, device=device)
     except Exception as exc:
         raise UsageError(f"device {str(device)!r} is not available: {str(exc).splitlines()[0]}") from None
+
+
+def release_device_memory(device: torch.device) -> None:
+    """After a run, give its device memory back: compiled graphs (they hold the model's weights), then the caching
+    allocator's blocks. The judge replays the run on the same accelerator while the worker waits for its verdict
+    (llmb.judge.replay.replay_device); on one H100 an AMP run at batch 64 kept 60.6 GB reserved, the replay beside it
+    ran out of memory and fell back to the host CPU (minutes at the official shape)."""
+    torch.compiler.reset()
+    gc.collect()
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "empty_cache"):
+        module.empty_cache()

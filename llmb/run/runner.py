@@ -6,7 +6,6 @@ multi-process job llmb.run.jobs's; the request's names stay importable from here
 
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from llmb.records.result_files import write_result
 from llmb.registry import plugins
 from llmb.registry.plugins import Registration, call
 from llmb.run import roofline, sysinfo
-from llmb.run.device import check_device_present
+from llmb.run.device import check_device_present, release_device_memory
 from llmb.run.options import (  # noqa: F401  (check_*: the request's checks, importable from the runner as before)
     Progress,
     RunOptions,
@@ -73,7 +72,7 @@ def run(options: RunOptions, progress: RunProgress | None = None, judge: WindowJ
                 ) from exc
             raise
         finally:
-            gc.collect()
+            release_device_memory(device)
 
 
 @dataclass

@@ -61,12 +61,16 @@ REPLAY_TOLERANCES = MappingProxyType(
         ("FP16", "amp"): replace(TOLERANCES[("FP16", "amp")], loss=1e-4, loss_curve=5e-4),
         ("BF16", "amp"): replace(TOLERANCES[("BF16", "amp")], loss=1e-3, loss_curve=1e-2),
         ("FP8", "amp"): replace(TOLERANCES[("BF16", "amp")], loss=2e-3, loss_curve=5e-2),
+        # FP8 matmuls on pure BF16 weights (torchao tensorwise, compiled; H100, 2026-11-24, batch 8): first loss
+        # 3.3e-4 from the FP32 replay, over the BF16 row's 2e-4 it fell back to. FP8 is no benchmark precision; its
+        # record must not name a replay failure an honest run gives.
+        ("FP8", "pure"): replace(TOLERANCES[("BF16", "pure")], loss=2e-3),
         ("FP16", "pure"): replace(TOLERANCES[("FP16", "pure")], loss=5e-4, trained=1e-2),
         ("BF16", "pure"): replace(TOLERANCES[("BF16", "pure")], loss=3e-3),
     }
 )
 # Pure 16-bit modes: their losses after the first are bracketed, not compared (see above).
-BRACKETED = frozenset({("FP16", "pure"), ("BF16", "pure")})
+BRACKETED = frozenset({("FP16", "pure"), ("BF16", "pure"), ("FP8", "pure")})
 
 
 def replay_tolerance_for(effective: str, mode: str) -> Tolerance:
@@ -79,3 +83,31 @@ def replay_tolerance_for(effective: str, mode: str) -> Tolerance:
 # Per-step host or device times sit inside the timed window; what lies between them is the loop's own overhead
 # plus the digest and the pipe: honest tiny-preset windows (0.06 s) measured 0.41-0.47 of the window in step times.
 MIN_STEP_SHARE_OF_WINDOW = 0.2
+
+
+@dataclass(frozen=True)
+class SamePrecisionTolerance:
+    """Largest relative errors of a pure 16-bit window against the judge's replay in the same 16-bit format."""
+
+    loss: float
+    digest: float
+    moments: float
+
+
+# A pure FP16/BF16 window against a replay in its own format (llmb.judge.replay.same_precision_checks). Against the
+# FP32 replay a pure 16-bit run's AdamW moments are no check at all: its weights keep only part of AdamW's updates, so
+# within a few steps it trains along another path (official shape on an H100: BF16 11.00 -> 10.19 where FP32 fell to
+# 6.90 in 3 steps; moment digests 0.27-0.29 apart in BF16, 0.23-0.29 in FP16 with the fused AdamW; small preset on
+# the CPU, 20 steps of BF16: 1.59), and an honest run failed whenever the whole window was drawn. Against a replay in
+# its own format with torch's eager kernels, honest cpu-plugin runs (small preset, 20 steps; benchmarks/RESULTS.md
+# section 16) differ by at most 2.1e-5 in their losses, 1e-6 in the parameter digest and 6.2e-3 in the moments
+# (Inductor-compiled BF16 at batch 8, the replay in 8 micro-batches). The moments' tolerance leaves 16x over that for
+# kernels no GPU has measured yet (benchmarks/gpu.sh measures them); skipped or reduced work moves them by O(1) (0.87
+# for a BF16 run that stops computing after step 1). The losses barely move under pure 16-bit updates, so theirs and
+# the digest's tolerances only catch gross changes.
+SAME_PRECISION_TOLERANCES = MappingProxyType(
+    {
+        "BF16": SamePrecisionTolerance(loss=1e-3, digest=1e-3, moments=1e-1),
+        "FP16": SamePrecisionTolerance(loss=1e-3, digest=1e-3, moments=1e-1),
+    }
+)
