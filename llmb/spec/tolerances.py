@@ -104,10 +104,12 @@ class SamePrecisionTolerance:
 # (Inductor-compiled BF16 at batch 8, the replay in 8 micro-batches). The moments' tolerance leaves 16x over that for
 # kernels no GPU has measured yet (benchmarks/gpu.sh measures them); skipped or reduced work moves them by O(1) (0.87
 # for a BF16 run that stops computing after step 1). The losses barely move under pure 16-bit updates, so theirs and
-# the digest's tolerances only catch gross changes.
+# the digest's tolerances only catch gross changes; a loss is held to the first FP32 loss's tolerance of its format
+# (REPLAY_TOLERANCES, measured on the H100) or 1e-3, whichever is larger, since a compiled run's 16-bit kernels may
+# part from torch's eager ones as far as from FP32 (pure BF16's first loss: up to 9.9e-4 from FP32 on the H100).
 SAME_PRECISION_TOLERANCES = MappingProxyType(
     {
-        "BF16": SamePrecisionTolerance(loss=1e-3, digest=1e-3, moments=1e-1),
+        "BF16": SamePrecisionTolerance(loss=3e-3, digest=1e-3, moments=1e-1),
         "FP16": SamePrecisionTolerance(loss=1e-3, digest=1e-3, moments=1e-1),
     }
 )
