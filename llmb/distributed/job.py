@@ -454,6 +454,16 @@ class JobJudge:
         dist.all_gather_object(parts, digest)
         return _summed(parts, self.replicas)
 
+    def setup(self) -> None:
+        if self.world.rank == 0:
+            self.inner.setup()
+
+    def ready(self) -> None:
+        """Every rank waits for the judge's preparation: a rank's warmup would share the host with it."""
+        if self.world.rank == 0:
+            self.inner.ready()
+        dist.broadcast_object_list([None], src=0)
+
     def open(self, digest_start: list[list[float]]) -> int:
         digest_start = self._whole(digest_start)
         box = [self.inner.open(digest_start) if self.world.rank == 0 else None]

@@ -33,6 +33,7 @@ from multiprocessing.connection import Listener
 from llmb.api.errors import LlmbError
 from llmb.api.settings import env_flag
 from llmb.audit import evidence
+from llmb.judge.initial import InitialModels
 from llmb.judge.link import ERRORS, KEY_ENV, error_line
 from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed_plugins: importable from here as before)
     AskedRuns,
@@ -61,11 +62,14 @@ class Judge:
 
     clean = True
 
-    def __init__(self, progress=None, notes=None, on_result=None) -> None:
+    def __init__(self, progress=None, notes=None, on_result=None, preparation=None) -> None:
         self.key = secrets.token_bytes(32)
         # Called here with each result and its windows as it arrives, while the worker waits (the replay must not
         # share the CPU with the next measurement): `llmb run --precision all` keeps each precision at once.
         self.on_result = on_result
+        # The judge's own work for the next run (llmb.judge.initial, the replay's initial model): begun as the worker
+        # says it sets a run up (`setup()`), finished before it may start its warmup (`ready()`).
+        self.preparation = preparation
         self.listener = Listener(("127.0.0.1", 0), authkey=self.key)
         self.progress = progress
         self.notes = notes or (lambda text: None)
@@ -123,6 +127,15 @@ class Judge:
             sealed = isinstance(message[1], dict) and window is not None and window.closed is not None
             if sealed and "digest_end" not in window.answer:
                 window.answer.update({k: message[1][k] for k in SEALED_KEYS if k in message[1]})
+        elif kind == "setup":
+            if self.preparation is not None:
+                self.preparation.setup()
+        elif kind == "ready":
+            # The worker waits for this answer before its first warmup step: nothing of the judge's preparation runs
+            # beside a step the run times.
+            if self.preparation is not None:
+                self.preparation.ready()
+            connection.send(("go", None))
         elif kind == "phase" and self.progress is not None:
             self.progress.phase(str(message[1]), int(message[2]))
         elif kind == "advance" and self.progress is not None:
@@ -190,13 +203,16 @@ def start_worker(*args) -> None:
     importlib.import_module(WORKER_MODULE).worker_main(*args)
 
 
-def serve(task, jobs: list, launch=None, progress=None, notes=None, on_result=None) -> tuple[list, LlmbError | None]:
+def serve(
+    task, jobs: list, launch=None, progress=None, notes=None, on_result=None, preparation=None
+) -> tuple[list, LlmbError | None]:
     """Run ``task`` over ``jobs`` in a worker judged from this process, which imports no plugin. Returns what the
     worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
     it failed after them: the caller keeps what was finished before raising it. ``on_result(result, windows)`` is
-    called as each result arrives, the worker waiting (see Judge)."""
+    called as each result arrives, the worker waiting; ``preparation`` (setup(), ready()) is the judge's own work
+    for each run, done while the worker sets the run up (see Judge)."""
 
-    judge = Judge(progress, notes, on_result).start()
+    judge = Judge(progress, notes, on_result, preparation).start()
     try:
         if launch is not None:
             _launch_ranks(launch, task, jobs, judge)
@@ -277,20 +293,42 @@ def run_clean_keeping(
     world = distributed.current_world()
     judged: list[dict] = []
     asked = AskedRuns(runs, launch, world)
+    replays = replay_steps > 0 and (world is None or world.rank == 0)
+    preparation = ReplayPreparation(asked) if replays else None
+    if preparation is not None:
+        preparation.setup()  # as the worker starts: its interpreter, torch and the plugin load meanwhile
 
     def keep(result: object, windows: list[JudgedWindow]) -> None:
         if result is None or (world is not None and world.rank != 0):
             return
         typed = result_of(result)
-        record = finish(typed, windows, replay_steps, on_pending, asked.figures_for(typed.to_dict()), replay_whole)
+        initial = preparation.models if preparation is not None else None
+        figures = asked.figures_for(typed.to_dict())
+        record = finish(typed, windows, replay_steps, on_pending, figures, replay_whole, initial)
         judged.append(record)
         if on_record is not None:
             on_record(record)
 
     # A launched job's ranks go on together: rank 0 cannot wait for a replay while its peers wait in a collective.
     streamed = launch is None
-    results, error = serve(RUN_TASK, runs, launch, progress, notes, keep if streamed else None)
+    results, error = serve(RUN_TASK, runs, launch, progress, notes, keep if streamed else None, preparation)
     if not streamed:
         for result, windows in results:
             keep(result, windows)
     return judged, error
+
+
+class ReplayPreparation:
+    """The judge's preparation for `llmb run`: the replay's initial model, built from the next asked run's shape and
+    seed while the worker sets that run up (llmb.judge.initial)."""
+
+    def __init__(self, asked: AskedRuns) -> None:
+        self.asked = asked
+        self.models = InitialModels()
+
+    def setup(self) -> None:
+        options = self.asked.upcoming()
+        self.models.start(options.config, options.seed)
+
+    def ready(self) -> float:
+        return self.models.ready()

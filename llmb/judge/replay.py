@@ -22,6 +22,7 @@ import torch
 
 from llmb.audit.evidence import as_list, digest, digest_scope, global_batch, moment_digest
 from llmb.audit.precision import apply_backend_recipe
+from llmb.judge.initial import InitialModels
 from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, importable from the replay as before)
     CPU_MOMENT_TOLERANCES,
     FP16_LOOP_HINT,
@@ -98,25 +99,29 @@ def replay(
     device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     optimizer_options: dict | None = None,
+    initial: InitialModels | None = None,
+    keep_initial: bool = False,
 ) -> Replayed:
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
     kernels and torch.optim.AdamW. `dtype` float16 or bfloat16 replays a pure 16-bit run in its own precision
     (same_precision_checks), with the run's AdamW implementation (`optimizer_options`: torch's fused kernel or not),
-    since a pure 16-bit run keeps only part of AdamW's updates and leaves the FP32 trajectory within a few steps."""
+    since a pure 16-bit run keeps only part of AdamW's updates and leaves the FP32 trajectory within a few steps.
+    `initial`: the judge's prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial`
+    (another replay takes it after this one)."""
     device = device or torch.device("cpu")
     if device.type != "cpu":
         apply_backend_recipe("FP32")  # IEEE FP32 matmuls: no TF32 on the accelerator's replay
     start = time.perf_counter()
     whole = losses >= window_steps
     losses = min(losses, window_steps)
-    torch.manual_seed(seed)
-    model = LlamaModel(config)  # the run's own initial weights, built on the CPU from the seed as the run does
-    model.to(device=device, dtype=dtype).train()
+    # The run's own initial weights, built on the CPU from the seed as the run does: while the worker set itself up
+    # where the judge could (llmb.judge.initial), else here.
+    model, prebuilt = (initial or InitialModels()).model(config, seed, device, dtype, keep_initial)
     built = _synchronized_seconds(device, start)
     batch = global_batch(config, batch_size, challenge, world_size).to(device)
     rows = micro_rows(config, REPLAY_MICRO_TOKENS if device.type == "cpu" else REPLAY_DEVICE_MICRO_TOKENS)
-    initial = digest(model.parameters())
+    initial_digest = digest(model.parameters())
     # Per-tensor updates keep the FP32 replay's peak memory low; a 16-bit replay takes the run's implementation.
     optimizer = build_optimizer(model, optimizer_options if dtype != torch.float32 else {"foreach": False})
     recorded = []
@@ -132,7 +137,7 @@ def replay(
     end = as_list(digest(model.parameters())) if whole else None
     moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
     seconds = time.perf_counter() - start  # every loss came to the host as a float: the device has finished
-    return Replayed(recorded, as_list(initial), end, seconds, _peak_rss(), moments, str(device), built)
+    return Replayed(recorded, as_list(initial_digest), end, seconds, _peak_rss(), moments, str(device), built, prebuilt)
 
 
 def _synchronized_seconds(device: torch.device, since: float) -> float:
@@ -174,10 +179,18 @@ def draw_replay_steps(floor: int, window_steps: int, whole_probability: float) -
     return (window_steps if whole else floor), whole
 
 
-def replay_record(record: dict, steps: int, window: int | None = None, device: str | None = None) -> dict:
+def replay_record(
+    record: dict,
+    steps: int,
+    window: int | None = None,
+    device: str | None = None,
+    initial: InitialModels | None = None,
+) -> dict:
     """Replay one window of a result record (default: the headline's) and return the replay's record. `device`:
     where to try it first (replay_device: the judge passes the run's own device, a reviewer may pass theirs); a
-    device that fails it (out of memory beside the worker, say) leaves the replay to the CPU, which is said."""
+    device that fails it (out of memory beside the worker, say) leaves the replay to the CPU, which is said.
+    `initial`: the judge's prebuilt initial models (llmb.judge.initial); kept after the replay where it ran on an
+    accelerator (the host holds only that copy, and a sweep's next run takes it), the CPU's replay takes it."""
     evidence = record.get("evidence") or {}
     windows = evidence.get("windows") or []
     index = evidence.get("headline_window", 0) if window is None else window
@@ -223,8 +236,8 @@ def replay_record(record: dict, steps: int, window: int | None = None, device: s
         arguments["losses"] = min(SAME_PRECISION_FP32_STEPS, steps)
         implementation = {"fused": True} if fused else {"foreach": False}
         same = _replay_on(target, fallbacks, **{**arguments, "losses": steps}, dtype=sixteen,
-                          optimizer_options=implementation)  # fmt: skip
-    replayed = _replay_on(target, fallbacks, **arguments)
+                          optimizer_options=implementation, initial=initial, keep_initial=True)  # fmt: skip
+    replayed = _replay_on(target, fallbacks, **arguments, initial=initial, keep_initial=target.type != "cpu")
     checks = compare(chosen, replayed, effective, mode, fp32_master, fused, scope, device_type)
     if same is not None:
         checks += same_precision_checks(chosen, same, effective, mode, scope, fused)
@@ -239,6 +252,7 @@ def replay_record(record: dict, steps: int, window: int | None = None, device: s
         "passed": all(c.passed for c in checks),
         "seconds": sum(r.seconds for r in ran),
         "build_seconds": sum(r.build_seconds or 0.0 for r in ran),
+        **next(({"initial_model": r.prebuilt.to_dict()} for r in ran if r.prebuilt is not None), {}),
         "peak_rss_bytes": max(rss) if rss else None,
         "device": replayed.device,
         **({"device_fallback": "; ".join(fallbacks)} if fallbacks else {}),

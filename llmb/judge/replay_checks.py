@@ -61,6 +61,8 @@ class Replayed:
     moments_end: list[list[float]] | None = None  # AdamW's first moments after a whole window (moment_digest)
     device: str = "cpu"  # where it ran (replay_device)
     build_seconds: float | None = None  # of `seconds`: the initial model built from the seed and placed on the device
+    # llmb.judge.initial.Prebuilt where the judge built the initial model while the worker set itself up
+    prebuilt: object | None = None
 
 
 def _relative(candidate: list[float], reference: list[float]) -> float:

@@ -60,9 +60,13 @@ class AskedRuns:
         self.index = 0
         self.last_precision: str | None = None
 
+    def upcoming(self):
+        """The options of the run the worker answers next (an ALL request's precisions share their shape and seed)."""
+        return self.runs[min(self.index, len(self.runs) - 1)]
+
     def figures_for(self, record: dict) -> dict:
         """The judge's figures for the next record the worker sent."""
-        options = self.runs[min(self.index, len(self.runs) - 1)]
+        options = self.upcoming()
         got = str((record.get("precision") or {}).get("requested"))
         if options.precision == "ALL":
             order = list(precision.PRECISIONS)
@@ -166,6 +170,7 @@ def finish(
     on_pending=None,
     asked=None,
     replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
+    initial=None,
 ) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
     the worker's figures against its own, and the replay. ``asked`` (judge_figures) is what the judge asked for:
@@ -174,7 +179,7 @@ def finish(
     The replay covers the first `replay_steps` steps of the headline window, or with probability `replay_whole`
     (drawn after every window was answered) the whole of it.
     ``on_pending`` gets the record as it stands before the replay (marked REPLAY_PENDING), to keep while the replay
-    runs."""
+    runs. ``initial``: the replay's initial models the judge built while the worker set up (llmb.judge.initial)."""
     result = record
     record = record.to_dict() if hasattr(record, "to_dict") else dict(record)  # a typed Result, or its dict
     invalid = list(record.get("invalid_reasons", []))
@@ -274,7 +279,8 @@ def finish(
         # Drawn now, after the worker answered for every step of every window: any step may be checked.
         depth, whole = replay.draw_replay_steps(replay_steps, steps, replay_whole)
         # On the run's own accelerator where torch drives it without a plugin (replay.replay_device), else the CPU.
-        replayed = replay.replay_record(record, depth, device=(record.get("device") or {}).get("spec"))
+        device = (record.get("device") or {}).get("spec")
+        replayed = replay.replay_record(record, depth, device=device, initial=initial)
         replayed["drawn"] = {"floor_steps": replay_steps, "whole_window_probability": replay_whole, "whole": whole}
         record["evidence"]["replay"] = replayed
         invalid += [f"replay: {detail}" for detail in replay.failed(replayed)]

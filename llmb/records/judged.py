@@ -44,6 +44,15 @@ class SamePrecision(Typed):
 
 
 @dataclass(kw_only=True)
+class InitialModel(Typed):
+    """The replay's initial model where the judge built it while the worker set itself up (llmb.judge.initial):
+    the build's seconds, and how long the worker then waited for it before its warmup (untimed)."""
+
+    build_seconds: float
+    worker_waited_seconds: float
+
+
+@dataclass(kw_only=True)
 class Replay(Typed):
     """The window replayed in FP32 from the seed and the challenge, and its checks against the recorded losses and
     digests. A replay with nothing to replay has only its verdict and the check that says why."""
@@ -61,6 +70,7 @@ class Replay(Typed):
     device_fallback: str | None = None  # why the device it was tried on left it to the CPU
     drawn: ReplayDraw | None = None  # absent in records written before the depth was drawn
     same_precision: SamePrecision | None = None  # a pure 16-bit whole window's replay in its own format
+    initial_model: InitialModel | None = None  # absent where the replay built its initial model itself
 
 
 @dataclass(kw_only=True)

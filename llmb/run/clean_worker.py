@@ -28,6 +28,17 @@ class Link:
     def __init__(self, address, key: bytes) -> None:
         self.connection = Client(tuple(address), authkey=key)
 
+    def setup(self) -> None:
+        """A run's setup begins: the judge may begin its own preparation for it (the replay's initial model)."""
+        self.connection.send(("setup", None))
+
+    def ready(self) -> None:
+        """The run is set up: wait, before its first warmup step, until the judge's preparation is done."""
+        self.connection.send(("ready", None))
+        kind, _ = self.connection.recv()
+        if kind != "go":
+            raise LlmbError("the judge answered out of turn")
+
     def open(self, digest_start: list[list[float]]) -> int:
         self.connection.send(("open", None))
         kind, challenge = self.connection.recv()

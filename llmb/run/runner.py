@@ -237,10 +237,13 @@ def _run(
     progress: RunProgress,
     judge: WindowJudge | None = None,
 ) -> Result:
+    if judge is not None:
+        judge.setup()  # the judge may build the replay's initial model while this process builds the run's
     session = prepare(options, plugin, device, settings, judge)
     trainer, backend, invalid = session.trainer, session.backend, session.invalid
     # Every window starts from the initial weights and a fresh AdamW state, so it replays from the seed alone.
     initial_state = evidence.InitialState(session.model)
+    trainer.judge.ready()  # untimed: whatever the judge prepared is done before the first warmup step
 
     if device.type == "cpu":  # said before the first step, not after the figure is made
         busy = sysinfo.busy_before_run(torch.get_num_threads(), settings)

@@ -91,6 +91,10 @@ class LocalJudge:
 
     clean = False
 
+    def setup(self) -> None: ...
+
+    def ready(self) -> None: ...
+
     def open(self, digest_start: list[list[float]]) -> int:
         return secrets.randbits(evidence.CHALLENGE_BITS)
 

@@ -1,0 +1,114 @@
+"""The replay's initial model, built by the judge while the worker sets itself up.
+
+The replay starts from the run's initial weights: LlamaModel built on the CPU from the seed, as the run builds its
+own. At the official shape that build is most of the replay's fixed cost: on the H100's host the replay took 23-31 s
+at batch 8 and 64 alike (16-42% of a 20-step run's wall time, benchmarks/RESULTS.md section 15), where its two FP32
+steps take 1-8 s. So the judge builds it in a thread as soon as it knows the run (the worker is starting, importing
+its plugin and building its own model meanwhile), and the worker, its setup done, says `ready` and waits, untimed,
+until the build has finished (llmb.judge.cleanroom): the build never shares the host with a step the run times, the
+warmup's included. The model stays on the host in FP32, one copy (5.7 GB at the official shape), until a replay
+takes it to its device; on the CPU the replay takes the copy itself, so the judge's memory stays at one FP32 model
+with its AdamW state whatever the replay.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from llmb.model import LlamaModel, ModelConfig
+
+
+def build(config: ModelConfig, seed: int) -> LlamaModel:
+    """The run's initial weights: LlamaModel built on the CPU from the seed (llmb.run.runner.prepare does the same)."""
+    torch.manual_seed(seed)
+    return LlamaModel(config)
+
+
+def _key(config: ModelConfig, seed: int) -> tuple:
+    return (tuple(sorted(config.to_dict().items())), int(seed))
+
+
+@dataclass
+class Prebuilt:
+    """What the record says of a prebuilt initial model: its build time in the judge, and how long the worker waited
+    for it, untimed, before its warmup (both outside every window)."""
+
+    build_seconds: float
+    worker_waited_seconds: float
+
+    def to_dict(self) -> dict:
+        return {"build_seconds": self.build_seconds, "worker_waited_seconds": self.worker_waited_seconds}
+
+
+class InitialModels:
+    """One initial model at a time, built in the background (start), waited for (wait), taken by a replay (model).
+
+    Builds are serialised with the replays that take them (a build seeds torch's global generator): `start` is
+    called before the worker's run starts and after each replay, never while one runs."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._model: LlamaModel | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._build_seconds = 0.0
+        self._waited = 0.0
+
+    def start(self, config: ModelConfig, seed: int) -> None:
+        """Build the initial model of (config, seed) in a thread, unless it is held or building already."""
+        key = _key(config, seed)
+        if key == self._key:
+            return
+        self.wait()
+        self._key, self._model, self._error, self._waited = key, None, None, 0.0
+        self._thread = threading.Thread(target=self._build, args=(config, seed), name="llmb-initial-model", daemon=True)
+        self._thread.start()
+
+    def _build(self, config: ModelConfig, seed: int) -> None:
+        began = time.perf_counter()
+        try:
+            self._model = build(config, seed)
+        except BaseException as exc:  # kept: the replay builds the model itself, and meets the error there
+            self._error = exc
+        self._build_seconds = time.perf_counter() - began
+
+    def wait(self) -> None:
+        """Until the build under way (if any) has finished."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def ready(self) -> float:
+        """The worker's `ready`: wait for the build under way, and count the seconds (the record says them)."""
+        began = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - began
+        self._waited += waited
+        return waited
+
+    def model(
+        self, config: ModelConfig, seed: int, device: torch.device, dtype: torch.dtype, keep: bool
+    ) -> tuple[LlamaModel, Prebuilt | None]:
+        """The initial model of (config, seed) on `device` in `dtype`, in training mode, and what its prebuild cost
+        (None: built here). The prebuilt one where it matches: a copy where `keep` (another replay or run takes it
+        next), else the one held, which is gone from here after."""
+        self.wait()
+        if self._model is None or self._key != _key(config, seed):
+            model = build(config, seed)
+            prebuilt = None
+        else:
+            prebuilt = Prebuilt(self._build_seconds, self._waited)
+            if keep:
+                model = copy.deepcopy(self._model)
+            else:
+                model, self._model, self._key = self._model, None, None
+        return model.to(device=device, dtype=dtype).train(), prebuilt
+
+    def held(self) -> bool:
+        """Whether a built model is held (after any build under way has finished)."""
+        self.wait()
+        return self._model is not None

@@ -1,0 +1,104 @@
+"""The replay's initial model, built by the judge while the worker sets itself up (llmb.judge.initial), and the
+`ready` exchange that keeps that build away from every step the run times (issue 24: on one H100 the replay's fixed
+cost, mostly this build, was 16-42% of a 20-step run's wall time)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from llmb.judge import cleanroom, initial, replay
+from llmb.run import runner
+from llmb.spec.presets import PRESETS
+
+TINY = PRESETS["tiny"]
+
+
+def same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_a_prebuilt_model_is_the_runs_initial_model_and_a_kept_one_is_a_copy():
+    models = initial.InitialModels()
+    models.start(TINY, 3)
+    assert models.held()
+    kept, prebuilt = models.model(TINY, 3, torch.device("cpu"), torch.float32, keep=True)
+    assert prebuilt is not None and prebuilt.build_seconds > 0
+    assert same_parameters(kept, initial.build(TINY, 3))
+    assert models.held()  # a copy went; the prebuilt one stays for the next replay
+    with torch.no_grad():
+        next(kept.parameters()).add_(1.0)
+    taken, _ = models.model(TINY, 3, torch.device("cpu"), torch.bfloat16, keep=False)
+    assert same_parameters(taken, initial.build(TINY, 3).to(torch.bfloat16))  # the copy's change did not reach it
+    assert not models.held()  # taken: the judge holds no second copy beside the CPU replay's own
+    rebuilt, prebuilt = models.model(TINY, 3, torch.device("cpu"), torch.float32, keep=False)
+    assert prebuilt is None and same_parameters(rebuilt, initial.build(TINY, 3))  # built here, as before
+
+
+def test_a_prebuilt_model_of_another_seed_is_never_used():
+    models = initial.InitialModels()
+    models.start(TINY, 1)
+    model, prebuilt = models.model(TINY, 2, torch.device("cpu"), torch.float32, keep=False)
+    assert prebuilt is None and same_parameters(model, initial.build(TINY, 2))
+    assert models.held()  # seed 1's is still there, untouched
+
+
+def test_a_replay_from_the_prebuilt_model_equals_one_that_builds_its_own():
+    arguments = dict(config=TINY, seed=0, batch_size=2, world_size=1, challenge=12345, losses=3, window_steps=3)
+    own = replay.replay(**arguments)
+    models = initial.InitialModels()
+    models.start(TINY, 0)
+    from_prebuilt = replay.replay(**arguments, initial=models)
+    assert own.losses == from_prebuilt.losses and own.digest_end == from_prebuilt.digest_end
+    assert own.prebuilt is None and from_prebuilt.prebuilt is not None
+
+
+def test_the_worker_waits_for_the_judges_build_before_its_first_warmup_step(monkeypatch):
+    """A real clean-room run: the judge's build is held back until the worker has said it sets the run up, then
+    runs 3 s more; the worker's warmup phase reaches the judge only after the build ended (without the `ready`
+    exchange the tiny preset's setup would send it within a second of its `setup`), and the record says what the
+    build cost and how long the worker waited."""
+    worker_setup = threading.Event()
+    ended: list[float] = []
+    original_setup, original_build = cleanroom.ReplayPreparation.setup, initial.build
+    calls = {"setup": 0}
+
+    def setup(self):
+        calls["setup"] += 1
+        if calls["setup"] == 2:  # the first is the judge's own, before the worker started
+            worker_setup.set()
+        original_setup(self)
+
+    def slow_build(config, seed):
+        model = original_build(config, seed)
+        worker_setup.wait(timeout=120)
+        time.sleep(3.0)
+        ended.append(time.perf_counter())
+        return model
+
+    monkeypatch.setattr(cleanroom.ReplayPreparation, "setup", setup)
+    monkeypatch.setattr(initial, "build", slow_build)
+
+    class Phases:
+        seen: list[tuple[str, float]] = []
+
+        def phase(self, name: str, total: int) -> None:
+            self.seen.append((name, time.perf_counter()))
+
+        def advance(self) -> None: ...
+
+    phases = Phases()
+    options = runner.RunOptions(
+        config=TINY, preset="tiny", plugin="cpu", device="cpu", precision="FP32", steps=2, warmup_steps=1
+    )
+    records, error = cleanroom.run_clean_keeping([options], progress=phases)
+    assert error is None and len(records) == 1
+    warmup = [at for name, at in phases.seen if name == "warmup"]
+    assert worker_setup.is_set() and len(ended) == 1 and warmup
+    assert warmup[0] > ended[0], "the worker began its warmup while the judge was still building"
+    replayed = records[0].evidence.replay
+    assert replayed.passed is True
+    assert replayed.initial_model is not None and replayed.initial_model.build_seconds >= 3.0
+    assert replayed.initial_model.worker_waited_seconds > 1.0
