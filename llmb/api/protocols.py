@@ -10,16 +10,16 @@ from typing import Protocol, runtime_checkable
 class WindowJudge(Protocol):
     """Opens and closes each measured window of a run: a challenge as the clock starts (the window's data seed),
     the worker's answer as it stops, then the digests computed after the clock. ``clean`` says whether the judge
-    lives in a process that imported no plugin (only then can the run be valid). Before all that, ``setup`` says a
-    run's setup begins (the judge may prepare its own work beside it) and ``ready`` returns once that work is done,
-    so none of it runs beside a step the run times.
+    lives in a process that imported no plugin (only then can the run be valid). Before all that, ``setup`` says the
+    run's backend is set up on its device (the judge may prepare its own work beside the rest of the setup) and
+    ``ready`` returns once that work is done, so none of it runs beside a step the run times.
 
     Implemented by llmb.training.loop.LocalJudge (the run's own process), llmb.run.clean_worker.Link (the worker's
     end of the clean room's connection) and llmb.distributed.job.JobJudge (a job's ranks, as one)."""
 
     clean: bool
 
-    def setup(self) -> None: ...
+    def setup(self, device: str) -> None: ...
 
     def ready(self) -> None: ...
 

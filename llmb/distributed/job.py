@@ -454,9 +454,9 @@ class JobJudge:
         dist.all_gather_object(parts, digest)
         return _summed(parts, self.replicas)
 
-    def setup(self) -> None:
+    def setup(self, device: str) -> None:
         if self.world.rank == 0:
-            self.inner.setup()
+            self.inner.setup(device)
 
     def ready(self) -> None:
         """Every rank waits for the judge's preparation: a rank's warmup would share the host with it."""

@@ -35,6 +35,7 @@ from llmb.api.settings import env_flag
 from llmb.audit import evidence
 from llmb.judge.initial import InitialModels
 from llmb.judge.link import ERRORS, KEY_ENV, error_line
+from llmb.judge.replay import replay_device
 from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed_plugins: importable from here as before)
     AskedRuns,
     JudgedWindow,
@@ -129,7 +130,7 @@ class Judge:
                 window.answer.update({k: message[1][k] for k in SEALED_KEYS if k in message[1]})
         elif kind == "setup":
             if self.preparation is not None:
-                self.preparation.setup()
+                self.preparation.setup(str(message[1]) if len(message) > 1 else "")
         elif kind == "ready":
             # The worker waits for this answer before its first warmup step: nothing of the judge's preparation runs
             # beside a step the run times.
@@ -295,8 +296,6 @@ def run_clean_keeping(
     asked = AskedRuns(runs, launch, world)
     replays = replay_steps > 0 and (world is None or world.rank == 0)
     preparation = ReplayPreparation(asked) if replays else None
-    if preparation is not None:
-        preparation.setup()  # as the worker starts: its interpreter, torch and the plugin load meanwhile
 
     def keep(result: object, windows: list[JudgedWindow]) -> None:
         if result is None or (world is not None and world.rank != 0):
@@ -320,15 +319,26 @@ def run_clean_keeping(
 
 class ReplayPreparation:
     """The judge's preparation for `llmb run`: the replay's initial model, built from the next asked run's shape and
-    seed while the worker sets that run up (llmb.judge.initial)."""
+    seed while the worker sets that run up (llmb.judge.initial), where the replay runs on an accelerator.
+
+    Not where it runs on the CPU: there the two builds share the same cores, so nothing is gained, and the load the
+    judge's build leaves steers what the worker reads of the host (the cpu plugin's thread count and the busy-host
+    check read the 1-minute load average). Measured on 2 cores, a 2-layer run at the official width and batch 1 fell
+    from 39.7 to 31-33 tokens/s when the judge built beside it (the plugin then chose one thread)."""
 
     def __init__(self, asked: AskedRuns) -> None:
         self.asked = asked
         self.models = InitialModels()
 
-    def setup(self) -> None:
-        options = self.asked.upcoming()
-        self.models.start(options.config, options.seed)
+    def worth(self, device: str) -> bool:
+        """Whether a run on `device` (the worker's resolved device, as its `setup` names it) is replayed on an
+        accelerator. A worker that names another device only moves the build to after its run, or beside it."""
+        return replay_device(device).type != "cpu"
+
+    def setup(self, device: str) -> None:
+        if self.worth(device):
+            options = self.asked.upcoming()
+            self.models.start(options.config, options.seed)
 
     def ready(self) -> float:
         return self.models.ready()

@@ -28,9 +28,10 @@ class Link:
     def __init__(self, address, key: bytes) -> None:
         self.connection = Client(tuple(address), authkey=key)
 
-    def setup(self) -> None:
-        """A run's setup begins: the judge may begin its own preparation for it (the replay's initial model)."""
-        self.connection.send(("setup", None))
+    def setup(self, device: str) -> None:
+        """The run's backend is set up on `device`: the judge may begin its own preparation for the run (the
+        replay's initial model, where it replays on that device)."""
+        self.connection.send(("setup", str(device)))
 
     def ready(self) -> None:
         """The run is set up: wait, before its first warmup step, until the judge's preparation is done."""

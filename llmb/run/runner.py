@@ -108,6 +108,10 @@ def prepare(
     backend = plugin.backend
     plugins.setup(backend, device, options.precision, settings)
     check_device_present(device)
+    if judge is not None:
+        # After the plugin read the host: the judge may build the replay's initial model while this process builds
+        # the run's (llmb.judge.initial); the run waits for it before its warmup (Trainer's judge.ready below).
+        judge.setup(str(device))
     world = distributed.current_world()
     if world is not None:
         distributed.init_process_group(backend, device, world, options.timeout_seconds)
@@ -237,8 +241,6 @@ def _run(
     progress: RunProgress,
     judge: WindowJudge | None = None,
 ) -> Result:
-    if judge is not None:
-        judge.setup()  # the judge may build the replay's initial model while this process builds the run's
     session = prepare(options, plugin, device, settings, judge)
     trainer, backend, invalid = session.trainer, session.backend, session.invalid
     # Every window starts from the initial weights and a fresh AdamW state, so it replays from the seed alone.
