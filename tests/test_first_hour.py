@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -478,8 +479,34 @@ def busy_host(monkeypatch, load: float, cpus: int) -> None:
     """A host with other work on it: its load cannot be made to order in a test, so the two readings are set."""
     from llmb.run import sysinfo
 
-    monkeypatch.setattr(sysinfo, "load_average", lambda: [load, load, load])
+    monkeypatch.setattr(sysinfo, "running_elsewhere", lambda: float(load))
     monkeypatch.setattr(sysinfo, "cpu_affinity", lambda: list(range(cpus)))
+
+
+def test_the_load_llmbs_own_earlier_work_left_takes_no_thread(monkeypatch):
+    """Under `--precision all` the previous precision's run and its replay left a 1-minute load average of 1.0 on 2
+    idle cores, and the cpu plugin gave BF16 one thread where FP32 had two: the threads are chosen by what runs now."""
+    from llmb.run import sysinfo
+
+    monkeypatch.setattr(sysinfo, "load_average", lambda: [1.5, 1.0, 0.9])
+    monkeypatch.setattr(sysinfo, "cpu_affinity", lambda: [0, 1])
+    monkeypatch.setattr(sysinfo, "running_elsewhere", lambda: 0.0)
+    assert sysinfo.free_cores() == (2, 0.0, 2)
+    monkeypatch.setattr(sysinfo, "running_elsewhere", lambda: None)  # an OS that does not say: the load average
+    assert sysinfo.free_cores() == (2, 1.5, 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_a_thread_that_runs_now_is_seen_running_elsewhere():
+    from llmb.run import sysinfo
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert sysinfo.running_elsewhere(samples=20) >= 0.8  # the spinner is always running or ready to run
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_the_cpu_plugin_leaves_the_busy_cores_to_their_work(monkeypatch):

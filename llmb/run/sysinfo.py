@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -219,11 +220,39 @@ def cpu_emulated_precisions() -> list[str]:
     return [name for name, native in NATIVE_16BIT_FLAGS.items() if not flags.intersection(native)]
 
 
+def running_elsewhere(samples: int = 10, interval: float = 0.02) -> float | None:
+    """The threads running or ready to run on the host now besides the one reading: /proc/stat's procs_running less
+    one, averaged over `samples` readings `interval` seconds apart (Linux; None where the OS does not say)."""
+    counts = []
+    for index in range(samples):
+        try:
+            with open("/proc/stat") as stat:
+                line = next((line for line in stat if line.startswith("procs_running ")), None)
+        except OSError:
+            return None
+        if line is None:
+            return None
+        counts.append(max(0, int(line.split()[1]) - 1))
+        if index + 1 < samples:
+            time.sleep(interval)
+    return sum(counts) / len(counts)
+
+
+def host_load() -> float:
+    """The other work that competes for the CPUs as a run starts: the threads running elsewhere now where the OS
+    says it, else the 1-minute load average. Not the load average where there is a choice: it remembers the last
+    minute, and so llmb's own work before the run (under `--precision all`, the previous precision's run and the
+    judge's replay of it; a sweep's previous trial): on 2 idle cores it left 1.0, and the cpu plugin gave BF16 one
+    thread where FP32 had two."""
+    now = running_elsewhere()
+    return now if now is not None else (load_average() or [0.0])[0]
+
+
 def free_cores() -> tuple[int, float, int]:
-    """(the CPUs this process may run on, the host's 1-minute load average, the CPUs that load leaves free: at
-    least 1). Read before a run, so its thread count can leave room for the work already on the host."""
+    """(the CPUs this process may run on, the other work on the host (host_load), the CPUs it leaves free: at least
+    1). Read before a run, so its thread count can leave room for the work already on the host."""
     cpus = len(cpu_affinity() or ()) or os.cpu_count() or 1
-    load = (load_average() or [0.0])[0]
+    load = host_load()
     return cpus, load, max(1, min(cpus, int(cpus - load + 0.5)))
 
 
@@ -245,8 +274,8 @@ def busy_before_run(threads: int, settings: dict) -> str | None:
     if load + threads <= cpus + 0.5:
         return None
     return (
-        f"load average {load:.1f} on {cpus} CPUs before the run, torch on {threads} thread(s): other work competes "
-        f"for the cores, so the figure will be low; {threads_advice(settings, threads)}"
+        f"{load:.1f} other threads running on {cpus} CPUs before the run, torch on {threads} thread(s): other work "
+        f"competes for the cores, so the figure will be low; {threads_advice(settings, threads)}"
     )
 
 
