@@ -322,6 +322,9 @@ def run_llmb_cli(spec: dict) -> dict:
         "valid": record["valid"],
         "replay_seconds": replay.get("seconds"),
         "replay_build_seconds": replay.get("build_seconds"),
+        # Built by the judge beside the worker's setup (an accelerator's replay), and the worker's untimed wait for it.
+        "replay_prebuild_seconds": (replay.get("initial_model") or {}).get("build_seconds"),
+        "worker_waited_seconds": (replay.get("initial_model") or {}).get("worker_waited_seconds"),
         "replay_peak_rss_bytes": replay.get("peak_rss_bytes"),
         "command_wall_seconds": wall,
     }

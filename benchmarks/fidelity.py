@@ -89,6 +89,8 @@ def summary_row(path: str, batch: int, measured: list[dict]) -> dict:
         "llmb_invalid_reasons": sorted({r for m in measured for r in m.get("invalid_reasons") or []}),
         "replay_seconds": median("llmb run", "replay_seconds"),
         "replay_build_seconds": median("llmb run", "replay_build_seconds"),
+        "replay_prebuild_seconds": median("llmb run", "replay_prebuild_seconds"),
+        "worker_waited_seconds": median("llmb run", "worker_waited_seconds"),
         "replay_peak_rss_bytes": median("llmb run", "replay_peak_rss_bytes"),
         "command_wall_seconds": median("llmb run", "command_wall_seconds"),
         "errors": errors,

@@ -28,6 +28,9 @@ def test_a_prebuilt_model_is_the_runs_initial_model_and_a_kept_one_is_a_copy():
     assert prebuilt is not None and prebuilt.build_seconds > 0
     assert same_parameters(kept, initial.build(TINY, 3))
     assert models.held()  # a copy went; the prebuilt one stays for the next replay
+    half, _ = models.model(TINY, 3, torch.device("cpu"), torch.bfloat16, keep=True)  # a same-format replay's
+    assert same_parameters(half, initial.build(TINY, 3).to(torch.bfloat16))
+    assert next(half.parameters()).dtype == torch.bfloat16 and half.training
     with torch.no_grad():
         next(kept.parameters()).add_(1.0)
     taken, _ = models.model(TINY, 3, torch.device("cpu"), torch.bfloat16, keep=False)

@@ -68,6 +68,9 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     not_always_written.add("evidence.replay.device_fallback")
     # Written only for a pure FP16/BF16 whole window, replayed in its own format too (this run is FP32).
     not_always_written |= {f"evidence.replay.same_precision{k}" for k in ("", ".dtype", ".seconds")}
+    # Written only where the judge built the replay's initial model beside the worker: a run replayed on an accelerator.
+    prebuilt = ("", ".build_seconds", ".worker_waited_seconds")
+    not_always_written |= {f"evidence.replay.initial_model{k}" for k in prebuilt}
     # The energy section holds the counter's figures or the reason there are none, as the host has a counter or not.
     written = {k for k in written_paths(record) if not k.startswith("energy.")}
     assert written == {k for k in declared if not k.startswith("energy.")} - not_always_written
