@@ -3,12 +3,11 @@
 The replay starts from the run's initial weights: LlamaModel built on the CPU from the seed, as the run builds its
 own. At the official shape that build is most of the replay's fixed cost: on the H100's host the replay took 23-31 s
 at batch 8 and 64 alike (16-42% of a 20-step run's wall time, benchmarks/RESULTS.md section 15), where its two FP32
-steps take 1-8 s. So the judge builds it in a thread as soon as it knows the run (the worker is starting, importing
-its plugin and building its own model meanwhile), and the worker, its setup done, says `ready` and waits, untimed,
-until the build has finished (llmb.judge.cleanroom): the build never shares the host with a step the run times, the
-warmup's included. The model stays on the host in FP32, one copy (5.7 GB at the official shape), until a replay
-takes it to its device; on the CPU the replay takes the copy itself, so the judge's memory stays at one FP32 model
-with its AdamW state whatever the replay.
+steps take 1-8 s. So where the run is replayed on an accelerator, the judge builds it in a thread once the worker
+says its backend is set up (`setup`; the worker builds its own model meanwhile), and the worker, its setup done, says
+`ready` and waits, untimed, until the build has finished (llmb.judge.cleanroom.ReplayPreparation): the build never
+shares the host with a step the run times, the warmup's included. The model stays on the host in FP32, one copy
+(5.7 GB at the official shape), and each replay on the accelerator takes a twin of it there.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -55,20 +54,19 @@ class Prebuilt:
     worker_waited_seconds: float
 
     def to_dict(self) -> dict:
-        return {"build_seconds": self.build_seconds, "worker_waited_seconds": self.worker_waited_seconds}
+        return asdict(self)
 
 
 class InitialModels:
     """One initial model at a time, built in the background (start), waited for (wait), taken by a replay (model).
 
     Builds are serialised with the replays that take them (a build seeds torch's global generator): `start` is
-    called before the worker's run starts and after each replay, never while one runs."""
+    called on the worker's `setup`, while no replay runs (the worker waits through each replay)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._model: LlamaModel | None = None
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
         self._build_seconds = 0.0
         self._waited = 0.0
 
@@ -78,7 +76,7 @@ class InitialModels:
         if key == self._key:
             return
         self.wait()
-        self._key, self._model, self._error, self._waited = key, None, None, 0.0
+        self._key, self._model, self._waited = key, None, 0.0
         self._thread = threading.Thread(target=self._build, args=(config, seed), name="llmb-initial-model", daemon=True)
         self._thread.start()
 
@@ -86,8 +84,8 @@ class InitialModels:
         began = time.perf_counter()
         try:
             self._model = build(config, seed)
-        except BaseException as exc:  # kept: the replay builds the model itself, and meets the error there
-            self._error = exc
+        except Exception:  # none held: the replay builds the model itself, and meets the error there
+            self._model = None
         self._build_seconds = time.perf_counter() - began
 
     def wait(self) -> None:
