@@ -11,7 +11,8 @@ Arms:
 - interleaved: the harness's step and models stepped by hand in one process, alternating step by step.
 - step_memory: models by hand one after another in one process, each one step's tensor peak from the profiler.
 - hand_path: llmb's model on one of the plugins' paths (compiled, AMP, FP8) in the loop a performance engineer
-  writes by hand: the same toolkit calls a plugin makes (llmb.toolkit.fp8, llmb.toolkit.compilers), no harness
+  writes by hand: the same toolkit calls a plugin makes (llmb.toolkit.fp8, llmb.toolkit.compilers,
+  llmb.toolkit.host_memory), no harness
   (benchmarks/fidelity.py).
 - llmb_cli: `llmb run` itself as a user runs it (clean room, judge's clock, replay), its record's headline.
 """
@@ -256,9 +257,11 @@ def run_hand_path(spec: dict) -> dict:
     """llmb's model on a path (spec["settings"]: compile, fp8, as the plugin's -O settings) by hand: built from the
     seed, cast as the recipe casts, converted to float8 and compiled by the toolkit calls the plugins make, the
     benchmark's AdamW with the implementation options the plugin picks, synchronised at the window's edges only."""
-    from llmb.toolkit import compilers, fp8
+    from llmb.toolkit import compilers, fp8, host_memory
 
     settings = spec.get("settings") or {}
+    if str(settings.get("keep_freed_memory", "false")).lower() == "true":  # as the cpu plugin's setup, before the model
+        host_memory.keep_freed_memory()
     step, optimizer, device, model = hand_setup(spec, llmb_model, llmb_loss)
     model = fp8.convert(model, settings.get("fp8", "none"), emulate=settings.get("fp8_emulate", False))
     compiled = compilers.compile_model(model, settings.get("compile", "none"))

@@ -33,15 +33,16 @@ from rich.table import Table
 from llmb.api.errors import UsageError
 from llmb.registry.plugins import resolve_settings, select_backend
 
-# The reference: no compile, torch's default AdamW, no recomputation. Each method changes only its own settings.
-# The one table of methods: benchmarks/cpu_paths.py runs a selection of these by name.
-EAGER = {"compile": "none", "fused_adamw": "false", "activation_checkpointing": "none"}
+# The reference: no compile, torch's default AdamW, no recomputation, the C library's malloc as it comes. Each method
+# changes only its own settings. The one table of methods: benchmarks/cpu_paths.py runs a selection of these by name.
+EAGER = {"compile": "none", "fused_adamw": "false", "activation_checkpointing": "none", "keep_freed_memory": "false"}
 METHODS = {
     "eager": {},
     "compile default": {"compile": "default"},
     "compile reduce-overhead": {"compile": "reduce-overhead"},
     "compile max-autotune": {"compile": "max-autotune"},
     "fused AdamW": {"fused_adamw": "true"},
+    "freed memory kept": {"keep_freed_memory": "true"},
     "compile default + fused AdamW": {"compile": "default", "fused_adamw": "true"},
     "compile default + fused AdamW + checkpointing selective-ops": {
         "compile": "default",

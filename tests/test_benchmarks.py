@@ -214,8 +214,16 @@ def test_compile_modes_lists_what_the_plugin_does_not_offer(bench):
     _, _, compile_modes = bench
     cpu = get_backend("cpu").backend
     fused = compile_modes.method_settings(cpu, compile_modes.METHODS["fused AdamW"])
-    assert fused == {"compile": "none", "fused_adamw": "true", "activation_checkpointing": "none"}
-    assert compile_modes.method_settings(cpu, {})["fused_adamw"] == "false"  # eager is the unfused reference
+    assert fused == {
+        "compile": "none",
+        "fused_adamw": "true",
+        "activation_checkpointing": "none",
+        "keep_freed_memory": "false",
+    }
+    eager = compile_modes.method_settings(cpu, {})
+    # eager is the reference: unfused, and the C library's malloc as it comes
+    assert eager["fused_adamw"] == "false" and eager["keep_freed_memory"] == "false"
+    assert compile_modes.method_settings(cpu, compile_modes.METHODS["freed memory kept"])["keep_freed_memory"] == "true"
     full = compile_modes.method_settings(cpu, compile_modes.METHODS["checkpointing full"])
     assert full["activation_checkpointing"] == "full"
 
@@ -240,7 +248,12 @@ def test_cpu_paths_runs_compile_modes_methods(bench):
     assert set(cpu_paths.PATHS) <= set(compile_modes.METHODS) and "eager" in cpu_paths.PATHS
     cpu = get_backend("cpu").backend
     best = compile_modes.method_settings(cpu, compile_modes.METHODS[cpu_paths.PATHS[-1]])
-    assert best == {"compile": "default", "fused_adamw": "true", "activation_checkpointing": "selective-ops"}
+    assert best == {
+        "compile": "default",
+        "fused_adamw": "true",
+        "activation_checkpointing": "selective-ops",
+        "keep_freed_memory": "false",
+    }
 
 
 def test_fidelity_pairs_llmb_run_with_the_same_path_by_hand_and_ratios_per_round(monkeypatch):

@@ -14,7 +14,7 @@ import torch
 from llmb import Backend, EnergyCounter, PrecisionFact, hookimpl, option
 from llmb.records import energy
 from llmb.run import sysinfo
-from llmb.toolkit import compilers, features
+from llmb.toolkit import compilers, features, host_memory
 
 # No reduce-overhead on the CPU: it is CUDA graphs.
 COMPILE_MODES = ("none", "default", "max-autotune", compilers.THUNDER)
@@ -32,11 +32,20 @@ class CpuSettings(features.FeatureSettings):
     )
     # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop (benchmarks/RESULTS.md).
     fused_adamw: bool = option(True, "AdamW's fused CPU kernel (false: torch's per-tensor loop)")
+    # On by default: 1.2x at batch 4 and 1.5x at batch 64 of the small preset, for more resident memory
+    # (llmb.toolkit.host_memory, benchmarks/RESULTS.md section 18).
+    keep_freed_memory: bool = option(
+        True,
+        "keep the memory a step frees for the next step (glibc's mallopt) instead of handing it back to the OS and "
+        "faulting it in again; costs resident memory",
+    )
 
 
 class CpuBackend(Backend):
     name = "cpu"
     Settings = CpuSettings
+    # What the host allocator does in this process (llmb.toolkit.host_memory), set by setup, stated in run_facts.
+    host_allocator = host_memory.DEFAULT
 
     def device_types(self) -> list[str]:
         return ["cpu"]
@@ -51,6 +60,7 @@ class CpuBackend(Backend):
     def setup(self, device, precision, settings) -> None:
         # Before the model exists: a compiler or FP8 that cannot run here is one line, not a traceback mid-run.
         features.check(settings)
+        self.host_allocator = host_memory.keep_freed_memory(bool(settings.get("keep_freed_memory")))
         if settings.get("threads"):
             torch.set_num_threads(settings["threads"])
         else:  # chosen before the run with the host's load in view: threads beyond the free cores only contend
@@ -92,6 +102,7 @@ class CpuBackend(Backend):
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "mkldnn": torch.backends.mkldnn.is_available(),
+            "host_allocator": self.host_allocator,
         }
 
     def distributed_backend(self, device) -> str | None:

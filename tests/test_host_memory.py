@@ -1,0 +1,97 @@
+"""The cpu plugin keeps the memory a step frees (llmb.toolkit.host_memory): what glibc does then, measured by the page
+faults of a later allocation, in a fresh process each (mallopt is process-wide and would outlive the test)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from llmb.registry.plugins import get_backend
+from llmb.toolkit import host_memory
+
+GLIBC = platform.libc_ver()[0] == "glibc"
+
+# Faults of touching a 128 MiB tensor after a 256 MiB one was freed: with the C library's defaults each block above
+# 32 MiB is mmapped afresh (32,768 pages of 4 KiB faulted in); kept, the freed block serves it, already resident. (A
+# block of exactly the freed one's size may not fit in it: torch asks for aligned blocks, posix_memalign, which need a
+# little more; a training loop's blocks of many sizes settle within a few steps, benchmarks/RESULTS.md section 18.)
+LATER_ALLOCATION = """
+import json, resource, sys
+import torch
+from llmb.toolkit import host_memory
+said = host_memory.keep_freed_memory(sys.argv[1] == "keep") if sys.argv[1] != "untouched" else None
+def faults_of_one_touch(mib):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = torch.ones(mib * 1024 * 1024 // 4)  # every page written
+    del block
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+first = faults_of_one_touch(256)
+print(json.dumps({"said": said, "first": first, "again": faults_of_one_touch(128)}))
+"""
+
+PAGES = 128 * 1024 * 1024 // 4096  # of the later block
+
+
+def later_allocation(mode: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", LATER_ALLOCATION, mode], capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's; elsewhere the plugin states that it kept nothing")
+def test_kept_memory_is_reused_without_faults():
+    untouched, kept = later_allocation("untouched"), later_allocation("keep")
+    # The C library's defaults: the 128 MiB block is faulted in, page by page (4 KiB pages; fewer with transparent
+    # huge pages, so only "most of them" is asserted).
+    assert untouched["again"] > PAGES // 2, untouched
+    assert kept["said"] == host_memory.KEPT
+    assert kept["first"] > PAGES // 2, kept  # the first touch always faults: the memory is new to the process
+    assert kept["again"] < PAGES // 20, kept
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+def test_false_after_true_goes_back_to_the_defaults():
+    script = LATER_ALLOCATION.replace(
+        'said = host_memory.keep_freed_memory(sys.argv[1] == "keep") if sys.argv[1] != "untouched" else None',
+        "host_memory.keep_freed_memory(True); said = host_memory.keep_freed_memory(False)",
+    )
+    done = subprocess.run([sys.executable, "-c", script, "x"], capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(done.stdout)
+    assert result["said"] == host_memory.DEFAULT
+    assert result["again"] > PAGES // 2, result
+
+
+def test_false_in_a_process_that_never_kept_calls_nothing(monkeypatch):
+    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: pytest.fail("the C library was consulted"))
+    assert host_memory.keep_freed_memory(False) == host_memory.DEFAULT
+
+
+def test_another_c_library_is_stated_not_touched(monkeypatch):
+    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("", ""))
+    said = host_memory.keep_freed_memory(True)
+    assert said.startswith(host_memory.DEFAULT) and "not glibc" in said
+
+
+def test_the_cpu_plugin_keeps_by_default_and_says_so_in_its_facts(monkeypatch):
+    backend = get_backend("cpu").backend
+    setting = {s.name: s for s in backend.settings()}["keep_freed_memory"]
+    assert setting.default is True
+    asked = []
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda keep: asked.append(keep) or f"kept={keep}")
+    monkeypatch.setattr(backend, "host_allocator", host_memory.DEFAULT, raising=False)
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        backend.setup(torch.device("cpu"), "FP32", {"keep_freed_memory": True, "threads": threads})
+        assert backend.run_facts(torch.device("cpu"))["host_allocator"] == "kept=True"
+        backend.setup(torch.device("cpu"), "FP32", {"keep_freed_memory": False, "threads": threads})
+        assert backend.run_facts(torch.device("cpu"))["host_allocator"] == "kept=False"
+    finally:
+        torch.set_num_threads(threads)
+    assert asked == [True, False]
