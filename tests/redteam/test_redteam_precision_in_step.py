@@ -35,6 +35,11 @@ def _process_model(model, optimizer, device, precision, settings):
 WARMUP = 2  # redteam_kit.TINY's --warmup-steps: the window's step k is the (WARMUP + k)-th training forward
 
 
+def replayed_steps_failed(record: dict) -> list[int]:
+    """The window's steps whose replayed loss failed, from the reasons "replay: step N: recorded loss ..."."""
+    return [int(r.split()[2].rstrip(":")) for r in reasons(record, "replay: step ")]
+
+
 @pytest.mark.parametrize("whole, caught", [("1", "replay: step 3: recorded loss"), ("0", None)])
 def test_bf16_entered_inside_the_step_fails_the_fp32_replay_of_that_step(tmp_path, whole, caught):
     name = f"autocastinside{whole}"
@@ -46,7 +51,16 @@ def test_bf16_entered_inside_the_step_fails_the_fp32_replay_of_that_step(tmp_pat
     if caught is None:  # the draw fell on the prefix (steps 1-2): nothing replayed ran under the autocast
         assert replay["passed"] is True, replay
         return
-    assert replay["passed"] is False and reasons(record, caught), record["invalid_reasons"]
+    assert replay["passed"] is False, replay
+    # At the tiny preset, at the initial weights, BF16 moves a step's loss by only 1e-6 to 2e-5 (2.8e-6 to 1.6e-5 at
+    # step 3 over three runs of this attack, 2026-11-25), against the FP32 tolerance of 1e-6: the first changed step's
+    # loss alone can fall inside it on one draw of the window's batch in many (the full suite saw step 4 named
+    # first). The steps named are the changed ones, never before; AdamW's moments after the window differ by 1e-3,
+    # against a tolerance of 1e-5, whatever the draw.
+    failed = replayed_steps_failed(record)
+    assert failed and min(failed) >= 3, record["invalid_reasons"]
+    assert reasons(record, caught) or min(failed) == 4, record["invalid_reasons"]
+    assert reasons(record, "replay: AdamW's first-moment digest"), record["invalid_reasons"]
 
 
 # Class 4 with a lighter touch: every MLP (two thirds of the matmuls) under autocast(float16) from step 3 on, plain
