@@ -40,11 +40,9 @@ def arm_specs(base: dict, path: str, threads: int) -> dict[str, dict]:
     settings, mode = PATHS[path]
     settings = dict(settings)
     if base["plugin"] == "cpu":
-        # The cpu plugin's defaults said aloud, so the hand loop makes the same calls: fused AdamW, freed memory kept;
-        # thread count as the hand loop's (0 leaves torch's default).
-        settings.update(
-            fused_adamw="true", keep_freed_memory="true", **({"threads": str(threads)} if threads else {})
-        )
+        # The cpu plugin's fused AdamW is its default; thread count as the hand loop's (0 leaves torch's default). The
+        # hand loop keeps freed memory only where the settings ask the plugin to (keep_freed_memory=true).
+        settings.update(fused_adamw="true", **({"threads": str(threads)} if threads else {}))
     spec = {**base, "mode": mode, "settings": settings}
     return {
         "llmb run": {**spec, "arm": "llmb_cli"},

@@ -32,10 +32,11 @@ class CpuSettings(features.FeatureSettings):
     )
     # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop (benchmarks/RESULTS.md).
     fused_adamw: bool = option(True, "AdamW's fused CPU kernel (false: torch's per-tensor loop)")
-    # On by default: 1.2x at batch 4 and 1.5x at batch 64 of the small preset, for more resident memory
-    # (llmb.toolkit.host_memory, benchmarks/RESULTS.md section 18).
+    # Off by default. By hand it gave 1.05x-1.5x at batch 1-64 of the small preset for 1.3-1.6x the resident memory,
+    # but in llmb's own loop the heap went on growing (batch 16: 3.6 -> 7.1 GB over 9 steps) and the fidelity
+    # benchmark's eager batch 16 fell to 0.923 (llmb.toolkit.host_memory, benchmarks/RESULTS.md section 18).
     keep_freed_memory: bool = option(
-        True,
+        False,
         "keep the memory a step frees for the next step (glibc's mallopt) instead of handing it back to the OS and "
         "faulting it in again; costs resident memory",
     )

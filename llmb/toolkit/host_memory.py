@@ -7,7 +7,11 @@ from the kernel as new pages: faulted in one 4 KiB page at a time and zeroed. Me
 21 of 55 s); a performance engineer would preload jemalloc or tcmalloc, which a plugin cannot do for a process that
 is already running. `keep_freed_memory` asks glibc (mallopt) for the same effect: no mmap for large blocks, and no
 trimming of the heap's top below 2 GiB, so the steady state reuses the first steps' pages. What it costs: the
-process keeps its freed blocks, so its resident memory (the cpu plugin's peak memory) is higher than without it.
+process keeps its freed blocks, so its resident memory (the cpu plugin's peak memory) is higher than without it, and
+it need not settle: torch asks for aligned blocks (posix_memalign), which a freed block of exactly the same size cannot
+hold once a small allocation has taken its neighbour, so such a block grows the heap again. By hand the heap settled
+(batch 16: 4.5 GB); in llmb's loop, which allocates between steps too, it grew on (3.6 -> 7.1 GB over 9 steps). Hence
+the cpu plugin's `keep_freed_memory` setting is off by default.
 """
 
 from __future__ import annotations
