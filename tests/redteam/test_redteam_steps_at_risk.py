@@ -120,7 +120,12 @@ def _process_model(model, optimizer, device, precision, settings):
 RANDOM_HALF = SKIP_FROM_STEP.replace(
     "if _calls[0] < FIRST_SKIPPED or labels is None or _rank not in SKIPPING_RANKS:",
     "if _calls[0] < FIRST_SKIPPED or labels is None or _coin.random() < 0.5:",
-).replace("import os\n", "import os\nimport random as _coin\n")
+).replace(
+    # Seeded: steps 3 and 4 skipped, 5 and 6 run (Random(0) draws 0.84, 0.76, 0.42, 0.26). An unseeded coin skipped
+    # none of the four steps once in 16 runs, and the test then failed an honest window.
+    "import os\n",
+    "import os\nimport random\n_coin = random.Random(0)\n",
+)
 # The first half of the layers never runs its backward: the hidden state is detached after it, with a tiny path
 # kept to every weight so no gradient is all-zero.
 HALF_THE_LAYERS_BACKWARD = """
