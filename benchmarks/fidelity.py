@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
+import time
 
 import click
 from common import RAW, base_spec, command_line, console, load, machine, print_machine, run_arm, run_options
@@ -50,12 +51,15 @@ def arm_specs(base: dict, path: str, threads: int) -> dict[str, dict]:
     }
 
 
-def point_rounds(arms: dict[str, dict], rounds: int, timeout: float) -> list[dict]:
-    """`rounds` rounds, the arms alternating (their order flipped every round)."""
+def point_rounds(arms: dict[str, dict], rounds: int, timeout: float, settle: float = 0.0) -> list[dict]:
+    """`rounds` rounds, the arms alternating (their order flipped every round). Each arm starts after `settle` seconds
+    of pause, so that no arm begins while the kernel still reclaims the previous arm's memory (at batch 64 a process
+    of 10-16 GB has just exited): the same pause for both arms."""
     measured = []
     for index in range(rounds):
         order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
         for label, spec in order:
+            time.sleep(settle)
             result = run_arm(spec, timeout)
             result.update(label=label, round=index)
             measured.append(result)
@@ -121,6 +125,7 @@ def table(rows: list[dict]) -> Table:
 @click.option("--batch-sizes", default="1,2,4,8,16,32,64", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--paths", default="eager,compiled", show_default=True, help=f"Comma-separated, of {', '.join(PATHS)}.")
 @click.option("--timeout", default=1800.0, show_default=True, help="Seconds one arm may run.")
+@click.option("--settle", default=10.0, show_default=True, help="Seconds of pause before each arm (both alike).")
 @click.option(
     "--replay-whole",
     default=None,
@@ -135,7 +140,13 @@ def table(rows: list[dict]) -> Table:
     help="Folder that keeps each `llmb run` arm's whole record (energy, the replay's device and cost).",
 )
 def main(
-    batch_sizes: str, paths: str, timeout: float, replay_whole: float | None, keep_records: str | None, **options
+    batch_sizes: str,
+    paths: str,
+    timeout: float,
+    settle: float,
+    replay_whole: float | None,
+    keep_records: str | None,
+    **options,
 ) -> None:
     """llmb run vs the same loop by hand, per path and batch size; prints the ratios and writes the raw JSON."""
     chosen = [p.strip() for p in paths.split(",") if p.strip()]
@@ -155,7 +166,7 @@ def main(
                 base["replay_whole"] = replay_whole
             if keep_records:
                 base.update(keep_records=keep_records, path=path)
-            measured = point_rounds(arm_specs(base, path, options["threads"]), options["rounds"], timeout)
+            measured = point_rounds(arm_specs(base, path, options["threads"]), options["rounds"], timeout, settle)
             raw += measured
             row = summary_row(path, batch, measured)
             rows.append(row)
