@@ -15,6 +15,7 @@ the table prints the median of the per-round ratios and their range (the noise).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import statistics
 import time
 
@@ -23,6 +24,7 @@ from common import RAW, base_spec, command_line, console, load, machine, print_m
 from rich.table import Table
 
 from llmb.records.result_files import write_json_atomic
+from llmb.spec.presets import build_config
 
 GOAL = 0.98
 # Each path as the plugin's settings (what `llmb run -O` takes and the hand loop applies the same way) and mode.
@@ -49,6 +51,12 @@ def arm_specs(base: dict, path: str, threads: int) -> dict[str, dict]:
         "llmb run": {**spec, "arm": "llmb_cli"},
         "hand": {**spec, "arm": "hand_path", "optimizer_options": plugin_optimizer_options(spec, settings)},
     }
+
+
+def window_steps(options: dict, batch: int, min_tokens: int) -> int:
+    """--steps, or more where a window of that many steps would hold fewer than ``min_tokens`` tokens."""
+    sequence = build_config(options["preset"]).sequence_length
+    return max(options["steps"], math.ceil(min_tokens / (batch * sequence)))
 
 
 def point_rounds(arms: dict[str, dict], rounds: int, timeout: float, settle: float = 0.0) -> list[dict]:
@@ -125,6 +133,14 @@ def table(rows: list[dict]) -> Table:
 @click.option("--batch-sizes", default="1,2,4,8,16,32,64", show_default=True, help="Comma-separated batch sizes.")
 @click.option("--paths", default="eager,compiled", show_default=True, help=f"Comma-separated, of {', '.join(PATHS)}.")
 @click.option("--timeout", default=1800.0, show_default=True, help="Seconds one arm may run.")
+@click.option(
+    "--min-window-tokens",
+    default=0,
+    show_default=True,
+    type=int,
+    help="Lengthen a point's window to at least this many tokens (steps = max(--steps, tokens / (batch x sequence))): "
+    "at small batches a 4-step window lasts 2 s on a CPU, shorter than the host's own stalls.",
+)
 @click.option("--settle", default=10.0, show_default=True, help="Seconds of pause before each arm (both alike).")
 @click.option(
     "--replay-whole",
@@ -144,6 +160,7 @@ def main(
     paths: str,
     timeout: float,
     settle: float,
+    min_window_tokens: int,
     replay_whole: float | None,
     keep_records: str | None,
     **options,
@@ -161,7 +178,8 @@ def main(
     out = RAW / f"fidelity-{stamp}.json"
     for path in chosen:
         for batch in sizes:
-            base = base_spec(**{**options, "batch_size": batch})
+            steps = window_steps(options, batch, min_window_tokens)
+            base = base_spec(**{**options, "batch_size": batch, "steps": steps})
             if replay_whole is not None:
                 base["replay_whole"] = replay_whole
             if keep_records:

@@ -278,3 +278,13 @@ def test_fidelity_pairs_llmb_run_with_the_same_path_by_hand_and_ratios_per_round
     row = fidelity.summary_row("compiled", 2, measured)
     assert row["ratio"] == pytest.approx(1.01) and row["ratio_range"] == pytest.approx([0.99, 1.03])
     assert row["rounds"] == 2 and row["errors"] == ["exit 1: boom"]
+
+
+def test_fidelity_lengthens_short_windows_to_the_token_floor_and_never_shortens(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import fidelity
+
+    options = {"preset": "small", "steps": 4}  # small: 256 tokens per sequence
+    assert [fidelity.window_steps(options, batch, 24576) for batch in (1, 4, 16, 64)] == [96, 24, 6, 4]
+    assert fidelity.window_steps(options, 1, 0) == 4  # no floor: --steps as given
+    assert fidelity.window_steps({**options, "steps": 200}, 1, 24576) == 200
