@@ -272,6 +272,7 @@ def run_hand_path(spec: dict) -> dict:
     result = plain_loop(step, device, spec["warmup_steps"], spec["steps"])
     result["peak_memory_bytes"] = peak_memory(device)
     result["optimizer"] = {k: optimizer.defaults.get(k) for k in ("foreach", "fused")}
+    result["malloc_library"] = host_memory.malloc_library()  # a preloaded allocator, as llmb's record states it
     return result
 
 
@@ -330,6 +331,7 @@ def run_llmb_cli(spec: dict) -> dict:
         "worker_waited_seconds": (replay.get("initial_model") or {}).get("worker_waited_seconds"),
         "replay_peak_rss_bytes": replay.get("peak_rss_bytes"),
         "command_wall_seconds": wall,
+        "host_allocator": (record.get("facts") or {}).get("host_allocator"),
     }
 
 

@@ -74,8 +74,9 @@ def interleave_option(default: int, help: str) -> Callable:
     return click.option("--interleave-steps", default=default, show_default=True, type=int, help=help)
 
 
-def run_arm(spec: dict, timeout: float | None = None) -> dict:
-    """Run one arm in a fresh interpreter; return its measurement with the load before and after."""
+def run_arm(spec: dict, timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
+    """Run one arm in a fresh interpreter (``env`` added to this process's environment); return its measurement with
+    the load before and after."""
     before, started = load(), time.perf_counter()
     out = {"spec": spec, "load_before": before}
     # Its own process group: an arm that times out goes with every process it started (`llmb run`'s worker and judge
@@ -86,6 +87,7 @@ def run_arm(spec: dict, timeout: float | None = None) -> dict:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env={**os.environ, **env} if env else None,
     ) as child:
         try:
             stdout, stderr = child.communicate(timeout=timeout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import statistics
 import time
 
@@ -59,7 +60,9 @@ def window_steps(options: dict, batch: int, min_tokens: int) -> int:
     return max(options["steps"], math.ceil(min_tokens / (batch * sequence)))
 
 
-def point_rounds(arms: dict[str, dict], rounds: int, timeout: float, settle: float = 0.0) -> list[dict]:
+def point_rounds(
+    arms: dict[str, dict], rounds: int, timeout: float, settle: float = 0.0, env: dict[str, str] | None = None
+) -> list[dict]:
     """`rounds` rounds, the arms alternating (their order flipped every round). Each arm starts after `settle` seconds
     of pause, so that no arm begins while the kernel still reclaims the previous arm's memory (at batch 64 a process
     of 10-16 GB has just exited): the same pause for both arms."""
@@ -68,7 +71,7 @@ def point_rounds(arms: dict[str, dict], rounds: int, timeout: float, settle: flo
         order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
         for label, spec in order:
             time.sleep(settle)
-            result = run_arm(spec, timeout)
+            result = run_arm(spec, timeout, env)
             result.update(label=label, round=index)
             measured.append(result)
     return measured
@@ -141,6 +144,14 @@ def table(rows: list[dict]) -> Table:
     help="Lengthen a point's window to at least this many tokens (steps = max(--steps, tokens / (batch x sequence))): "
     "at small batches a 4-step window lasts 2 s on a CPU, shorter than the host's own stalls.",
 )
+@click.option(
+    "--preload",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A malloc library (tcmalloc, jemalloc) preloaded into both arms (LD_PRELOAD), `llmb run`'s worker included; "
+    "its record states it (facts.host_allocator). On a VM that reports freed pages to its host, glibc's defaults "
+    "make every step fault its large blocks in anew, the largest source of step-to-step noise on the CPU.",
+)
 @click.option("--settle", default=10.0, show_default=True, help="Seconds of pause before each arm (both alike).")
 @click.option(
     "--replay-whole",
@@ -161,6 +172,7 @@ def main(
     timeout: float,
     settle: float,
     min_window_tokens: int,
+    preload: str | None,
     replay_whole: float | None,
     keep_records: str | None,
     **options,
@@ -174,6 +186,8 @@ def main(
     info = machine()
     print_machine(info)
     rows, raw = [], []
+    env = {"LD_PRELOAD": os.path.realpath(preload)} if preload else None
+    info["preload"] = env["LD_PRELOAD"] if env else None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = RAW / f"fidelity-{stamp}.json"
     for path in chosen:
@@ -184,7 +198,7 @@ def main(
                 base["replay_whole"] = replay_whole
             if keep_records:
                 base.update(keep_records=keep_records, path=path)
-            measured = point_rounds(arm_specs(base, path, options["threads"]), options["rounds"], timeout, settle)
+            measured = point_rounds(arm_specs(base, path, options["threads"]), options["rounds"], timeout, settle, env)
             raw += measured
             row = summary_row(path, batch, measured)
             rows.append(row)

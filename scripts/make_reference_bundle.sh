@@ -24,16 +24,20 @@ if [ -z "$results" ]; then
     done
 else
     # Repackaging: the note describes the runs that are there, not this script's defaults.
-    read -r PRESET STEPS < <(python -c '
+    # ... and the processor they ran on, not the one repackaging them.
+    read -r PRESET STEPS PROCESSOR < <(python -c '
 import json, pathlib, sys
 record = next(json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).rglob("*.json"))
               if "tokens_per_second" in p.read_text())
-print(record["preset"], record["steps"])' "$results")
+print(record["preset"], record["steps"], json.dumps(record["device"]["name"]))' "$results")
 fi
 NOTE=${NOTE:-"Reference bundle: the $PRESET preset on the host CPU, $STEPS measured steps per run. Not the official shape: at the official shape FP32 AdamW needs about 23 GB and a step takes tens of seconds on this 2-core CPU."}
 system_file=$(mktemp)
+processor_field=""
+[ -n "${PROCESSOR:-}" ] && processor_field="\"host_processor_model_name\": $PROCESSOR,"
 cat > "$system_file" <<JSON
 {"status": "reference (not a product)", "accelerator_interconnect": "N/A", "cooling": "N/A",
+ $processor_field
  "hw_notes": "${HW_NOTES:-the machine the reference bundle was made on}"}
 JSON
 llmb package-submission --submitter llmb --system "$NAME" --results "$results" --out "$OUT" \

@@ -3,7 +3,9 @@ faults of a later allocation, in a fresh process each (mallopt is process-wide a
 
 from __future__ import annotations
 
+import ctypes.util
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -96,3 +98,50 @@ def test_the_cpu_plugin_keeps_only_when_asked_and_says_so_in_its_facts(monkeypat
     finally:
         torch.set_num_threads(threads)
     assert asked == [True, False]
+
+
+# A malloc replacement this machine has (Debian's libtcmalloc-minimal4 or libjemalloc2; .ci/run installs the first).
+PRELOADABLE = next(
+    (path for name in ("tcmalloc_minimal", "tcmalloc", "jemalloc") if (path := ctypes.util.find_library(name))), None
+)
+STATES = "import json; from llmb.toolkit import host_memory as h; " + (
+    "print(json.dumps([h.malloc_library(), h.keep_freed_memory(False), h.keep_freed_memory(True)]))"
+)
+
+
+def allocator_states(preload: str | None) -> list:
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    if preload:
+        env["LD_PRELOAD"] = preload
+    done = subprocess.run(
+        [sys.executable, "-c", STATES], capture_output=True, text=True, timeout=120, check=True, env=env
+    )
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(not GLIBC, reason="the C library's own malloc is read from glibc")
+def test_the_c_librarys_own_malloc_is_no_preloaded_allocator():
+    library, default, kept = allocator_states(None)
+    assert library is None and default == host_memory.DEFAULT and kept == host_memory.KEPT
+
+
+@pytest.mark.skipif(
+    not (GLIBC and PRELOADABLE), reason="no tcmalloc or jemalloc installed to preload (apt: libtcmalloc-minimal4)"
+)
+def test_a_preloaded_allocator_is_named_by_the_address_malloc_resolves_to():
+    library, default, kept = allocator_states(PRELOADABLE)
+    # find_library gives a soname; the dynamic linker's mapping is the file it resolved to.
+    assert library is not None and os.path.basename(library).startswith(PRELOADABLE.split(".so")[0])
+    assert os.path.exists(library)
+    assert default.startswith(os.path.basename(library)) and "preloaded" in default
+    # glibc's mallopt does not reach another allocator: the record says so rather than claiming kept memory.
+    assert kept != host_memory.KEPT and "not applied" in kept
+
+
+def test_a_name_in_ld_preload_that_does_not_replace_malloc_is_not_taken_at_its_word():
+    # libm exports no malloc: preloaded, it leaves the C library's malloc in place, and llmb says so.
+    libm = ctypes.util.find_library("m")
+    if not (GLIBC and libm):
+        pytest.skip("needs glibc's libm")
+    library, default, _ = allocator_states(libm)
+    assert library is None and default == host_memory.DEFAULT
