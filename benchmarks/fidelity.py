@@ -60,13 +60,30 @@ def window_steps(options: dict, batch: int, min_tokens: int) -> int:
     return max(options["steps"], math.ceil(min_tokens / (batch * sequence)))
 
 
+def compiles(arms: dict[str, dict]) -> bool:
+    """Whether the point's path compiles the model (its arms then share Inductor's on-disk cache)."""
+    return any(spec["settings"].get("compile", "none") != "none" for spec in arms.values())
+
+
+def warm_compile(arms: dict[str, dict], timeout: float, env: dict[str, str] | None = None) -> dict:
+    """One untimed hand-loop process of the point's shapes (one warmup step, one step), so that Inductor's on-disk
+    cache holds the point's graphs before either measured arm starts. Without it the point's first arm (llmb's, in
+    round 0) compiled cold: 22.7 s of compile against 2.0-2.2 s for every later arm, and its steps ran 5% slower
+    (RESULTS.md section 19, compiled batch 1). Its figures are kept in the raw file, labelled, and never compared."""
+    spec = {**arms["hand"], "steps": 1, "warmup_steps": 1}
+    result = run_arm(spec, timeout, env)
+    result.update(label="warm compile", round=-1)
+    return result
+
+
 def point_rounds(
     arms: dict[str, dict], rounds: int, timeout: float, settle: float = 0.0, env: dict[str, str] | None = None
 ) -> list[dict]:
     """`rounds` rounds, the arms alternating (their order flipped every round). Each arm starts after `settle` seconds
     of pause, so that no arm begins while the kernel still reclaims the previous arm's memory (at batch 64 a process
-    of 10-16 GB has just exited): the same pause for both arms."""
-    measured = []
+    of 10-16 GB has just exited): the same pause for both arms. A compiled point first warms the compile cache
+    (warm_compile), so that neither arm is the one that compiles cold."""
+    measured = [warm_compile(arms, timeout, env)] if compiles(arms) else []
     for index in range(rounds):
         order = list(arms.items()) if index % 2 == 0 else list(reversed(arms.items()))
         for label, spec in order:

@@ -280,6 +280,30 @@ def test_fidelity_pairs_llmb_run_with_the_same_path_by_hand_and_ratios_per_round
     assert row["rounds"] == 2 and row["errors"] == ["exit 1: boom"]
 
 
+def test_fidelity_warms_the_compile_cache_before_a_compiled_point_and_never_compares_it(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import fidelity
+
+    ran = []
+
+    def fake_run_arm(spec, timeout=None, env=None):  # records the order; no process is started
+        ran.append((spec["arm"], spec["steps"], spec["warmup_steps"]))
+        return {"tokens_per_second": 1.0 if spec["steps"] == 1 else 100.0}
+
+    monkeypatch.setattr(fidelity, "run_arm", fake_run_arm)
+    base = {"preset": "tiny", "batch_size": 2, "precision": "FP32", "mode": "pure", "device": "cpu", "steps": 3,
+            "warmup_steps": 2, "seed": 0, "threads": 1, "plugin": "cpu"}  # fmt: skip
+    measured = fidelity.point_rounds(fidelity.arm_specs(base, "compiled", threads=1), rounds=2, timeout=1.0)
+    # The warm-up is the hand loop's shapes, one step, before round 0's first arm (llmb's).
+    assert ran[0] == ("hand_path", 1, 1) and ran[1] == ("llmb_cli", 3, 2)
+    assert [m["label"] for m in measured] == ["warm compile", "llmb run", "hand", "hand", "llmb run"]
+    row = fidelity.summary_row("compiled", 2, measured)
+    assert row["ratio"] == pytest.approx(1.0) and row["hand_tokens_per_second"] == pytest.approx(100.0)
+    ran.clear()
+    fidelity.point_rounds(fidelity.arm_specs(base, "eager", threads=1), rounds=1, timeout=1.0)
+    assert [arm for arm, _, _ in ran] == ["llmb_cli", "hand_path"]  # nothing compiles: no warm-up
+
+
 def test_fidelity_lengthens_short_windows_to_the_token_floor_and_never_shortens(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import fidelity
