@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from llmb.api.errors import LlmbError
 from llmb.audit import evidence, precision
-from llmb.judge import replay
+from llmb.judge import hardware, replay
 from llmb.records import RecordError, Result, energy, median_index
 from llmb.spec import flops
 from llmb.spec import peak_table as peaks
@@ -229,8 +229,11 @@ def finish(
         if len(window["losses"]) != steps:
             invalid.append(f"judge: window {index + 1} answered {len(window['losses'])} losses for {steps} steps")
     record = dict(record)
-    # The peak behind the MFU, chosen here again: the worker's choice (and its reasons) crossed the link as its word.
-    record["peak"], problems = judged_peak(record)
+    # The device's name as the judge reads it where it can, then the peak behind the MFU, chosen here again: the
+    # worker's choice (and its reasons) crossed the link as its word.
+    record["device"], known, problems = judged_device(record)
+    invalid += problems
+    record["peak"], problems = judged_peak(record, known)
     invalid += [problem for problem in problems if problem not in invalid]
     if closed:
         seconds = [w.seconds for w in closed]
@@ -296,17 +299,32 @@ def _sealed(result, record: dict, invalid: list[str]):
     return type(result).from_dict(record) if hasattr(result, "to_dict") else record
 
 
-def judged_peak(record: dict) -> tuple[dict, list[str]]:
+def judged_device(record: dict) -> tuple[dict, bool, list[str]]:
+    """The record's device with the name the judge reads for it where it can read this host's devices through torch
+    (llmb.judge.hardware), whether the name is known (False: the judge read this host's devices and could not tell
+    which of them ran; the plugin's name stays and no peak is used), and what is wrong with the plugin's name.
+    Elsewhere the name stays the plugin's word."""
+    device = dict(record.get("device") or {})
+    name, problems = hardware.judged_device_name(device.get("spec"), str(device.get("name") or ""))
+    if name is not None:
+        device["name"] = name
+    return device, name is not None, problems
+
+
+def judged_peak(record: dict, known: bool = True) -> tuple[dict, list[str]]:
     """The record's peak as llmb's table gives it for the record's device name and label, with the plugin's
     declaration only where the table lacks the device (llmb.spec.peak_table.choose, as the worker's record.choose_peak
     calls it), and every problem with it: a peak the worker's record carries that is not this one is named. The
-    device name and the declaration stay the plugin's word (docs/integrity.md, section 6)."""
+    device name is the judge's (judged_device, before this) and the declaration stays the plugin's word
+    (docs/integrity.md, section 6)."""
     said = record.get("peak") if isinstance(record.get("peak"), dict) else {}
     name = str((record.get("device") or {}).get("name") or "")
     effective = str((record.get("precision") or {}).get("effective") or "")
     declared = _number(said.get("declared_flops"))
     declared = declared if effective in precision.PRECISIONS and math.isfinite(declared) and declared > 0 else None
     source = said.get("source") if said.get("origin") == peaks.ORIGIN_DECLARED else None
+    if not known:  # the judge read this host's devices and could not tell which one ran: no peak
+        return peaks.PeakChoice(None, None, None, (), declared).to_dict(), []
     choice = peaks.choose(name, effective, declared, source if isinstance(source, str) else None)
     peak = choice.to_dict()
     problems = list(choice.problems)

@@ -11,6 +11,7 @@ run invalid (a lower denominator would only inflate MFU). An MFU above 100% is i
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -138,6 +139,18 @@ def matches(device_name: str, table: tuple[PeakEntry, ...] = TABLE) -> list[Peak
     return [entry for entry in table if entry.matches(device_name)]
 
 
+def hidden_characters(device_name: str) -> list[str]:
+    """The characters of a device name that a reader cannot tell apart from plain ASCII or cannot see at all (a
+    Cyrillic or Greek look-alike, a fullwidth letter, a zero-width space, a control character), each as
+    "U+041D CYRILLIC CAPITAL LETTER EN at 7". Vendors' device names are printable ASCII; a name spelt otherwise can
+    miss every row of the table while it reads, in every report, as a device the table has."""
+    return [
+        f"U+{ord(char):04X} {unicodedata.name(char, 'unnamed')} at {index}"
+        for index, char in enumerate(device_name)
+        if not (char.isascii() and char.isprintable())
+    ]
+
+
 def choose(
     device_name: str, precision: str, declared: float | None = None, declared_source: str | None = None
 ) -> PeakChoice:
@@ -145,7 +158,9 @@ def choose(
 
     A name that matches more than one row is never resolved, least of all by the plugin's declaration: the run has
     no peak and is invalid, naming the rows (a plugin could otherwise pick its name so that its own low figure is
-    used). A declared peak below any row the name matches is invalid too."""
+    used). A declared peak below any row the name matches is invalid too. A name that matches no row takes the
+    plugin's declaration only where it is spelt in printable ASCII (hidden_characters): a look-alike or invisible
+    character would let a device the table has read as itself while its declared low peak is used."""
     declared = float(declared) if declared else None
     found = matches(device_name)
     problems = []
@@ -170,6 +185,14 @@ def choose(
         return PeakChoice(known, entry.source, ORIGIN_TABLE, tuple(problems), declared)
     if declared is None:
         return PeakChoice(None, None, None)
+    hidden = hidden_characters(device_name)
+    if hidden:
+        problem = (
+            f"peak: the device name {device_name!r} matches no row of llmb's peak table and holds characters that "
+            f"are not printable ASCII ({'; '.join(hidden[:3])}{'; ...' if len(hidden) > 3 else ''}): the plugin's "
+            "declared peak is not used for it"
+        )
+        return PeakChoice(None, None, None, (problem,), declared)
     if not (declared_source or "").strip():
         return PeakChoice(None, None, None, (), declared)  # no source, no MFU: nobody could check it
     return PeakChoice(declared, declared_source, ORIGIN_DECLARED, (), declared)

@@ -173,6 +173,9 @@ def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
     elif recorded is not None:
         if r.peak.origin != peaks.ORIGIN_DECLARED or not (r.peak.source or "").strip():
             problems.append(f"peak {recorded!r} for a device llmb's table lacks, not marked declared by plugin")
+        if peaks.hidden_characters(r.device.name):
+            problems.append(f"peak {recorded!r} declared for a device name spelt with characters that are not "
+                            "printable ASCII: no declared peak may be used")  # fmt: skip
     return problems
 
 

@@ -88,6 +88,20 @@ def test_a_peak_claimed_from_the_table_for_a_device_it_lacks_is_refused(bundle):
     assert "not marked declared by plugin" in found["peak and MFU"], found
 
 
+def test_a_declared_peak_for_a_name_spelt_with_a_look_alike_character_is_refused(bundle):
+    """The forger renames the device (Cyrillic EN for the H of H100: it reads as the table's H100 and matches no row)
+    and declares a peak for it, every figure redone; verify refuses a declaration for such a name."""
+
+    def forge(record):
+        record["device"]["name"] = "NVIDIA \u041d100 80GB HBM3"
+        _declare_peak(record, 1e12, "declared by plugin")
+
+    for path in results(bundle):
+        edit_json(path, forge)
+    found = failing(bundle)
+    assert "not printable ASCII" in found["peak and MFU"], found
+
+
 def test_a_changed_learning_rate_in_the_record_is_refused(bundle):
     for path in results(bundle):
         edit_json(path, lambda r: r["optimizer"]["defaults"].update(lr=1e-3))

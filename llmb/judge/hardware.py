@@ -1,0 +1,50 @@
+"""What the judge reads of the run's hardware itself, through torch's public device APIs in its own process (which
+imported no plugin): the names of this host's devices of a type torch drives alone. A plugin names its device in
+the worker, and that name picks the row of llmb's peak table (the MFU's denominator); where the judge can read the
+names itself, the plugin's word is held to them."""
+
+from __future__ import annotations
+
+import torch
+
+from llmb.judge.replay import NATIVE_REPLAY_DEVICE_TYPES
+
+
+def device_names(spec: str | None) -> list[str] | None:
+    """The names of this host's devices of the run's device type (index order), as torch gives them to this process;
+    None where it cannot say: a type only a plugin's library drives (xla, a vendor's own), the CPU (whose rows the
+    table has none of, and whose name the cpu plugin reads from the OS as the judge would), none visible here, or a
+    driver that fails to answer."""
+    try:
+        kind = torch.device(spec or "cpu").type
+    except (RuntimeError, ValueError, TypeError):
+        return None
+    if kind not in NATIVE_REPLAY_DEVICE_TYPES:
+        return None
+    module = getattr(torch, kind, None)
+    try:
+        if module is None or not module.is_available():
+            return None
+        names = [str(module.get_device_name(index)) for index in range(int(module.device_count()))]
+    except Exception:  # a driver that fails to answer (or a torch without the call) says nothing
+        return None
+    return names or None
+
+
+def judged_device_name(spec: str | None, said: str) -> tuple[str | None, list[str]]:
+    """The device name the peak is chosen by, and what is wrong with the plugin's: the plugin's own where the judge
+    cannot read the host's devices or where it names one of them; otherwise the judge's reading (the device at the
+    run's index, or the one name every device here has), with a problem naming both. None: the judge cannot tell
+    which of this host's devices ran, so no peak is used."""
+    seen = device_names(spec)
+    if not seen or said in seen:
+        return said, []
+    index = torch.device(spec).index or 0
+    judged = seen[index] if index < len(seen) else (seen[0] if len(set(seen)) == 1 else None)
+    kind = torch.device(spec).type
+    named = ", ".join(repr(name) for name in dict.fromkeys(seen))
+    return judged, [
+        f"device: the plugin names its device {said!r}, which is none of this host's {kind} devices as torch names "
+        f"them to the judge ({named}); the peak is chosen for "
+        + (repr(judged) if judged is not None else "none of them (no peak is used)")
+    ]
