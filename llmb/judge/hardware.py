@@ -7,24 +7,20 @@ from __future__ import annotations
 
 import torch
 
-from llmb.judge.replay import NATIVE_REPLAY_DEVICE_TYPES
+from llmb.judge.replay import replay_device
 
 
 def device_names(spec: str | None) -> list[str] | None:
     """The names of this host's devices of the run's device type (index order), as torch gives them to this process;
-    None where it cannot say: a type only a plugin's library drives (xla, a vendor's own), the CPU (whose rows the
-    table has none of, and whose name the cpu plugin reads from the OS as the judge would), none visible here, or a
-    driver that fails to answer."""
-    try:
-        kind = torch.device(spec or "cpu").type
-    except (RuntimeError, ValueError, TypeError):
+    None where it cannot say. Where the judge could replay on the run's own device (llmb.judge.replay.replay_device:
+    a type torch drives alone, seen here) it can read the names; elsewhere it cannot: a type only a plugin's library
+    drives (xla, a vendor's own), the CPU (whose rows the table has none of, and whose name the cpu plugin reads from
+    the OS as the judge would), none visible here. A driver that fails to answer says nothing either."""
+    device = replay_device(spec)
+    if device.type == "cpu":
         return None
-    if kind not in NATIVE_REPLAY_DEVICE_TYPES:
-        return None
-    module = getattr(torch, kind, None)
+    module = getattr(torch, device.type)
     try:
-        if module is None or not module.is_available():
-            return None
         names = [str(module.get_device_name(index)) for index in range(int(module.device_count()))]
     except Exception:  # a driver that fails to answer (or a torch without the call) says nothing
         return None
@@ -39,12 +35,12 @@ def judged_device_name(spec: str | None, said: str) -> tuple[str | None, list[st
     seen = device_names(spec)
     if not seen or said in seen:
         return said, []
-    index = torch.device(spec).index or 0
+    device = torch.device(spec)  # a device torch parsed already (device_names read its type's names)
+    index = device.index or 0
     judged = seen[index] if index < len(seen) else (seen[0] if len(set(seen)) == 1 else None)
-    kind = torch.device(spec).type
     named = ", ".join(repr(name) for name in dict.fromkeys(seen))
     return judged, [
-        f"device: the plugin names its device {said!r}, which is none of this host's {kind} devices as torch names "
-        f"them to the judge ({named}); the peak is chosen for "
+        f"device: the plugin names its device {said!r}, which is none of this host's {device.type} devices as torch "
+        f"names them to the judge ({named}); the peak is chosen for "
         + (repr(judged) if judged is not None else "none of them (no peak is used)")
     ]
