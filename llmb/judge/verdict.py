@@ -325,7 +325,11 @@ def judged_peak(record: dict, known: bool = True) -> tuple[dict, list[str]]:
     source = said.get("source") if said.get("origin") == peaks.ORIGIN_DECLARED else None
     if not known:  # the judge read this host's devices and could not tell which one ran: no peak
         return peaks.PeakChoice(None, None, None, (), declared).to_dict(), []
-    choice = peaks.choose(name, effective, declared, source if isinstance(source, str) else None)
+    # The matmul rate the run measured on its device after the window (llmb.run.roofline): a declaration below it
+    # is no ceiling. The worker's figure; one lowered to pass this meets the model GEMM rate above it (a warning).
+    measured = _number(record.get("measured_matmul_peak"))
+    measured = measured if math.isfinite(measured) and measured > 0 else None
+    choice = peaks.choose(name, effective, declared, source if isinstance(source, str) else None, measured)
     peak = choice.to_dict()
     problems = list(choice.problems)
     if (said.get("flops"), said.get("origin")) != (peak["flops"], peak["origin"]):

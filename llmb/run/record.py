@@ -79,7 +79,7 @@ def build_record(
     tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
     backend = plugin.backend
     device_name = str(call(backend.device_name, device))
-    peak = choose_peak(plugin.name, backend, device, device_name, effective)
+    peak = choose_peak(plugin.name, backend, device, device_name, effective, matmul.peak_flops if matmul else None)
     mfu = flops.mfu(tflops, peak.flops)
     invalid = [*invalid, *peak.problems, *peaks.mfu_problems(mfu)]
     debug = official_reasons(config)
@@ -175,15 +175,17 @@ def _jsonable(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def choose_peak(name: str, backend, device: torch.device, device_name: str, effective: str) -> peaks.PeakChoice:
+def choose_peak(
+    name: str, backend, device: torch.device, device_name: str, effective: str, measured: float | None = None
+) -> peaks.PeakChoice:
     """llmb's table peak for the device and the label; the backend's declared llmb.Peak only where the table lacks
-    the device (llmb.spec.peak_table.choose)."""
+    the device, and never below `measured`, the matmul rate the run measured on it (llmb.spec.peak_table.choose)."""
     declared = call(backend.peak_flops, device, effective) if effective in precision.PRECISIONS else None
     if declared is not None and not isinstance(declared, Peak):
         raise LlmbError(f"backend {name!r}: peak_flops must return llmb.Peak(flops, source) or None")
     if declared is None:
         return peaks.choose(device_name, effective)
-    return peaks.choose(device_name, effective, declared.flops, declared.source)
+    return peaks.choose(device_name, effective, declared.flops, declared.source, measured)
 
 
 def _memory_bytes(value) -> int | None:

@@ -5,7 +5,9 @@ really ran (the audit's label). Figures are dense (sparse 2:4 figures are twice 
 device, each with its public source. A plugin may declare a peak (its backend's `peak_flops`) only for a device
 this table lacks; such a peak is recorded and reported as "declared by plugin" with the plugin's source. For a
 device in the table the table's figure is used, and a plugin that declares a lower one than the table's makes the
-run invalid (a lower denominator would only inflate MFU). An MFU above 100% is invalid whatever the peak's origin.
+run invalid (a lower denominator would only inflate MFU). A declared peak below the matmul rate the run measured on
+the device (a ceiling under what ran) makes it invalid too, and an MFU above 100% is invalid whatever the peak's
+origin.
 """
 
 from __future__ import annotations
@@ -151,8 +153,23 @@ def hidden_characters(device_name: str) -> list[str]:
     ]
 
 
+def below_measured(device_name: str, precision: str, declared: float | None, measured: float | None) -> list[str]:
+    """A declared peak is a ceiling: one below the dense matmul rate the device's own GEMMs reached in the same run
+    (llmb.run.roofline, synchronised, median of repeats) is not the device's peak, whatever its source says."""
+    if declared is None or not measured or not declared < measured:
+        return []
+    return [
+        f"peak: the plugin declared {declared:.4g} FLOP/s for {device_name} {precision}, below the {measured:.4g} "
+        "FLOP/s its matmuls reached in this run (llmb's roofline): a peak is a ceiling, not a figure under what ran"
+    ]
+
+
 def choose(
-    device_name: str, precision: str, declared: float | None = None, declared_source: str | None = None
+    device_name: str,
+    precision: str,
+    declared: float | None = None,
+    declared_source: str | None = None,
+    measured: float | None = None,
 ) -> PeakChoice:
     """The peak for a device and the precision that ran: llmb's table first, a plugin's declaration otherwise.
 
@@ -160,7 +177,9 @@ def choose(
     no peak and is invalid, naming the rows (a plugin could otherwise pick its name so that its own low figure is
     used). A declared peak below any row the name matches is invalid too. A name that matches no row takes the
     plugin's declaration only where it is spelt in printable ASCII (hidden_characters): a look-alike or invisible
-    character would let a device the table has read as itself while its declared low peak is used."""
+    character would let a device the table has read as itself while its declared low peak is used. A declaration
+    that is used and lies below `measured` (the matmul rate the run measured on the device at this precision) makes
+    the run invalid (below_measured); the figure stays as declared, so the reports show what the plugin said."""
     declared = float(declared) if declared else None
     found = matches(device_name)
     problems = []
@@ -195,7 +214,8 @@ def choose(
         return PeakChoice(None, None, None, (problem,), declared)
     if not (declared_source or "").strip():
         return PeakChoice(None, None, None, (), declared)  # no source, no MFU: nobody could check it
-    return PeakChoice(declared, declared_source, ORIGIN_DECLARED, (), declared)
+    problems = below_measured(device_name, precision, declared, measured)
+    return PeakChoice(declared, declared_source, ORIGIN_DECLARED, tuple(problems), declared)
 
 
 def mfu_problems(mfu: float | None) -> list[str]:

@@ -156,7 +156,7 @@ def loss_problems(b: Bundle, path: str, r: Result) -> list[str]:
 
 def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
     """The peak behind the MFU is llmb's table figure for the device and label, or one declared by the plugin for a
-    device the table lacks (with a source); and no MFU is above 100%."""
+    device the table lacks (with a source, not below the matmul rate the run measured); and no MFU is above 100%."""
     problems = peaks.mfu_problems(r.mfu)
     recorded, label = r.peak.flops, r.precision.effective
     found = peaks.matches(r.device.name)
@@ -173,6 +173,8 @@ def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
     elif recorded is not None:
         if r.peak.origin != peaks.ORIGIN_DECLARED or not (r.peak.source or "").strip():
             problems.append(f"peak {recorded!r} for a device llmb's table lacks, not marked declared by plugin")
+        if r.peak.origin == peaks.ORIGIN_DECLARED:
+            problems += peaks.below_measured(r.device.name, label, recorded, r.measured_matmul_peak)
         if peaks.hidden_characters(r.device.name):
             problems.append(f"peak {recorded!r} declared for a device name spelt with characters that are not "
                             "printable ASCII: no declared peak may be used")  # fmt: skip

@@ -102,6 +102,14 @@ def test_a_declared_peak_for_a_name_spelt_with_a_look_alike_character_is_refused
     assert "not printable ASCII" in found["peak and MFU"], found
 
 
+def test_a_declared_peak_below_the_matmul_rate_the_run_measured_is_refused(bundle):
+    """The forger declares half the matmul rate its own run measured on the device, every figure redone."""
+    for path in results(bundle):
+        edit_json(path, lambda r: _declare_peak(r, 0.5 * r["measured_matmul_peak"], "declared by plugin"))
+    found = failing(bundle)
+    assert "FLOP/s its matmuls reached in this run" in found["peak and MFU"], found
+
+
 def test_a_changed_learning_rate_in_the_record_is_refused(bundle):
     for path in results(bundle):
         edit_json(path, lambda r: r["optimizer"]["defaults"].update(lr=1e-3))

@@ -121,3 +121,49 @@ def test_where_torch_cannot_name_the_device_the_plugins_word_stands():
     for spec in ("cpu", "xla:0"):
         device, known, problems = verdict.judged_device(_record(spec, "NVIDIA H100 80GB HBM3"))
         assert known and not problems and device["name"] == "NVIDIA H100 80GB HBM3"
+
+
+# A name the table lacks, in plain ASCII, with a peak the plugin derives from its own device: half of what a 512x512
+# matmul reaches here. Above the model's achieved rate (so the MFU stays under 100% where this CPU's small GEMMs are
+# slow beside a square one) and below every rate llmb's roofline measures on the device after the window.
+UNDER_ITS_OWN_MATMULS = """
+import time
+
+import torch
+
+
+def _device_name(device):
+    return "Acme A1"
+
+
+def _peak(device, precision):
+    a = torch.randn(512, 512)
+    a @ a
+    start, runs = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.2:
+        a @ a
+        runs += 1
+    return Peak(0.5 * 2 * 512**3 * runs / (time.perf_counter() - start), "the vendor's own measurement")
+"""
+
+
+def test_a_declared_peak_below_what_the_device_just_did_is_invalid(tmp_path):
+    plugin = install(tmp_path / "site", "underpeak", UNDER_ITS_OWN_MATMULS)
+    proc, record = run(plugin, tmp_path, "--plugin", "underpeak")
+    assert record is not None, proc.stderr[-2000:]
+    assert record["valid"] is False
+    declared, measured = record["peak"]["declared_flops"], record["measured_matmul_peak"]
+    assert record["peak"]["origin"] == peaks.ORIGIN_DECLARED and declared < measured, (declared, measured)
+    said = "peak: the plugin declared"
+    assert any(r.startswith(said) and "FLOP/s its matmuls reached in this run" in r for r in record["invalid_reasons"])
+
+
+def test_a_declaration_is_held_to_the_matmul_rate_measured_on_the_device():
+    below = peaks.choose("Acme A1", "BF16", 1e12, "a datasheet", measured=2e12)
+    assert below.flops == 1e12 and below.origin == peaks.ORIGIN_DECLARED  # kept, so the reports show what was said
+    assert any("below the 2e+12 FLOP/s its matmuls reached" in p for p in below.problems), below.problems
+    assert not peaks.choose("Acme A1", "BF16", 3e12, "a datasheet", measured=2e12).problems  # a ceiling above: fine
+    assert not peaks.choose("Acme A1", "BF16", 1e12, "a datasheet").problems  # nothing measured: the word stands
+    # A device in the table keeps the table's figure; the rule is for what only the plugin says.
+    row = peaks.choose("NVIDIA H100 80GB HBM3", "BF16", None, None, measured=2e15)
+    assert row.origin == peaks.ORIGIN_TABLE and not row.problems
