@@ -155,30 +155,28 @@ def loss_problems(b: Bundle, path: str, r: Result) -> list[str]:
 
 
 def peak_problems(b: Bundle, path: str, r: Result) -> list[str]:
-    """The peak behind the MFU is llmb's table figure for the device and label, or one declared by the plugin for a
-    device the table lacks (with a source, not below the matmul rate the run measured); and no MFU is above 100%."""
+    """The peak behind the MFU is the one llmb.spec.peak_table.choose gives for the record's device name, label and
+    the plugin's declaration (with the matmul rate the run measured), as the judge chose it, with every problem that
+    choice names; and no MFU is above 100%."""
     problems = peaks.mfu_problems(r.mfu)
-    recorded, label = r.peak.flops, r.precision.effective
-    found = peaks.matches(r.device.name)
-    entry = found[0] if len(found) == 1 else None
-    if len(found) > 1:
-        rows = ", ".join(row.label for row in found)
-        problems.append(f"device name matches {len(found)} rows of llmb's peak table ({rows}): no peak may be used")
-        if recorded is not None:
-            problems.append(f"peak {recorded!r} used for an ambiguous device name")
-    elif entry is not None:
-        known = entry.peaks.get(label)
-        if recorded != known:
-            problems.append(f"peak {recorded!r} for {entry.label} {label}, llmb's table says {known!r}")
+    recorded, origin, label, name = r.peak.flops, r.peak.origin, r.precision.effective, r.device.name
+    # What the plugin declared; a record from before declared_flops was kept has only its figure, marked declared.
+    declared = r.peak.declared_flops or (recorded if origin == peaks.ORIGIN_DECLARED else None)
+    choice = peaks.choose(name, label, declared, r.peak.source, r.measured_matmul_peak)
+    if (recorded, origin) == (choice.flops, choice.origin):
+        pass
+    elif choice.origin == peaks.ORIGIN_TABLE:
+        row = peaks.match(name)  # the one row a table peak comes from
+        problems.append(f"peak {recorded!r} for {row.label} {label}, llmb's table says {choice.flops!r}")
+    elif choice.origin == peaks.ORIGIN_DECLARED and origin != peaks.ORIGIN_DECLARED:
+        problems.append(f"peak {recorded!r} for a device llmb's table lacks, not marked declared by plugin")
+    elif choice.origin == peaks.ORIGIN_DECLARED:
+        problems.append(f"peak {recorded!r}, where the plugin declared {choice.flops!r}")
+    elif declared is not None and not (r.peak.source or "").strip():
+        problems.append(f"peak {recorded!r} declared without a source: no MFU may use it")
     elif recorded is not None:
-        if r.peak.origin != peaks.ORIGIN_DECLARED or not (r.peak.source or "").strip():
-            problems.append(f"peak {recorded!r} for a device llmb's table lacks, not marked declared by plugin")
-        if r.peak.origin == peaks.ORIGIN_DECLARED:
-            problems += peaks.below_measured(r.device.name, label, recorded, r.measured_matmul_peak)
-        if peaks.hidden_characters(r.device.name):
-            problems.append(f"peak {recorded!r} declared for a device name spelt with characters that are not "
-                            "printable ASCII: no declared peak may be used")  # fmt: skip
-    return problems
+        problems.append(f"peak {recorded!r} used where llmb's peak table and the plugin's declaration give none")
+    return problems + [problem.removeprefix("peak: ") for problem in choice.problems]
 
 
 def optimizer_record_problems(b: Bundle, path: str, r: Result) -> list[str]:

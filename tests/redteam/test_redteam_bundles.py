@@ -15,6 +15,7 @@ import pytest
 from llmb import verify
 from llmb.bundle import manifest
 from llmb.records import Result
+from llmb.spec import peak_table as peaks
 from llmb.submit import package as submission
 
 REFERENCE = Path(__file__).resolve().parents[2] / "submissions" / "llmb" / "cpu-reference"
@@ -108,6 +109,35 @@ def test_a_declared_peak_below_the_matmul_rate_the_run_measured_is_refused(bundl
         edit_json(path, lambda r: _declare_peak(r, 0.5 * r["measured_matmul_peak"], "declared by plugin"))
     found = failing(bundle)
     assert "FLOP/s its matmuls reached in this run" in found["peak and MFU"], found
+
+
+def test_a_low_declaration_kept_under_a_table_figure_is_refused(bundle):
+    """The forger names a device the table has, records the table's figure as the peak and keeps its own low
+    declaration beside it, the run's invalid reasons dropped: verify chooses the peak as the judge does and names
+    the declaration under the row."""
+
+    def forge(record):
+        record["device"]["name"] = "NVIDIA H100 80GB HBM3"
+        known = peaks.match("NVIDIA H100 80GB HBM3").peaks[record["precision"]["effective"]]
+        record["peak"] = {"flops": known, "source": "x", "origin": peaks.ORIGIN_TABLE, "declared_flops": 1e12}
+        record["mfu"] = record["tflops"] * 1e12 / known
+
+    for path in results(bundle):
+        edit_json(path, forge)
+    found = failing(bundle)
+    assert "below llmb's table entry" in found["peak and MFU"], found
+
+
+def test_a_peak_recorded_for_an_ambiguous_name_is_refused(bundle):
+    def forge(record):
+        record["device"]["name"] = "NVIDIA H100 80GB HBM3 A100"  # an H100 row and an A100 row
+        _declare_peak(record, 1e16, "declared by plugin")  # above both rows: only the ambiguity is wrong
+
+    for path in results(bundle):
+        edit_json(path, forge)
+    found = failing(bundle)
+    assert "used where llmb's peak table and the plugin's declaration give none" in found["peak and MFU"], found
+    assert "matches 2 rows" in found["peak and MFU"], found
 
 
 def test_a_changed_learning_rate_in_the_record_is_refused(bundle):
