@@ -82,10 +82,13 @@ def plain_loop(step, device: torch.device, warmup_steps: int, steps: int) -> dic
     """The steps synchronised once before and once after, nothing inside.
 
     On the CPU eager kernels have finished when they return, so host timestamps between steps are per-step times
-    at no cost; on an accelerator only the window is timed (no sync inside it).
+    at no cost; on an accelerator only the window is timed (no sync inside it). The warmup steps are stamped the
+    same way on the CPU, so that how each arm settles can be set beside `llmb run`'s warmup_step_seconds.
     """
+    warmup_stamps = [time.perf_counter()]
     for _ in range(warmup_steps):
         step()
+        warmup_stamps.append(time.perf_counter())
     losses, stamps = [], []
     synchronize(device)
     start = time.perf_counter()
@@ -95,8 +98,10 @@ def plain_loop(step, device: torch.device, warmup_steps: int, steps: int) -> dic
     synchronize(device)
     window = time.perf_counter() - start
     step_seconds = [b - a for a, b in zip([start, *stamps], stamps, strict=False)] if device.type == "cpu" else []
+    warmup_seconds = [b - a for a, b in zip(warmup_stamps, warmup_stamps[1:], strict=False)]
     return {
         "window_seconds": window,
+        "warmup_step_seconds": warmup_seconds if device.type == "cpu" else [],
         "step_seconds": step_seconds,
         "loss_first": float(losses[0]),
         "loss_last": float(losses[-1]),

@@ -312,3 +312,18 @@ def test_fidelity_lengthens_short_windows_to_the_token_floor_and_never_shortens(
     assert [fidelity.window_steps(options, batch, 24576) for batch in (1, 4, 16, 64)] == [96, 24, 6, 4]
     assert fidelity.window_steps(options, 1, 0) == 4  # no floor: --steps as given
     assert fidelity.window_steps({**options, "steps": 200}, 1, 24576) == 200
+
+
+def test_the_hand_loop_stamps_its_warmup_steps_on_the_cpu(bench):
+    """Each warmup step's time, as llmb run's record has them, so that the two arms' settling can be compared."""
+    arms, _, _ = bench
+    pauses = iter([0.03, 0.01, 0.0, 0.0, 0.0])
+
+    def step():
+        time.sleep(next(pauses))
+        return torch.zeros(())
+
+    result = arms.plain_loop(step, torch.device("cpu"), warmup_steps=2, steps=3)
+    warmup = result["warmup_step_seconds"]
+    assert len(warmup) == 2 and len(result["step_seconds"]) == 3
+    assert warmup[0] >= 0.03 and warmup[1] >= 0.01  # in order, one per step
