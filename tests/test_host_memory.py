@@ -145,3 +145,32 @@ def test_a_name_in_ld_preload_that_does_not_replace_malloc_is_not_taken_at_its_w
         pytest.skip("needs glibc's libm")
     library, default, _ = allocator_states(libm)
     assert library is None and default == host_memory.DEFAULT
+
+
+def test_the_hosts_out_of_memory_kill_count_is_read_where_linux_keeps_it(tmp_path):
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1234\noom_kill 7\nnr_zone_active_anon 5\n")
+    assert host_memory.oom_kills(str(vmstat)) == 7
+    vmstat.write_text("nr_free_pages 1234\n")  # a kernel before 4.13: no count
+    assert host_memory.oom_kills(str(vmstat)) is None
+    assert host_memory.oom_kills(str(tmp_path / "absent")) is None
+    try:  # this host's own, where it has one: a count, never negative
+        has_count = any(line.startswith("oom_kill ") for line in open("/proc/vmstat"))
+    except OSError:
+        has_count = False
+    if has_count:
+        assert host_memory.oom_kills() >= 0
+    else:
+        assert host_memory.oom_kills() is None
+
+
+def test_a_worker_ended_by_sigkill_while_the_oom_count_rose_is_said_to_be_out_of_memory():
+    """The counts are given, not produced: summoning the kernel's out-of-memory killer would endanger the host that
+    runs the tests. What the judge says of each way a worker can end without a word."""
+    from llmb.judge.cleanroom import worker_death
+
+    assert str(worker_death(-9, 3, 4)).startswith("out of memory: the kernel's out-of-memory killer ended the worker")
+    assert "killed by SIGKILL" in str(worker_death(-9, 3, 3))  # the count did not move: another SIGKILL
+    assert "killed by SIGKILL" in str(worker_death(-9, None, None))  # a host that keeps no count
+    assert "killed by SIGSEGV" in str(worker_death(-11, 3, 4))  # only SIGKILL is the OOM killer's
+    assert "exited with code 0" in str(worker_death(0, 3, 3))

@@ -18,6 +18,7 @@ import pytest
 from conftest import TINY_SWEEP
 
 from llmb.api.errors import UsageError
+from llmb.judge import cleanroom
 from llmb.run import sweep, sweep_search, sweep_trials
 from llmb.run.runner import RunOptions
 from llmb.spec.presets import build_config
@@ -107,6 +108,9 @@ def test_listed_sizes_skip_those_above_an_oom():
     [
         (None, "", None, "timeout"),
         (1, "error: out of memory at batch size 8 on cuda:0: CUDA out of memory", None, "oom"),
+        # The judge's line for a worker the kernel's out-of-memory killer ended (llmb.judge.cleanroom.worker_death).
+        (1, "error: " + str(cleanroom.worker_death(-9, 3, 4)), None, "oom"),
+        (1, "error: " + str(cleanroom.worker_death(-9, 3, 3)), None, "crash"),
         (-9, "", None, "crash"),
         (1, "Traceback...\nRuntimeError: device lost", None, "crash"),
         (0, "", None, "invalid"),

@@ -25,6 +25,7 @@ import os
 import pickle
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -43,6 +44,7 @@ from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed
     installed_plugins,
     result_of,
 )
+from llmb.toolkit import host_memory
 
 # What a window's seal may add to its answer: the digests at its two edges, and what they cover (a job's).
 SEALED_KEYS = ("digest_start", "digest_end", "moments_end", "digest_scope")
@@ -79,6 +81,7 @@ class Judge:
         self.error: tuple[str, str] | None = None
         self.connected = threading.Event()
         self.finished = threading.Event()
+        self.done = False  # the worker said it finished (its results and any error sent before)
         self.thread = threading.Thread(target=self._serve, name="llmb-judge", daemon=True)
 
     @property
@@ -155,6 +158,7 @@ class Judge:
         elif kind == "error":
             self.error = (str(message[1]), str(message[2]))
         elif kind == "done":
+            self.done = True
             return True
         return False
 
@@ -222,6 +226,7 @@ def serve(
             worker = context.Process(
                 target=start_worker, args=(task, jobs, judge.address, judge.key), name="llmb-worker"
             )
+            oom_kills = host_memory.oom_kills()
             worker.start()
             worker.join()
             if not judge.connected.is_set() and worker.exitcode:
@@ -229,7 +234,31 @@ def serve(
         judge.finished.wait(timeout=30)
     finally:
         judge.close()
-    return judge.results, judge.exception()
+    error = judge.exception()
+    if error is None and judge.connected.is_set() and not judge.done:
+        # Ended before it said it was done, without a word of its own (an error it meets is sent over the link
+        # first): a signal, most often the kernel's out-of-memory killer, or an exit from inside a plugin. Never a
+        # silent exit 0 with nothing measured. (A launched job's failed rank is the launcher's to name.)
+        if launch is None:
+            error = worker_death(worker.exitcode, oom_kills, host_memory.oom_kills())
+        else:
+            error = LlmbError("the job's rank 0 ended before it finished, without a result or an error")
+    return judge.results, error
+
+
+def worker_death(exitcode: int, oom_kills_before: int | None, oom_kills_after: int | None) -> LlmbError:
+    """The one-line error for a worker that ended before it finished and said nothing: by signal (SIGKILL while the
+    host's out-of-memory kill count rose: out of memory, in words the sweep reads as such) or by its exit code."""
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        rose = None not in (oom_kills_before, oom_kills_after) and oom_kills_after > oom_kills_before
+        if -exitcode == signal.SIGKILL and rose:
+            return LlmbError(
+                "out of memory: the kernel's out-of-memory killer ended the worker process (SIGKILL) during the run; "
+                "it needed more host memory than was free (a smaller batch size or preset fits)"
+            )
+        return LlmbError(f"the worker process was killed by {name} during the run, before it finished")
+    return LlmbError(f"the worker process exited with code {exitcode} during the run, before it finished")
 
 
 def _launch_ranks(launch, task, jobs: list, judge: Judge) -> None:

@@ -86,3 +86,19 @@ def keep_freed_memory(keep: bool = True) -> str:
         return f"{DEFAULT}: glibc's mallopt refused M_MMAP_MAX={mmap_max} or M_TRIM_THRESHOLD={trim}"
     _kept_in_this_process = keep
     return KEPT if keep else DEFAULT
+
+
+def oom_kills(vmstat: str = "/proc/vmstat") -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended on this host since it booted (Linux's
+    /proc/vmstat `oom_kill`, 4.13 and later); None where the OS does not say. A process ended by SIGKILL while this
+    count rose was, in all likelihood, its victim: the one way to tell "out of memory" from any other SIGKILL
+    without privileges (the kernel's log needs them)."""
+    try:
+        with open(vmstat) as lines:
+            for line in lines:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None

@@ -256,3 +256,24 @@ def test_a_pickle_put_on_the_launchers_return_queue_never_runs_in_the_judge(tmp_
     assert not list(tried.iterdir()), "a rank process holds a queue that the launcher reads"
     assert record is not None and proc.returncode == 0, proc.stderr[-2000:]
     assert record["judge"]["clean_room"] is True and record["world_size"] == 2
+
+
+# The worker ends in the middle of the run without a word: by a signal (as the kernel's out-of-memory killer ends
+# it), or by an exit from inside the plugin that skips every handler, status 0 included. Before, `llmb run` then
+# exited 0 with no result and nothing said, and a sweep logged "exit 0 but no result JSON".
+ENDS_ITS_WORKER = {
+    "sigkill": ("import os\nimport signal\n", "os.kill(os.getpid(), signal.SIGKILL)", "killed by SIGKILL"),
+    "exit0": ("import os\n", "os._exit(0)", "exited with code 0"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(ENDS_ITS_WORKER))
+def test_a_worker_that_ends_without_a_word_fails_the_run_in_one_line(tmp_path, how):
+    imports, end, said = ENDS_ITS_WORKER[how]
+    code = f"{imports}\n\ndef _process_model(model, optimizer, device, precision, settings):\n    {end}\n"
+    proc, record = run(install(tmp_path / "site", f"end{how}", code), tmp_path, "--plugin", f"end{how}")
+    assert record is None
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error: the worker process") and said in lines[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
