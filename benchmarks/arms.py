@@ -97,11 +97,12 @@ def plain_loop(step, device: torch.device, warmup_steps: int, steps: int) -> dic
         stamps.append(time.perf_counter())
     synchronize(device)
     window = time.perf_counter() - start
-    step_seconds = [b - a for a, b in zip([start, *stamps], stamps, strict=False)] if device.type == "cpu" else []
-    warmup_seconds = [b - a for a, b in zip(warmup_stamps, warmup_stamps[1:], strict=False)]
+    cpu = device.type == "cpu"
+    step_seconds = [b - a for a, b in zip([start, *stamps], stamps, strict=False)] if cpu else []
+    warmup_seconds = [b - a for a, b in zip(warmup_stamps, warmup_stamps[1:], strict=False)] if cpu else []
     return {
         "window_seconds": window,
-        "warmup_step_seconds": warmup_seconds if device.type == "cpu" else [],
+        "warmup_step_seconds": warmup_seconds,
         "step_seconds": step_seconds,
         "loss_first": float(losses[0]),
         "loss_last": float(losses[-1]),

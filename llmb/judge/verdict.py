@@ -325,10 +325,9 @@ def judged_peak(record: dict, known: bool = True) -> tuple[dict, list[str]]:
     source = said.get("source") if said.get("origin") == peaks.ORIGIN_DECLARED else None
     if not known:  # the judge read this host's devices and could not tell which one ran: no peak
         return peaks.PeakChoice(None, None, None, (), declared).to_dict(), []
-    # The matmul rate the run measured on its device after the window (llmb.run.roofline): a declaration below it
-    # is no ceiling. The worker's figure; one lowered to pass this meets the model GEMM rate above it (a warning).
-    measured = _number(record.get("measured_matmul_peak"))
-    measured = measured if math.isfinite(measured) and measured > 0 else None
+    # A declaration below the matmul rate the run measured is no ceiling. The worker's figure; one lowered to pass
+    # this meets the model GEMM rate above it (a warning).
+    measured = measured_matmul_peak(record)
     choice = peaks.choose(name, effective, declared, source if isinstance(source, str) else None, measured)
     peak = choice.to_dict()
     problems = list(choice.problems)
@@ -382,6 +381,13 @@ def record_problems(record: dict, closed: list[JudgedWindow]) -> list[str]:
     return problems
 
 
+def measured_matmul_peak(record: dict) -> float | None:
+    """The dense matmul rate the run measured on its device after its window (llmb.run.roofline), as the record
+    says it; None where it holds no positive, finite figure."""
+    value = _number(record.get("measured_matmul_peak"))
+    return value if math.isfinite(value) and value > 0 else None
+
+
 def _number(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 
@@ -395,9 +401,8 @@ def headline_figures(record: dict, window_seconds: float) -> dict:
     steps = int(record["steps"])
     tokens_per_second = global_batch * config.sequence_length * steps / window_seconds
     tflops = flops.achieved_tflops(tokens_per_second / world_size, record["model_flops_per_token"])
-    # The matmul rate the run measured after its window (llmb.run.roofline): the efficiency from the judge's figure.
-    matmul_peak = _number(record.get("measured_matmul_peak"))
-    matmul_peak = matmul_peak if math.isfinite(matmul_peak) else 0.0
+    # The matmul rate the run measured after its window: the efficiency from the judge's figure.
+    matmul_peak = measured_matmul_peak(record)
     return {
         "tokens_per_second": tokens_per_second,
         "tokens_per_second_per_device": tokens_per_second / world_size,
@@ -405,5 +410,5 @@ def headline_figures(record: dict, window_seconds: float) -> dict:
         "tflops": tflops,
         "mfu": flops.mfu(tflops, (record.get("peak") or {}).get("flops")),
         "fom": flops.fom(config, global_batch, window_seconds / steps),
-        "matmul_peak_efficiency": tflops * 1e12 / matmul_peak if matmul_peak > 0 else None,
+        "matmul_peak_efficiency": tflops * 1e12 / matmul_peak if matmul_peak else None,
     }

@@ -79,7 +79,8 @@ def build_record(
     tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
     backend = plugin.backend
     device_name = str(call(backend.device_name, device))
-    peak = choose_peak(plugin.name, backend, device, device_name, effective, matmul.peak_flops if matmul else None)
+    measured_peak = matmul.peak_flops if matmul else None
+    peak = choose_peak(plugin.name, backend, device, device_name, effective, measured_peak)
     mfu = flops.mfu(tflops, peak.flops)
     invalid = [*invalid, *peak.problems, *peaks.mfu_problems(mfu)]
     debug = official_reasons(config)
@@ -164,9 +165,9 @@ def build_record(
         peak_memory_bytes=peak_memory,
         loss=records.Loss(initial=initial_loss, first=chosen.loss_first, last=chosen.loss_last),
         host=host,
-        measured_matmul_peak=matmul.peak_flops if matmul else None,
+        measured_matmul_peak=measured_peak,
         measured_model_gemm_flops=matmul.model_gemm_flops if matmul else None,
-        matmul_peak_efficiency=roofline.efficiency(tflops, matmul.peak_flops if matmul else None),
+        matmul_peak_efficiency=roofline.efficiency(tflops, measured_peak),
     )
 
 
