@@ -45,6 +45,9 @@ python benchmarks/adamw_impls.py --device cuda --preset official --precision BF1
 #    tolerance to revisit before results from this GPU are trusted.
 python benchmarks/replay_calibration.py --device cuda --preset official --seeds 0,1 --batch-sizes 1,8,16 --steps 20 \
   --out "$OUT/replay_calibration.jsonl"
+# 5b. How far past its first 2 steps the judge's replay goes on its budget (10% of the run's wall time) at the
+#     official shape, and what it costs (issue 25; RESULTS.md section 23 has the CPU's).
+python benchmarks/replay_depth.py --device cuda --configs official:BF16:20,official:FP32:20 --batch-size 8
 # 6. Tables with MFU, and the submission bundle.
 llmb report "$OUT/precisions" "$OUT/sweep-bf16-eager" "$OUT/sweep-bf16-compiled" --out "$OUT/report.md"
 llmb package-submission --submitter llmb --system "$(python -c 'import torch; print(torch.cuda.get_device_name(0).replace(" ", "-"))')" \

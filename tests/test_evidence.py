@@ -150,6 +150,58 @@ def test_the_judge_draws_the_replay_depth_whole_window_or_prefix():
     assert 0.2 < sum(draws) / len(draws) < 0.3  # the stated probability (4000 draws: 7 standard deviations)
 
 
+def test_the_replay_goes_past_its_floor_as_far_as_its_budget_affords():
+    """With no budget the replay stops at its floor (the last step a forward); with one the whole window's steps fit
+    in, it goes on to the whole window and its digests, the same losses as a whole replay; with one two steps do not
+    fit in, it stops at the floor."""
+    arguments = dict(config=TINY, seed=0, batch_size=1, world_size=1, challenge=7, window_steps=6)
+    whole = replay.replay(**arguments, losses=6)
+    floor = replay.replay(**arguments, losses=2)
+    assert len(floor.losses) == 2 and floor.digest_end is None and floor.losses == whole.losses[:2]
+    afforded = replay.replay(**arguments, losses=2, budget_seconds=600.0)
+    assert afforded.losses == whole.losses and afforded.digest_end == whole.digest_end
+    assert afforded.moments_end == whole.moments_end
+    tight = replay.replay(**arguments, losses=2, budget_seconds=1e-9)
+    assert tight.losses == floor.losses and tight.digest_end is None
+
+
+def test_the_budget_affords_two_more_steps_at_the_fastest_timed():
+    assert replay.affordable(1.0, [0.2], [0.3, 0.4])  # 0.2 + 2 x 0.3 <= 1
+    assert not replay.affordable(1.0, [0.5], [0.3, 0.4])
+    assert not replay.affordable(None, [], [0.1]) and not replay.affordable(0.0, [], [0.1])
+    assert not replay.affordable(1.0, [], [])  # nothing timed yet: no estimate, no step past the floor
+
+
+def test_the_judge_gives_the_replay_its_share_of_the_run_s_wall_time(monkeypatch):
+    """finish() passes replay_budget x the run's seconds to the replay when the prefix is drawn, none when the whole
+    window is, and records both in `drawn`."""
+    record = runner.run(
+        runner.RunOptions(
+            config=TINY, preset="tiny", plugin="cpu", device="cpu", precision="FP32", steps=4, warmup_steps=1
+        )
+    ).to_dict()
+    asked = []
+
+    def replay_record(record, steps, device=None, initial=None, budget_seconds=None):
+        asked.append((steps, budget_seconds))
+        return {"passed": True, "checks": []}
+
+    window = clean_verdict.JudgedWindow(11, 0.0, 1.0, {"losses": record["evidence"]["windows"][0]["losses"]})
+    monkeypatch.setattr(replay, "replay_record", replay_record)  # what the judge asks of it, not the replay itself
+    prefix = clean_verdict.finish(record, [window], 2, replay_whole=0.0, run_seconds=30.0, replay_budget=0.1)
+    whole = clean_verdict.finish(record, [window], 2, replay_whole=1.0, run_seconds=30.0, replay_budget=0.1)
+    assert asked[0][0] == 2 and asked[0][1] == pytest.approx(3.0)
+    assert asked[1] == (4, None)
+    assert prefix["evidence"]["replay"]["drawn"] == {
+        "floor_steps": 2,
+        "whole_window_probability": 0.0,
+        "whole": False,
+        "budget_share": 0.1,
+        "run_seconds": 30.0,
+    }
+    assert whole["evidence"]["replay"]["drawn"]["whole"] is True
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_pure_fp16_replays_with_the_fused_adamw_and_the_loops_failure_says_why(fused):
     """Pure FP16 weights round AdamW's updates, so the losses after the first are bracketed. The fused AdamW (FP32
@@ -224,10 +276,11 @@ def test_judge_and_link_time_the_window_and_hand_out_fresh_challenges():
     thread.join(30)
     assert judge.finished.wait(30)
     judge.close()
-    record, windows = judge.results[0]
+    record, windows, run_seconds = judge.results[0]
     assert record == {"repeats": 2} and len(windows) == 2
     assert windows[0].challenge != windows[1].challenge
     assert all(w.closed >= w.opened for w in windows)
+    assert run_seconds >= windows[-1].closed - windows[0].opened  # the run's wall time holds its windows
     # The worker's clock readings (0.0) are not the host's: outside the judged window.
     assert clean_verdict.nesting_problems(0, windows[0])[0].startswith("clock:")
 

@@ -66,14 +66,18 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     not_always_written |= {"peak.declared_flops", "precision.audit.switches_vs_probe", "device.memory_bytes"}
     # Written only when the replay's device failed it and the CPU replayed instead.
     not_always_written.add("evidence.replay.device_fallback")
-    # Written only for a pure FP16/BF16 whole window, replayed in its own format too (this run is FP32).
-    not_always_written |= {f"evidence.replay.same_precision{k}" for k in ("", ".dtype", ".seconds")}
+    # Written only for a pure FP16/BF16 window, replayed in its own format too (this run is FP32).
+    not_always_written |= {f"evidence.replay.same_precision{k}" for k in ("", ".dtype", ".seconds", ".steps")}
+    # Written as the judge's draw falls: the replay's budget past the prefix (the whole window needs none).
+    drawn = {"evidence.replay.budget_seconds"}
     # Written only where the judge built the replay's initial model beside the worker: a run replayed on an accelerator.
     prebuilt = ("", ".build_seconds", ".worker_waited_seconds")
     not_always_written |= {f"evidence.replay.initial_model{k}" for k in prebuilt}
     # The energy section holds the counter's figures or the reason there are none, as the host has a counter or not.
-    written = {k for k in written_paths(record) if not k.startswith("energy.")}
-    assert written == {k for k in declared if not k.startswith("energy.")} - not_always_written
+    written = {k for k in written_paths(record) if not k.startswith("energy.")} - drawn
+    assert written == {k for k in declared if not k.startswith("energy.")} - not_always_written - drawn
+    budgeted = "evidence.replay.budget_seconds" in written_paths(record)
+    assert budgeted is not record["evidence"]["replay"]["drawn"]["whole"]
     assert Result.from_dict(record).to_dict() == record
     assert record["schema"] == SCHEMA
     assert record["official"] is False and record["valid"] is False

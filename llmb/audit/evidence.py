@@ -20,7 +20,7 @@ import torch
 
 from llmb.model import ModelConfig
 from llmb.records import EVIDENCE_SCHEMA as SCHEMA  # noqa: F401  (the evidence section's id, one copy)
-from llmb.spec.vocab import DEFAULT_REPLAY_STEPS, DEFAULT_REPLAY_WHOLE  # noqa: F401  (where the CLI reads them)
+from llmb.spec.vocab import DEFAULT_REPLAY_BUDGET, DEFAULT_REPLAY_STEPS, DEFAULT_REPLAY_WHOLE  # noqa: F401
 
 # The batch seeds of windows live far from the warmup's (seed + rank), so no window reuses the warmup's batch.
 CHALLENGE_BITS = 62

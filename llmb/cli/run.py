@@ -86,9 +86,23 @@ from llmb.spec import vocab as names
     help="Probability that the judge replays the whole headline window instead (drawn after the window answered "
     "for every step; 1: always).",
 )
+@click.option(
+    "--replay-budget",
+    type=click.FloatRange(0, 1),
+    default=names.DEFAULT_REPLAY_BUDGET,
+    show_default=True,
+    help="Share of the run's wall time the judge may spend replaying steps past --replay-steps when the whole "
+    "window is not drawn: it goes on while they fit, to the whole window where they do (0: none).",
+)
 @handle_errors
 def run(
-    precision_name: str, options: tuple[str, ...], out: Path, replay_steps: int, replay_whole: float, **fields
+    precision_name: str,
+    options: tuple[str, ...],
+    out: Path,
+    replay_steps: int,
+    replay_whole: float,
+    replay_budget: float,
+    **fields,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
     # Lazy: the model's config, the results and the runner import torch; --help must not.
@@ -105,7 +119,9 @@ def run(
     settings = {**parse_options(options), **run_request.secret_options()}
     base = runner.RunOptions(config=config, settings=settings, **fields)
     requested = precision_name.upper()
-    records, unsaved = run_request.run_and_save(base, requested, launch, (replay_steps, replay_whole), out)
+    records, unsaved = run_request.run_and_save(
+        base, requested, launch, (replay_steps, replay_whole, replay_budget), out
+    )
     if unsaved:
         sys.exit(1)
     if any(r.invalid_reasons for r in records) and base.strict_precision:

@@ -266,7 +266,7 @@ def check_plugins(
         return
     sent, error = cleanroom.serve(candidate_task, [options])
     while sent:  # one candidate's tensors at a time beside the reference's
-        data, _ = sent.pop(0)
+        data = sent.pop(0)[0]
         yield judge(unpack(data, options.precision), options)
     if error is not None:
         raise error  # after the records of the precisions that finished

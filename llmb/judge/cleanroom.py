@@ -77,7 +77,9 @@ class Judge:
         self.progress = progress
         self.notes = notes or (lambda text: None)
         self.windows: list[JudgedWindow] = []
-        self.results: list[tuple[dict | None, list[JudgedWindow]]] = []
+        self.results: list[tuple[dict | None, list[JudgedWindow], float]] = []
+        # Each run's wall time on this clock: from the worker's start (or the run before's result) to its result.
+        self.run_started = time.perf_counter()
         self.error: tuple[str, str] | None = None
         self.connected = threading.Event()
         self.finished = threading.Event()
@@ -148,12 +150,14 @@ class Judge:
             self.notes(str(message[1]))
         elif kind == "result":
             windows, self.windows = self.windows, []
-            self.results.append((message[1], windows))
+            run_seconds = time.perf_counter() - self.run_started
+            self.results.append((message[1], windows, run_seconds))
             if self.on_result is not None:
                 try:
-                    self.on_result(message[1], windows)
+                    self.on_result(message[1], windows, run_seconds)
                 except Exception as exc:
                     self.error = error_line(exc)
+            self.run_started = time.perf_counter()  # the next run's starts when this one is kept
             connection.send(("kept", None))
         elif kind == "error":
             self.error = (str(message[1]), str(message[2]))
@@ -213,9 +217,10 @@ def serve(
 ) -> tuple[list, LlmbError | None]:
     """Run ``task`` over ``jobs`` in a worker judged from this process, which imports no plugin. Returns what the
     worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
-    it failed after them: the caller keeps what was finished before raising it. ``on_result(result, windows)`` is
-    called as each result arrives, the worker waiting; ``preparation`` (setup(), ready()) is the judge's own work
-    for each run, done while the worker sets the run up (see Judge)."""
+    it failed after them: the caller keeps what was finished before raising it. ``on_result(result, windows,
+    run_seconds)`` is called as each result arrives (run_seconds: the run's wall time), the worker waiting;
+    ``preparation`` (setup(), ready()) is the judge's own work for each run, done while the worker sets the run up
+    (see Judge)."""
 
     judge = Judge(progress, notes, on_result, preparation).start()
     try:
@@ -291,10 +296,13 @@ def run_clean(
     notes=None,
     replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
     replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
+    replay_budget: float = evidence.DEFAULT_REPLAY_BUDGET,
 ):
     """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
     ranks of a torchrun job)."""
-    records, error = run_clean_keeping(runs, launch, progress, notes, replay_steps, replay_whole=replay_whole)
+    records, error = run_clean_keeping(
+        runs, launch, progress, notes, replay_steps, replay_whole=replay_whole, replay_budget=replay_budget
+    )
     if error is not None:
         raise error
     return records
@@ -309,6 +317,7 @@ def run_clean_keeping(
     on_record=None,
     on_pending=None,
     replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
+    replay_budget: float = evidence.DEFAULT_REPLAY_BUDGET,
 ) -> tuple[list[dict], LlmbError | None]:
     """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
     failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
@@ -326,13 +335,15 @@ def run_clean_keeping(
     replays = replay_steps > 0 and (world is None or world.rank == 0)
     preparation = ReplayPreparation(asked) if replays else None
 
-    def keep(result: object, windows: list[JudgedWindow]) -> None:
+    def keep(result: object, windows: list[JudgedWindow], run_seconds: float) -> None:
         if result is None or (world is not None and world.rank != 0):
             return
         typed = result_of(result)
         initial = preparation.models if preparation is not None else None
         figures = asked.figures_for(typed.to_dict())
-        record = finish(typed, windows, replay_steps, on_pending, figures, replay_whole, initial)
+        record = finish(
+            typed, windows, replay_steps, on_pending, figures, replay_whole, initial, run_seconds, replay_budget
+        )
         judged.append(record)
         if on_record is not None:
             on_record(record)
@@ -341,8 +352,8 @@ def run_clean_keeping(
     streamed = launch is None
     results, error = serve(RUN_TASK, runs, launch, progress, notes, keep if streamed else None, preparation)
     if not streamed:
-        for result, windows in results:
-            keep(result, windows)
+        for result, windows, run_seconds in results:
+            keep(result, windows, run_seconds)
     return judged, error
 
 

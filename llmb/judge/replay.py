@@ -6,7 +6,10 @@ losses of a window with the conformance tolerances of the effective precision (l
 is a forward at the initial weights, the later ones follow the updates); when N covers the whole window it also
 compares the digest's update. N = 2 is one forward, backward and AdamW step plus one forward: at the official shape
 about 23 GB of memory (FP32 weights, gradients, two AdamW moments; the host's on the CPU, the device's on a GPU) and
-8 x 1.43e9 x tokens FLOPs. The batch goes through the model in micro-batches of REPLAY_MICRO_TOKENS
+8 x 1.43e9 x tokens FLOPs. N is the judge's draw (draw_replay_steps), and where it falls short of the window the
+replay goes on past it while its steps fit in the judge's share of the run's wall time (replay's budget_seconds;
+llmb.spec.vocab.DEFAULT_REPLAY_BUDGET), to the whole window where they do. The batch goes through the model in
+micro-batches of REPLAY_MICRO_TOKENS
 tokens with the gradients accumulated (each micro-batch's mean loss weighted by its share of the rows: every row
 has the same number of targets, so the sum is the whole batch's mean), so the replay's activations, and its memory,
 do not grow with the batch or the world size; only its time does.
@@ -101,20 +104,22 @@ def replay(
     optimizer_options: dict | None = None,
     initial: InitialModels | None = None,
     keep_initial: bool = False,
+    budget_seconds: float | None = None,
 ) -> Replayed:
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
     kernels and torch.optim.AdamW. `dtype` float16 or bfloat16 replays a pure 16-bit run in its own precision
     (same_precision_checks), with the run's AdamW implementation (`optimizer_options`: torch's fused kernel or not),
     since a pure 16-bit run keeps only part of AdamW's updates and leaves the FP32 trajectory within a few steps.
-    `initial`: the judge's prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial`
-    (another replay takes it after this one)."""
+    `budget_seconds`: beyond those `losses` steps, the replay goes on step by step while the steps past them fit in
+    this many seconds (affordable, from the steps it has timed), up to the whole window. `initial`: the judge's
+    prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial` (another replay takes
+    it after this one)."""
     device = device or torch.device("cpu")
     if device.type != "cpu":
         apply_backend_recipe("FP32")  # IEEE FP32 matmuls: no TF32 on the accelerator's replay
     start = time.perf_counter()
-    whole = losses >= window_steps
-    losses = min(losses, window_steps)
+    floor = min(losses, window_steps)
     # The run's own initial weights, built on the CPU from the seed as the run does: while the worker set itself up
     # where the judge could (llmb.judge.initial), else here.
     model, prebuilt = (initial or InitialModels()).model(config, seed, device, dtype, keep_initial)
@@ -124,20 +129,43 @@ def replay(
     initial_digest = digest(model.parameters())
     # Per-tensor updates keep the FP32 replay's peak memory low; a 16-bit replay takes the run's implementation.
     optimizer = build_optimizer(model, optimizer_options if dtype != torch.float32 else {"foreach": False})
-    recorded = []
-    updates = losses if whole else losses - 1  # the last loss needs only a forward when the window goes on
-    for _ in range(updates):
+    recorded: list[float] = []
+    beyond: list[float] = []  # seconds of each step past the floor (a budget's)
+    timed: list[float] = []  # seconds of each whole step (forward, backward, AdamW)
+    for step in range(1, window_steps + 1):
+        # A step is trained (backward and AdamW) when another follows it, and the window's last is, for the digest;
+        # the last replayed step of a shorter replay needs only its loss.
+        goes_on = step < floor or (step < window_steps and affordable(budget_seconds, beyond, timed))
+        trained = goes_on or step == window_steps
+        began = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        recorded.append(accumulated_loss(model, batch, backward=True, rows=rows))
-        optimizer.step()
-    if not whole:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            recorded.append(accumulated_loss(model, batch, backward=False, rows=rows))
+        if trained:
+            recorded.append(accumulated_loss(model, batch, backward=True, rows=rows))
+            optimizer.step()
+        else:
+            with torch.no_grad():
+                recorded.append(accumulated_loss(model, batch, backward=False, rows=rows))
+        seconds = time.perf_counter() - began  # the loss came to the host as a float: the device has finished
+        if trained:
+            timed.append(seconds)
+        if step >= floor:
+            beyond.append(seconds)
+        if not goes_on:
+            break
+    whole = len(recorded) == window_steps
     end = as_list(digest(model.parameters())) if whole else None
     moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
-    seconds = time.perf_counter() - start  # every loss came to the host as a float: the device has finished
+    seconds = time.perf_counter() - start
     return Replayed(recorded, as_list(initial_digest), end, seconds, _peak_rss(), moments, str(device), built, prebuilt)
+
+
+def affordable(budget: float | None, beyond: list[float], timed: list[float]) -> bool:
+    """Whether the replay, at a step from its floor on, may train it and go on to the next within `budget` seconds
+    for the steps from its floor (`beyond`, spent so far): two more steps at the fastest whole step timed (`timed`).
+    Without a budget or a step timed, never."""
+    if not budget or not timed:
+        return False
+    return sum(beyond) + 2 * min(timed) <= budget
 
 
 def _synchronized_seconds(device: torch.device, since: float) -> float:
@@ -185,12 +213,17 @@ def replay_record(
     window: int | None = None,
     device: str | None = None,
     initial: InitialModels | None = None,
+    budget_seconds: float | None = None,
 ) -> dict:
     """Replay one window of a result record (default: the headline's) and return the replay's record. `device`:
     where to try it first (replay_device: the judge passes the run's own device, a reviewer may pass theirs); a
     device that fails it (out of memory beside the worker, say) leaves the replay to the CPU, which is said.
     `initial`: the judge's prebuilt initial models (llmb.judge.initial); kept after the replay where it ran on an
-    accelerator (the host holds only that copy, and a sweep's next run takes it), the CPU's replay takes it."""
+    accelerator (the host holds only that copy, and a sweep's next run takes it), the CPU's replay takes it.
+    `budget_seconds`: past the first `steps`, the replay goes on while its further steps fit in this many seconds
+    (replay(); the judge's share of the run's wall time, REPLAY_BUDGET), to the whole window where they do. In pure
+    FP16/BF16, whose later losses the FP32 replay only brackets, that is the replay in the run's own format, which
+    then replays at least SAME_PRECISION_FP32_STEPS steps."""
     evidence = record.get("evidence") or {}
     windows = evidence.get("windows") or []
     index = evidence.get("headline_window", 0) if window is None else window
@@ -228,16 +261,21 @@ def replay_record(
     device_type = str((record.get("device") or {}).get("type") or "")
     effective, mode = precision["effective"], precision["mode"]
     sixteen = SIXTEEN_BIT_DTYPES.get(precision["requested"]) if precision["mode"] == "pure" else None
-    same = None
+    same, budget = None, budget_seconds
     target, fallbacks = replay_device(device), []
-    if sixteen is not None and steps >= arguments["window_steps"]:
+    if sixteen is not None and (steps >= arguments["window_steps"] or budget_seconds):
         # A pure 16-bit window is judged twice: its first losses against FP32 (what precision ran), and the whole
-        # window against a replay in its own precision (that the work was done), which it tracks where FP32 does not.
+        # window (or as much of it as the budget affords) against a replay in its own precision (that the work was
+        # done), which it tracks where FP32 does not.
         arguments["losses"] = min(SAME_PRECISION_FP32_STEPS, steps)
         implementation = {"fused": True} if fused else {"foreach": False}
-        same = _replay_on(target, fallbacks, **{**arguments, "losses": steps}, dtype=sixteen,
-                          optimizer_options=implementation, initial=initial, keep_initial=True)  # fmt: skip
-    replayed = _replay_on(target, fallbacks, **arguments, initial=initial, keep_initial=target.type != "cpu")
+        depth = max(steps, SAME_PRECISION_FP32_STEPS)
+        same = _replay_on(target, fallbacks, **{**arguments, "losses": depth}, dtype=sixteen,
+                          optimizer_options=implementation, initial=initial, keep_initial=True,
+                          budget_seconds=budget_seconds)  # fmt: skip
+        budget_seconds = None  # spent on the replay that checks the later steps
+    replayed = _replay_on(target, fallbacks, **arguments, initial=initial, keep_initial=target.type != "cpu",
+                          budget_seconds=budget_seconds)  # fmt: skip
     checks = compare(chosen, replayed, effective, mode, fp32_master, fused, scope, device_type)
     if same is not None:
         checks += same_precision_checks(chosen, same, effective, mode, scope, fused)
@@ -248,7 +286,18 @@ def replay_record(
         "steps": max(len(r.losses) for r in ran),
         "moments_compared": any(bool(r.moments_end) for r in ran),
         "whole_window": any(r.digest_end is not None for r in ran),
-        **({"same_precision": {"dtype": str(sixteen).removeprefix("torch."), "seconds": same.seconds}} if same else {}),
+        **(
+            {
+                "same_precision": {
+                    "dtype": str(sixteen).removeprefix("torch."),
+                    "seconds": same.seconds,
+                    "steps": len(same.losses),
+                }
+            }
+            if same
+            else {}
+        ),  # fmt: skip
+        **({"budget_seconds": budget} if budget else {}),
         "passed": all(c.passed for c in checks),
         "seconds": sum(r.seconds for r in ran),
         "build_seconds": sum(r.build_seconds or 0.0 for r in ran),

@@ -223,8 +223,9 @@ def same_precision_checks(
 ) -> list[ReplayCheck]:
     """A pure 16-bit whole window against the judge's replay of it in the same 16-bit format (torch's own kernels and
     AdamW implementation, no plugin): every loss, the parameter digest and AdamW's first moments
-    (SAME_PRECISION_TOLERANCES). Missing work (steps skipped, half a sequence, layers without backward) moves the
-    moments by O(1) where an honest run stays within SAME_PRECISION_TOLERANCES' measurements."""
+    (SAME_PRECISION_TOLERANCES); of a replay that stopped short of the whole window, the losses it reached. Missing
+    work (steps skipped, half a sequence, layers without backward) moves the moments by O(1) where an honest run
+    stays within SAME_PRECISION_TOLERANCES' measurements."""
     tol = SAME_PRECISION_TOLERANCES.get(effective, SAME_PRECISION_TOLERANCES["BF16"])
     # The per-tensor loops' g^2 underflows in FP16 and their steps grow chaotic: two honest runs part (tiny preset,
     # batch 8, 20 steps: 0.04-0.14 in the moments), so the failure says which AdamW to use.
@@ -247,7 +248,7 @@ def same_precision_checks(
                 tol.loss,
             )
         )
-    if scope != MODEL_SCOPE:
+    if scope != MODEL_SCOPE or same.digest_end is None:  # a part of the model, or the window's first steps only
         return checks
     for name, what, candidate, reference, tolerance in (
         ("same-precision-digest", "parameter digest", window.get("digest_end"), same.digest_end, tol.digest),

@@ -171,13 +171,17 @@ def finish(
     asked=None,
     replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
     initial=None,
+    run_seconds: float | None = None,
+    replay_budget: float = evidence.DEFAULT_REPLAY_BUDGET,
 ) -> dict:
     """The judge's part of the record: the headline from its own clock, the evidence of every window, the checks of
     the worker's figures against its own, and the replay. ``asked`` (judge_figures) is what the judge asked for:
     the steps, batch, job and shape the headline is computed from, and a record that says otherwise is invalid,
     naming the field. Without it (a record finished again from its own fields) the record's figures are used.
     The replay covers the first `replay_steps` steps of the headline window, or with probability `replay_whole`
-    (drawn after every window was answered) the whole of it.
+    (drawn after every window was answered) the whole of it; past the first steps, it goes on while its further
+    steps fit in `replay_budget` of `run_seconds` (the run's wall time on the judge's clock), to the whole window
+    where they do.
     ``on_pending`` gets the record as it stands before the replay (marked REPLAY_PENDING), to keep while the replay
     runs. ``initial``: the replay's initial models the judge built while the worker set up (llmb.judge.initial)."""
     result = record
@@ -281,10 +285,19 @@ def finish(
             on_pending(_sealed(result, pending, [*invalid, REPLAY_PENDING]))
         # Drawn now, after the worker answered for every step of every window: any step may be checked.
         depth, whole = replay.draw_replay_steps(replay_steps, steps, replay_whole)
+        # Past the steps drawn, as far as the checks' share of the run's wall time affords (none where it is not
+        # known: a record finished again from its own fields).
+        budget = replay_budget * run_seconds if run_seconds and not whole else None
         # On the run's own accelerator where torch drives it without a plugin (replay.replay_device), else the CPU.
         device = (record.get("device") or {}).get("spec")
-        replayed = replay.replay_record(record, depth, device=device, initial=initial)
-        replayed["drawn"] = {"floor_steps": replay_steps, "whole_window_probability": replay_whole, "whole": whole}
+        replayed = replay.replay_record(record, depth, device=device, initial=initial, budget_seconds=budget)
+        replayed["drawn"] = {
+            "floor_steps": replay_steps,
+            "whole_window_probability": replay_whole,
+            "whole": whole,
+            "budget_share": replay_budget,
+            "run_seconds": run_seconds,
+        }
         record["evidence"]["replay"] = replayed
         invalid += [f"replay: {detail}" for detail in replay.failed(replayed)]
     elif replay_steps <= 0:

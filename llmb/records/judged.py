@@ -28,19 +28,24 @@ class EvidenceWindow(Typed):
 
 @dataclass(kw_only=True)
 class ReplayDraw(Typed):
-    """How deep the judge drew the replay, after every step was answered: the floor, and whether the whole window."""
+    """How deep the judge drew the replay, after every step was answered: the floor, and whether the whole window;
+    else the share of the run's wall time (on the judge's clock) it could spend past the floor."""
 
     floor_steps: int
     whole_window_probability: float
     whole: bool
+    budget_share: float | None = None  # absent in records written before the replay had a budget
+    run_seconds: float | None = None
 
 
 @dataclass(kw_only=True)
 class SamePrecision(Typed):
-    """A pure 16-bit whole window's second replay, in the run's own format (llmb.judge.replay.same_precision_checks)."""
+    """A pure 16-bit window's second replay, in the run's own format (llmb.judge.replay.same_precision_checks): the
+    whole window, or as many steps as the budget afforded."""
 
     dtype: str
     seconds: float
+    steps: int | None = None  # absent in records written before it could stop short of the whole window
 
 
 @dataclass(kw_only=True)
@@ -69,7 +74,8 @@ class Replay(Typed):
     device: str | None = None  # where it ran (llmb.judge.replay.replay_device)
     device_fallback: str | None = None  # why the device it was tried on left it to the CPU
     drawn: ReplayDraw | None = None  # absent in records written before the depth was drawn
-    same_precision: SamePrecision | None = None  # a pure 16-bit whole window's replay in its own format
+    budget_seconds: float | None = None  # the seconds it could spend past its floor (ReplayDraw.budget_share)
+    same_precision: SamePrecision | None = None  # a pure 16-bit window's replay in its own format
     initial_model: InitialModel | None = None  # absent where the replay built its initial model itself
 
 

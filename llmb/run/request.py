@@ -40,7 +40,7 @@ def run_and_save(
     base: runner.RunOptions,
     requested: str,
     launch: distributed.LaunchSpec | None,
-    replay: tuple[int, float],
+    replay: tuple[int, float, float],
     out: Path,
 ) -> tuple[list[Result], list[Path]]:
     """Run each precision asked for (``requested``: one, or ALL) and save its record in ``out`` as it is judged.
@@ -58,7 +58,7 @@ def run_clean(
     base: runner.RunOptions,
     requested: str,
     launch: distributed.LaunchSpec | None,
-    replay: tuple[int, float],
+    replay: tuple[int, float, float],
     out: Path,
     unsaved: list[Path],
 ) -> list[Result]:
@@ -67,7 +67,7 @@ def run_clean(
     # Under --nproc-per-node the parallel strategy is the job's; this process is not in it.
     parallel = None if launch is not None else base.parallel
     runner.check_request(runner.RunOptions(**{**base.__dict__, "precision": requested, "parallel": parallel}), True)
-    replay_steps, replay_whole = replay
+    replay_steps, replay_whole, replay_budget = replay
     if replay_steps < 0:
         raise click.UsageError(f"--replay-steps must be 0 or more, got {replay_steps}")
     runs = [runner.RunOptions(**{**base.__dict__, "precision": requested})]
@@ -86,6 +86,7 @@ def run_clean(
             notes=lambda text: term.say((text, "yellow")),
             replay_steps=replay_steps,
             replay_whole=replay_whole,
+            replay_budget=replay_budget,
             on_record=lambda record: saved.append((record, save(record, out, unsaved))),
             on_pending=lambda record: save_quietly(record, out),
         )

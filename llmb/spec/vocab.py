@@ -36,6 +36,11 @@ DEFAULT_REPLAY_STEPS = 2
 # The probability that the judge replays the whole headline window (losses, digest, AdamW's moments) rather than its
 # first DEFAULT_REPLAY_STEPS, drawn after the worker answered for every step (llmb.judge.replay.draw_replay_steps).
 DEFAULT_REPLAY_WHOLE = 0.25
+# The share of a run's wall time (the judge's clock, from the worker's start, or the run before, to the result) the
+# judge may spend replaying steps of the headline window past the first DEFAULT_REPLAY_STEPS when the whole window is
+# not drawn: it goes on step by step while they fit, to the whole window where it affords it
+# (llmb.judge.replay.replay). Issue 24's bound on the checks' cost.
+DEFAULT_REPLAY_BUDGET = 0.10
 # `llmb sweep`'s defaults for the device it runs on, where not given. A CPU trains the tiny preset at hundreds of
 # tokens/s (emulated FP16/BF16 several times slower): its many trials must end in minutes, not hours.
 SWEEP_DEFAULTS = {"steps": 50, "warmup_steps": 5, "max_batch_size": 1024, "trial_timeout": 600.0}

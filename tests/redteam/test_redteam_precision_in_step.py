@@ -3,8 +3,9 @@ the plugin's forward runs under `autocast(bfloat16)` and leaves it before the st
 state between steps sees FP32, and it runs plain FP32 whenever a dispatch mode is pushed, so the audit's recorded
 step sees FP32 too. The run is labelled FP32; its loss moves by
 ~1e-3 against the 1e-6..3.5e-5 FP32 replay tolerances. Stage: run; reason: "replay: step N: recorded loss". The
-judge picks the whole window to replay after the worker answered for every step (probability --replay-whole), so
-any step is at risk; a draw on the prefix does not see it (docs/integrity.md states the probability per run)."""
+judge picks the whole window to replay after the worker answered for every step (probability --replay-whole), and
+otherwise replays past the prefix as far as --replay-budget of the run's wall time affords, so any step is at risk;
+a draw on the prefix with no budget does not see it (docs/integrity.md states the probability per run)."""
 
 import pytest
 from redteam_kit import install, reasons, run
@@ -40,15 +41,24 @@ def replayed_steps_failed(record: dict) -> list[int]:
     return [int(r.split()[2].rstrip(":")) for r in reasons(record, "replay: step ")]
 
 
-@pytest.mark.parametrize("whole, caught", [("1", "replay: step 3: recorded loss"), ("0", None)])
-def test_bf16_entered_inside_the_step_fails_the_fp32_replay_of_that_step(tmp_path, whole, caught):
-    name = f"autocastinside{whole}"
+@pytest.mark.parametrize(
+    "whole, budget, caught",
+    [
+        ("1", "0", "replay: step 3: recorded loss"),
+        # The prefix drawn, and a budget past it that a tiny window's steps fit in: the replay goes on to the whole.
+        ("0", "0.1", "replay: step 3: recorded loss"),
+        ("0", "0", None),
+    ],
+)
+def test_bf16_entered_inside_the_step_fails_the_fp32_replay_of_that_step(tmp_path, whole, budget, caught):
+    name = f"autocastinside{whole}{budget.replace('.', '')}"
     site = install(tmp_path / "site", name, AUTOCAST_FROM_STEP.replace("FIRST_CHANGED", str(WARMUP + 3)))
-    proc, record = run(site, tmp_path, "--plugin", name, "--precision", "FP32", "--steps", "5", "--replay-whole", whole)
+    args = ["--plugin", name, "--precision", "FP32", "--steps", "5", "--replay-whole", whole, "--replay-budget", budget]
+    proc, record = run(site, tmp_path, *args)
     assert record is not None, proc.stderr[-2000:]
     replay = record["evidence"]["replay"]
     assert replay["drawn"]["whole"] is (whole == "1")
-    if caught is None:  # the draw fell on the prefix (steps 1-2): nothing replayed ran under the autocast
+    if caught is None:  # the prefix (steps 1-2), and no budget past it: nothing replayed ran under the autocast
         assert replay["passed"] is True, replay
         return
     assert replay["passed"] is False, replay

@@ -3,9 +3,11 @@
 From a chosen step of the window on, the plugin's forward skips the model: it returns a loss that trends down and
 tiny non-zero gradients, so no window check sees an untrained step. The replay covers the first --replay-steps steps,
 or, with probability --replay-whole drawn by the judge after the worker answered for every step, the whole window
-(losses, parameter digest and AdamW's first moments). Stage: run; reason: "replay: ...". The guarantee is
-probabilistic by design: a run whose draw is the prefix does not see it (shown with --replay-whole 0), and a bundle
-of k runs sees it with probability 1 - (1 - q)^k (docs/integrity.md)."""
+(losses, parameter digest and AdamW's first moments); past the first steps, the replay goes on while its steps fit in
+--replay-budget of the run's wall time. Stage: run; reason: "replay: ...". Beyond what the budget affords, the
+guarantee is probabilistic by design: a run whose draw is the prefix, with no budget past it, does not see it (shown
+with --replay-whole 0 --replay-budget 0), and a bundle of k runs sees it with probability 1 - (1 - q)^k
+(docs/integrity.md)."""
 
 import pytest
 from redteam_kit import install, reasons, run
@@ -54,25 +56,34 @@ def attack(first_window_step: int, ranks: tuple[int, ...] = (0,)) -> str:
 
 
 @pytest.mark.parametrize(
-    "precision, first, whole, caught",
+    "precision, first, whole, budget, caught",
     [
         # Class 2: from step 3 on, past the 2 steps replayed by default; the whole window sees it.
-        ("FP32", 3, "1", "replay: step 3: recorded loss"),
-        # The draw fell on the prefix: nothing replayed sees it (probability 1 - q per run).
-        ("FP32", 3, "0", None),
+        ("FP32", 3, "1", "0", "replay: step 3: recorded loss"),
+        # The draw fell on the prefix and the replay had no budget past it: nothing replayed sees it.
+        ("FP32", 3, "0", "0", None),
+        # The draw fell on the prefix, but the steps past it fit in the checks' share of the run's wall time (a tiny
+        # window's do): the replay went on and saw step 3.
+        ("FP32", 3, "0", "0.1", "replay: step 3: recorded loss"),
         # Class 3: pure BF16 from step 2, where later losses are only bracketed: AdamW's moments see it.
-        ("BF16", 2, "1", "replay: AdamW's first-moment digest"),
+        ("BF16", 2, "1", "0", "replay: AdamW's first-moment digest"),
+        # The same with the prefix drawn: the budget goes to the replay in BF16 itself, which a tiny window's whole
+        # affords: its moments see it.
+        ("BF16", 2, "0", "0.1", "replay: AdamW's first-moment digest"),
     ],
 )
-def test_skipped_work_on_any_step_is_at_risk_of_the_whole_window_replay(tmp_path, precision, first, whole, caught):
-    site = install(tmp_path / "site", f"skip{precision.lower()}{whole}", attack(first))
-    args = ["--plugin", f"skip{precision.lower()}{whole}", "--precision", precision, "--steps", "5"]
-    proc, record = run(site, tmp_path, *args, "--replay-whole", whole)
+def test_skipped_work_on_any_step_is_at_risk_of_the_whole_window_replay(
+    tmp_path, precision, first, whole, budget, caught
+):
+    name = f"skip{precision.lower()}{whole}{budget.replace('.', '')}"
+    site = install(tmp_path / "site", name, attack(first))
+    args = ["--plugin", name, "--precision", precision, "--steps", "5"]
+    proc, record = run(site, tmp_path, *args, "--replay-whole", whole, "--replay-budget", budget)
     assert record is not None, proc.stderr[-2000:]
     replay = record["evidence"]["replay"]
     assert replay["drawn"]["whole"] is (whole == "1")
     if caught is None:
-        assert replay["passed"] is True, replay
+        assert replay["passed"] is True and replay["steps"] == 2, replay
         return
     assert replay["passed"] is False and reasons(record, caught), record["invalid_reasons"]
 
