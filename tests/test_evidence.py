@@ -165,6 +165,29 @@ def test_the_replay_goes_past_its_floor_as_far_as_its_budget_affords():
     assert tight.losses == floor.losses and tight.digest_end is None
 
 
+def test_verify_replays_as_deep_as_the_run_s_own_replay_went():
+    """A reviewer's `verify --replay` checks at least every step the judge's replay did: a loss edited at step 4 of a
+    window the judge replayed whole is caught with the default --replay-steps 2. The record's word can only deepen
+    the check, and only up to a bound (a hostile record cannot make the reviewer's machine replay without end)."""
+    from llmb.verify import evidence_checks
+
+    record = runner.run(
+        runner.RunOptions(
+            config=TINY, preset="tiny", plugin="cpu", device="cpu", precision="FP32", steps=5, warmup_steps=1
+        )
+    ).to_dict()
+    window = record["evidence"]["windows"][record["evidence"]["headline_window"]]
+    window["losses"][3] *= 1.01  # step 4, past the default 2 steps
+    record["evidence"]["replay"] = {"passed": True, "checks": [], "steps": 5}
+    assert evidence_checks.replay_depth(record, 2) == 5
+    assert any(p.startswith("replay: step 4: recorded loss") for p in evidence_checks.replay_problems(record, 2))
+    record["evidence"]["replay"]["steps"] = 2  # a shallower word leaves the reviewer's own depth
+    assert evidence_checks.replay_depth(record, 4) == 4
+    for hostile in (10**9, True, "9", None):
+        record["evidence"]["replay"]["steps"] = hostile
+        assert evidence_checks.replay_depth(record, 2) <= evidence_checks.MAX_RECORDED_REPLAY_STEPS
+
+
 def test_the_budget_affords_two_more_steps_at_the_fastest_timed():
     assert replay.affordable(1.0, [0.2], [0.3, 0.4])  # 0.2 + 2 x 0.3 <= 1
     assert not replay.affordable(1.0, [0.5], [0.3, 0.4])

@@ -107,7 +107,8 @@ def package_submission(
     type=click.IntRange(min=1),
     default=names.DEFAULT_REPLAY_STEPS,
     show_default=True,
-    help="Steps of each headline window that --replay replays (the whole window, digest included, when it covers it).",
+    help="Steps of each headline window that --replay replays at least; deeper where the run's own replay went "
+    "deeper (the whole window, digest included, when it covers it).",
 )
 @handle_errors
 def verify_command(path: Path, accept_debug: bool, replay: bool, replay_steps: int) -> None:

@@ -342,7 +342,8 @@ def check_replay(b: Bundle) -> None:
     def problems(b: Bundle, path: str, r: Result) -> list[str]:
         return bundle_evidence.replay_problems(r.to_dict(), b.replay_steps)
 
-    per_result(b, "replay", problems, f"{{n}} headline windows replayed here ({b.replay_steps} steps each) agree")
+    what = f"at least {b.replay_steps} steps each, as deep as the run's own replay"
+    per_result(b, "replay", problems, f"{{n}} headline windows replayed here ({what}) agree")
 
 
 def check_summary(b: Bundle) -> None:

@@ -124,14 +124,29 @@ def replay_refusal(record: dict) -> str | None:
     return None
 
 
+# The deepest replay a bundle's record can ask of the reviewer's machine by its own word (replay_depth).
+MAX_RECORDED_REPLAY_STEPS = 200
+
+
+def replay_depth(record: dict, steps: int) -> int:
+    """How many steps of the headline window verify replays: at least `steps` (--replay-steps), and as deep as the
+    judge's replay went (`evidence.replay.steps`, up to MAX_RECORDED_REPLAY_STEPS: the record's word, which can only
+    deepen the check), so the reviewer's replay checks every step the run's own did, the whole window where it did."""
+    judged = ((record.get("evidence") or {}).get("replay") or {}).get("steps")
+    if isinstance(judged, int) and not isinstance(judged, bool) and judged > steps:
+        return min(judged, max(steps, MAX_RECORDED_REPLAY_STEPS))
+    return steps
+
+
 def replay_problems(record: dict, steps: int) -> list[str]:
-    """Replay the headline window of a result on this machine and compare it with what the result recorded."""
+    """Replay the headline window of a result on this machine (replay_depth steps of it) and compare it with what
+    the result recorded."""
     refused = replay_refusal(record)
     if refused:
         return [refused]
     from llmb.judge import replay  # here: the replay is the one check of verify's that needs torch (--replay only)
 
-    replayed = replay.replay_record(record, steps)
+    replayed = replay.replay_record(record, replay_depth(record, steps))
     return [f"replay: {detail}" for detail in replay.failed(replayed)]
 
 
