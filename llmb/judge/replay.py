@@ -261,7 +261,9 @@ def replay_record(
     device_type = str((record.get("device") or {}).get("type") or "")
     effective, mode = precision["effective"], precision["mode"]
     sixteen = SIXTEEN_BIT_DTYPES.get(precision["requested"]) if precision["mode"] == "pure" else None
-    same, budget = None, budget_seconds
+    # In pure 16-bit the budget goes to the replay in the run's own format, which checks the later steps; the FP32
+    # replay beside it then stops at its first losses.
+    same, fp32_budget = None, budget_seconds
     target, fallbacks = replay_device(device), []
     if sixteen is not None and (steps >= arguments["window_steps"] or budget_seconds):
         # A pure 16-bit window is judged twice: its first losses against FP32 (what precision ran), and the whole
@@ -273,31 +275,27 @@ def replay_record(
         same = _replay_on(target, fallbacks, **{**arguments, "losses": depth}, dtype=sixteen,
                           optimizer_options=implementation, initial=initial, keep_initial=True,
                           budget_seconds=budget_seconds)  # fmt: skip
-        budget_seconds = None  # spent on the replay that checks the later steps
+        fp32_budget = None
     replayed = _replay_on(target, fallbacks, **arguments, initial=initial, keep_initial=target.type != "cpu",
-                          budget_seconds=budget_seconds)  # fmt: skip
+                          budget_seconds=fp32_budget)  # fmt: skip
     checks = compare(chosen, replayed, effective, mode, fp32_master, fused, scope, device_type)
     if same is not None:
         checks += same_precision_checks(chosen, same, effective, mode, scope, fused)
     ran = [r for r in (replayed, same) if r is not None]
     rss = [r.peak_rss_bytes for r in ran if r.peak_rss_bytes is not None]
+    same_precision = (
+        {"same_precision": {"dtype": str(sixteen).removeprefix("torch."), "seconds": same.seconds,
+                            "steps": len(same.losses)}}
+        if same is not None
+        else {}
+    )  # fmt: skip
     return {
         "window": index,
         "steps": max(len(r.losses) for r in ran),
         "moments_compared": any(bool(r.moments_end) for r in ran),
         "whole_window": any(r.digest_end is not None for r in ran),
-        **(
-            {
-                "same_precision": {
-                    "dtype": str(sixteen).removeprefix("torch."),
-                    "seconds": same.seconds,
-                    "steps": len(same.losses),
-                }
-            }
-            if same
-            else {}
-        ),  # fmt: skip
-        **({"budget_seconds": budget} if budget else {}),
+        **same_precision,
+        **({"budget_seconds": budget_seconds} if budget_seconds else {}),
         "passed": all(c.passed for c in checks),
         "seconds": sum(r.seconds for r in ran),
         "build_seconds": sum(r.build_seconds or 0.0 for r in ran),

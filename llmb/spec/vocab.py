@@ -39,7 +39,8 @@ DEFAULT_REPLAY_WHOLE = 0.25
 # The share of a run's wall time (the judge's clock, from the worker's start, or the run before, to the result) the
 # judge may spend replaying steps of the headline window past the first DEFAULT_REPLAY_STEPS when the whole window is
 # not drawn: it goes on step by step while they fit, to the whole window where it affords it
-# (llmb.judge.replay.replay). Issue 24's bound on the checks' cost.
+# (llmb.judge.replay.replay). Spent on top of the replay of those first steps; the two together stay within issue
+# 24's bound of a tenth of the run (benchmarks/replay_depth.py, RESULTS.md section 23).
 DEFAULT_REPLAY_BUDGET = 0.10
 # `llmb sweep`'s defaults for the device it runs on, where not given. A CPU trains the tiny preset at hundreds of
 # tokens/s (emulated FP16/BF16 several times slower): its many trials must end in minutes, not hours.
