@@ -26,6 +26,7 @@ def test_search_items_parse_into_a_grid_and_its_combinations():
         (["=none"], {}, "expected KEY=V1,V2"),
         (["compile="], {}, "comma-separated values"),
         (["compile=../x"], {}, "comma-separated values"),
+        (["compile=none,,default"], {}, "comma-separated values"),
         (["compile=none", "compile=default"], {}, "given twice"),
         (["threads=1,2"], {"threads": 1}, "also fixed by -O threads"),
     ],

@@ -128,6 +128,10 @@ def test_usage_errors_are_caught_before_any_trial(tmp_path):
         sweep.sweep(replace(options, precision="TF32"))
     with pytest.raises(UsageError, match="--batch-sizes"):
         sweep.parse_batch_sizes("1,x")
+    for typo in ("1,,4", "1,4,", ""):  # an empty item is not a size left out
+        with pytest.raises(UsageError, match="--batch-sizes"):
+            sweep.parse_batch_sizes(typo)
+    assert sweep.parse_batch_sizes(" 4, 1 ") == [1, 4]
     assert not (tmp_path / sweep.LOG_NAME).exists()
 
 

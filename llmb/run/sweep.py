@@ -313,7 +313,8 @@ def parse_batch_sizes(text: str) -> list[int] | None:
     if text.strip().lower() == "auto":
         return None
     try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+        # An empty item (1,,4) is a typo, not a size to leave out: it fails like any other.
+        sizes = sorted({int(part) for part in text.split(",")})
     except ValueError:
         raise UsageError(f"--batch-sizes expects auto or a list like 1,2,4, got {text!r}") from None
     if not sizes or sizes[0] < 1 or sizes[-1] > MAX_BATCH_SIZE:
