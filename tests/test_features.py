@@ -102,6 +102,16 @@ def test_features_command_renders_from_a_folder(tmp_path):
     assert table.exit_code == 0 and "Feature support" in table.output
 
 
+def test_features_of_files_that_hold_no_record_is_a_one_line_error(tmp_path):
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "other.json").write_text(json.dumps({"not": "a record"}))
+    for args in ([str(tmp_path)], [str(tmp_path / "broken.json")], [str(tmp_path), "--markdown"]):
+        out = CliRunner().invoke(cli, ["features", *args])
+        assert out.exit_code == 1, out.output
+        assert "error: no llmb records found in" in out.output and "Traceback" not in out.output
+        assert "Feature support" not in out.output
+
+
 def _checker():
     spec = importlib.util.spec_from_file_location("check_feature_records", ROOT / "scripts/check_feature_records.py")
     module = importlib.util.module_from_spec(spec)
