@@ -2,6 +2,7 @@ import dataclasses
 import json
 import types
 import typing
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -190,6 +191,11 @@ STALLS_IN_BF16 = FAILS_IN_BF16.replace("failsbf16", "stallsbf16").replace(
 )
 
 
+def replayed(out: Path) -> bool:
+    """A record in `out` whose replay is done: it is first kept unchecked, then replaced by the replayed one."""
+    return any(json.loads(p.read_text())["evidence"]["replay"] for p in out.glob("*.json"))
+
+
 def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
     """A run stopped by a signal during BF16 (a job's time limit) has already kept FP32: each record is judged and
     saved while the worker waits, not at the end of the whole run."""
@@ -208,12 +214,8 @@ def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
     command = [sys.executable, "-m", "llmb", "run", "--plugin", "stallsbf16", "--precision", "all", *TINY]
     proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
-
-        def replayed() -> bool:  # the record is first kept unchecked, then replaced by the replayed one
-            return any(json.loads(p.read_text())["evidence"]["replay"] for p in out.glob("*.json"))
-
         deadline = time.monotonic() + 600
-        while not replayed() and proc.poll() is None and time.monotonic() < deadline:
+        while not replayed(out) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[1][-2000:]  # still in BF16, which never ends
         proc.send_signal(signal.SIGTERM)
@@ -224,6 +226,44 @@ def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
     (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
     assert record["precision"]["requested"] == "FP32" and record["tokens_per_second"] > 0
     assert record["evidence"]["replay"]["passed"] is True
+
+
+def test_an_interrupt_sent_to_the_judge_alone_stops_the_worker_at_once(tmp_path):
+    """SIGINT to the judging process only (`kill -INT`, not a terminal's Ctrl-C, which the worker gets too): the
+    worker, stalled in BF16's setup for 600 s, is stopped rather than waited for, and FP32's record is kept."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import install_plugin
+
+    site = install_plugin(tmp_path, "stallsbf16", STALLS_IN_BF16)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("LLMB_IN_PROCESS", None)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "llmb", "run", "--plugin", "stallsbf16", "--precision", "all", *TINY]
+    proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    try:
+        deadline = time.monotonic() + 600
+        while not replayed(out) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]  # in BF16's setup, which never ends
+        spawned = [Path(f"/proc/{pid}/cmdline") for pid in (children.read_text().split() if children.exists() else [])]
+        workers = [path.parent.name for path in spawned if b"spawn_main" in path.read_bytes()]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)  # far less than the 600 s the worker would sleep
+    finally:
+        proc.kill()
+        _, stderr = proc.communicate()
+    assert proc.returncode == 130 and b"interrupted" in stderr and b"Traceback" not in stderr, stderr[-2000:]
+    for pid in workers:  # none outlives the judge (a zombie reaped already reads as gone)
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "State:\tZ" in status.read_text(), f"worker {pid} still running"
+    (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert record["precision"]["requested"] == "FP32" and record["tokens_per_second"] > 0
 
 
 def test_precision_all_keeps_the_results_finished_before_a_failure(tmp_path):

@@ -233,7 +233,14 @@ def serve(
             )
             oom_kills = host_memory.oom_kills()
             worker.start()
-            worker.join()
+            try:
+                worker.join()
+            except BaseException:
+                # Interrupted here (a SIGINT sent to this process alone): the worker, which would train on to the
+                # end of its window or its stalled setup, and keep this process waiting at exit, stops now. What
+                # was finished was kept as it arrived (on_result).
+                stop(worker)
+                raise
             if not judge.connected.is_set() and worker.exitcode:
                 raise LlmbError(f"the worker process exited with code {worker.exitcode} before it started")
         judge.finished.wait(timeout=30)
@@ -249,6 +256,16 @@ def serve(
         else:
             error = LlmbError("the job's rank 0 ended before it finished, without a result or an error")
     return judge.results, error
+
+
+def stop(worker, grace: float = 5.0) -> None:
+    """End the worker process: SIGTERM, then SIGKILL if it is still there after `grace` seconds (a plugin may catch
+    SIGTERM)."""
+    worker.terminate()
+    worker.join(grace)
+    if worker.is_alive():
+        worker.kill()
+        worker.join()
 
 
 def worker_death(exitcode: int, oom_kills_before: int | None, oom_kills_after: int | None) -> LlmbError:
