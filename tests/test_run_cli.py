@@ -196,11 +196,10 @@ def replayed(out: Path) -> bool:
     return any(json.loads(p.read_text())["evidence"]["replay"] for p in out.glob("*.json"))
 
 
-def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
-    """A run stopped by a signal during BF16 (a job's time limit) has already kept FP32: each record is judged and
-    saved while the worker waits, not at the end of the whole run."""
+def stalled_in_bf16(tmp_path):
+    """`llmb run --precision all` of a plugin whose BF16 setup sleeps 600 s, once FP32's record is replayed and
+    kept: (the judge's process, its --out folder, the pids of the worker processes it spawned)."""
     import os
-    import signal
     import subprocess
     import sys
     import time
@@ -213,11 +212,24 @@ def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, "-m", "llmb", "run", "--plugin", "stallsbf16", "--precision", "all", *TINY]
     proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 600
+    while not replayed(out) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if proc.poll() is not None:  # still in BF16, which never ends, or the test fails here
+        proc.kill()
+        pytest.fail(proc.communicate()[1][-2000:].decode(errors="replace"))
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    spawned = [Path(f"/proc/{pid}/cmdline") for pid in (children.read_text().split() if children.exists() else [])]
+    return proc, out, [path.parent.name for path in spawned if b"spawn_main" in path.read_bytes()]
+
+
+def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
+    """A run stopped by a signal during BF16 (a job's time limit) has already kept FP32: each record is judged and
+    saved while the worker waits, not at the end of the whole run."""
+    import signal
+
+    proc, out, _ = stalled_in_bf16(tmp_path)
     try:
-        deadline = time.monotonic() + 600
-        while not replayed(out) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()[1][-2000:]  # still in BF16, which never ends
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     finally:
@@ -231,28 +243,11 @@ def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
 def test_an_interrupt_sent_to_the_judge_alone_stops_the_worker_at_once(tmp_path):
     """SIGINT to the judging process only (`kill -INT`, not a terminal's Ctrl-C, which the worker gets too): the
     worker, stalled in BF16's setup for 600 s, is stopped rather than waited for, and FP32's record is kept."""
-    import os
     import signal
-    import subprocess
-    import sys
-    import time
 
-    from conftest import install_plugin
-
-    site = install_plugin(tmp_path, "stallsbf16", STALLS_IN_BF16)
-    env = dict(os.environ, PYTHONPATH=str(site))
-    env.pop("LLMB_IN_PROCESS", None)
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "llmb", "run", "--plugin", "stallsbf16", "--precision", "all", *TINY]
-    proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    proc, out, workers = stalled_in_bf16(tmp_path)
     try:
-        deadline = time.monotonic() + 600
-        while not replayed(out) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()[1][-2000:]  # in BF16's setup, which never ends
-        spawned = [Path(f"/proc/{pid}/cmdline") for pid in (children.read_text().split() if children.exists() else [])]
-        workers = [path.parent.name for path in spawned if b"spawn_main" in path.read_bytes()]
+        assert workers, "no worker process found under the judge's (/proc/<pid>/task/<pid>/children)"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)  # far less than the 600 s the worker would sleep
     finally:
