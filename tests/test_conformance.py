@@ -109,7 +109,8 @@ class MediumMatmul(CpuPlugin):
 
 def test_medium_matmuls_fail_precision_where_the_cpu_really_computes_bf16(register_backend):
     """ "medium" allows BF16; oneDNN uses it only on some CPUs (AVX512-BF16/AMX, and not on every one of those). The
-    label follows what the probe and the dispatch record show, so the check fails exactly where BF16 ran."""
+    label follows what the probe and the dispatch record show, so the check fails exactly where BF16 ran, and only
+    on precision: the function is held to the row of what ran (BF16 compute over FP32 weights: BF16 amp's)."""
     register_backend(MediumMatmul(), name="bad")
     record = check("bad")
     ran_bf16 = record["precision"]["effective"] == "BF16"

@@ -28,11 +28,13 @@ Names are normalised by dropping the segments that known wrappers add, wherever 
 offload's ``_offload_wrapped_module`` and DDP/DataParallel's ``module`` (the fixed model has no segment of these
 names, so nothing real is dropped).
 
-Tolerances are per effective precision and mode: ten times the worst error measured, rounded up to 1, 2 or 5
-(2 contended CPU cores, torch 2.13.0+cpu; tiny preset seeds 0 and 1, small preset seed 0, batch 2, K = 5;
-`python scripts/conformance_errors.py` re-measures). FP32 is measured against a float64 copy of the reference (a
-second FP32 implementation, a GPU's or a compiled graph's, differs from the FP32 reference by about that much); the
-16-bit rows are the CPU's own FP16/BF16 kernels through the harness's recipes against the FP32 reference.
+Tolerances are per effective precision and mode (16-bit compute over weights kept in FP32 takes the amp row, whatever
+mode was asked for: an FP32 request whose matmuls ran BF16 fails precision, and its function is held to BF16 amp's):
+ten times the worst error measured, rounded up to 1, 2 or 5 (2 contended CPU cores, torch 2.13.0+cpu; tiny preset
+seeds 0 and 1, small preset seed 0, batch 2, K = 5; `python scripts/conformance_errors.py` re-measures). FP32 is
+measured against a float64 copy of the reference (a second FP32 implementation, a GPU's or a compiled graph's, differs
+from the FP32 reference by about that much); the 16-bit rows are the CPU's own FP16/BF16 kernels through the harness's
+recipes against the FP32 reference.
 
     worst measured relative error -> tolerance
     effective, mode | forward-loss     | forward-logits | gradients      | loss-curve       | trained-parameters

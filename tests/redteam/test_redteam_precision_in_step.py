@@ -46,7 +46,10 @@ def replayed_steps_failed(record: dict) -> list[int]:
     [
         ("1", "0", "replay: step 3: recorded loss"),
         # The prefix drawn, and a budget past it that a tiny window's steps fit in: the replay goes on to the whole.
-        ("0", "0.1", "replay: step 3: recorded loss"),
+        # Half the run's wall time, not the default tenth: a tiny 5-step run is mostly the worker's start, and the
+        # replay's first step (its estimate of the rest) is slow on a loaded host, so a tenth is on the edge there
+        # (what a tenth affords per preset: benchmarks/replay_depth.py, RESULTS.md section 23).
+        ("0", "0.5", "replay: step 3: recorded loss"),
         ("0", "0", None),
     ],
 )
