@@ -50,9 +50,7 @@ def _worst(name: str, candidate: dict, reference: dict, tolerance: float, what: 
 def compare(candidate: Trace, reference: Trace, requested: str, mode: str) -> list[Check]:
     """Every conformance check of a candidate trace against the reference trace."""
     effective = candidate.audit["effective"]
-    # The row of what ran: 16-bit compute over weights kept in FP32 is the amp row's (its updates are what
-    # trained-parameters compares), whatever mode was asked for (an FP32 request whose matmuls ran BF16, say).
-    tol = tolerance_for(effective, "amp" if candidate.master_fp32 and effective not in ("FP32", "TF32") else mode)
+    tol = tolerance_for(effective, mode, candidate.master_fp32)
     checks = [_names_check(candidate, reference)]
 
     fingerprint = model_fingerprint()

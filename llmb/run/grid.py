@@ -39,7 +39,7 @@ def parse_search(items: tuple[str, ...] | list[str], fixed: dict) -> dict[str, l
             raise UsageError(f"--search {key}: also fixed by -O {key}=...; give it in one of them")
         chosen = [v.strip() for v in values.split(",")]
         bad = [v for v in chosen if not _VALUE.match(v)]  # an empty item (none,,default) included
-        if not chosen or bad:
+        if bad:
             raise UsageError(f"--search {key}: expected comma-separated values like none,default (got {values!r})")
         grid[key] = list(dict.fromkeys(chosen))
     return grid

@@ -32,10 +32,14 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
 }
 
 
-def tolerance_for(effective: str, mode: str) -> Tolerance:
-    """The tolerance row for what really ran; a format below BF16 (FP8) is held to BF16's, and fails `precision`."""
+def tolerance_for(effective: str, mode: str, master_fp32: bool = False) -> Tolerance:
+    """The tolerance row for what really ran; a format below BF16 (FP8) is held to BF16's, and fails `precision`.
+    `master_fp32`: the weights were kept in FP32, so 16-bit compute over them takes the amp row whatever mode was asked
+    for (an FP32 request whose matmuls ran BF16, say; its trained-parameters figure is for the updates)."""
     if effective in ("FP32", "TF32"):
         mode = "pure"
+    elif master_fp32:
+        mode = "amp"
     return TOLERANCES.get((effective, mode), TOLERANCES[("BF16", mode)])
 
 
