@@ -6,6 +6,7 @@ from conftest import TINY_CPU, invoke
 
 from llmb import Backend, Peak, PrecisionFact
 from llmb.audit import precision
+from llmb.judge import replay
 from llmb.spec.flops import fom, model_flops_per_token, parameter_count
 from llmb.spec.presets import PRESETS
 from llmb.spec.shape import OFFICIAL_CONFIG
@@ -76,6 +77,41 @@ def test_medium_matmul_precision_under_fp32_is_labelled_by_what_ran(register_bac
     else:
         assert record["precision"]["effective"] == "BF16"
         assert "PRECISION: requested FP32 but the audit found BF16" in result.output
+
+
+def test_an_fp32_request_is_replayed_by_the_weights_and_matmuls_that_ran(register_backend, tmp_path):
+    """The replay judges what ran, as check-plugin does. BF16 matmuls over FP32 weights (where this CPU runs "medium"
+    as BF16) are held to BF16 amp's row, every loss compared; a model the plugin cast to BF16 (post-processing the
+    rules allow) trained pure BF16 weights and is replayed as a pure BF16 request is, in BF16 too. Before, both took the
+    request's word: the first had its later losses only bracketed, and the second, whose BF16 weights keep little of
+    AdamW's updates, failed the whole window's update digest (0.82 against 0.05 here) as an honest run."""
+
+    class CastToBF16(MediumMatmulBackend):
+        name = "castbf16"
+
+        def setup(self, device, precision, settings):
+            pass
+
+        def process_model(self, model, optimizer, device, precision, settings):
+            return model.to(torch.bfloat16)
+
+    register_backend(MediumMatmulBackend())
+    register_backend(CastToBF16())
+    for plugin in ("medium", "castbf16"):
+        result, [record] = run(tmp_path / plugin, "--plugin", plugin, "--precision", "FP32")
+        assert result.exit_code == 0, result.output
+        precision.apply_backend_recipe("FP32")
+        replayed = replay.replay_record(record, steps=record["steps"])  # the whole window, as the judge may draw it
+        assert replayed["passed"] and replayed["whole_window"], [c for c in replayed["checks"] if not c["passed"]]
+        checks = {c["name"]: c["detail"] for c in replayed["checks"]}
+        ran = record["precision"]["effective"]
+        if plugin == "castbf16":
+            assert ran == "BF16" and replayed["same_precision"]["dtype"] == "bfloat16"
+            assert "against a BF16 replay" in checks["same-precision-moments"]
+        else:  # FP32 weights: every loss against the FP32 replay, in the row of what ran
+            row = {"FP32": "FP32 pure", "BF16": "BF16 amp"}[ran]
+            assert "same_precision" not in replayed
+            assert "relative error" in checks["replay-loss-3"] and row in checks["replay-loss-3"], checks
 
 
 def test_high_on_the_cpu_is_not_labelled_tf32(register_backend, tmp_path):

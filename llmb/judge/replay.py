@@ -255,12 +255,11 @@ def replay_record(
         window_steps=int(record["steps"]),
     )
     precision = record["precision"]
-    fp32_master = precision["mode"] == "amp" or precision["requested"] in ("FP32", "TF32")
+    fp32_master, sixteen = weights_format(precision)
     fused = bool(((record.get("optimizer") or {}).get("defaults") or {}).get("fused"))
     scope = digest_scope(record.get("layout") or {})  # the layout's, not the window's (compare)
     device_type = str((record.get("device") or {}).get("type") or "")
     effective, mode = precision["effective"], precision["mode"]
-    sixteen = SIXTEEN_BIT_DTYPES.get(precision["requested"]) if precision["mode"] == "pure" else None
     # In pure 16-bit the budget goes to the replay in the run's own format, which checks the later steps; the FP32
     # replay beside it then stops at its first losses.
     same, fp32_budget = None, budget_seconds
@@ -305,6 +304,26 @@ def replay_record(
         **({"device_fallback": "; ".join(fallbacks)} if fallbacks else {}),
         "checks": [c.to_dict() for c in checks],
     }
+
+
+def weights_format(precision: dict) -> tuple[bool, torch.dtype | None]:
+    """(whether the weights were FP32, the 16-bit dtype of pure 16-bit weights or None), from the parameters' dtypes
+    the precision audit saw, as check-plugin judges them (what ran, not the recipe): an FP32 request whose plugin cast
+    the model to BF16 (post-processing the rules allow) trained pure BF16 weights, and is replayed as a pure BF16
+    request is, in its own format too; one whose matmuls ran BF16 over FP32 weights is held to the amp row. Mixed
+    dtypes, or a record without the audit, keep the recipe's word (the request and its mode). A worker that misstates
+    its dtypes gains nothing: either way the window is held to a replay of the format it names, which the other
+    format's trajectory does not follow, and skipped work moves AdamW's moments in both."""
+    audit = precision.get("audit")
+    counts = audit.get("parameter_dtypes") if isinstance(audit, dict) else None
+    dtypes = set(counts) if isinstance(counts, dict) else set()
+    if dtypes == {"float32"}:
+        return True, None
+    by_name = {str(dtype).removeprefix("torch."): dtype for dtype in SIXTEEN_BIT_DTYPES.values()}
+    if len(dtypes) == 1 and next(iter(dtypes)) in by_name:
+        return False, by_name[next(iter(dtypes))]
+    pure = SIXTEEN_BIT_DTYPES.get(precision["requested"]) if precision["mode"] == "pure" else None
+    return precision["mode"] == "amp" or precision["requested"] in ("FP32", "TF32"), pure
 
 
 def _replay_on(target: torch.device, fallbacks: list[str], **arguments) -> Replayed:

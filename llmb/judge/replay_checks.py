@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from llmb.audit.evidence import MODEL_SCOPE
-from llmb.spec.tolerances import BRACKETED, SAME_PRECISION_TOLERANCES, replay_tolerance_for
+from llmb.spec.tolerances import BRACKETED, SAME_PRECISION_TOLERANCES, replay_tolerance_for, row_mode
 
 # AdamW first-moment digests of a whole window against the FP32 replay (relative). Measured on the CPU by
 # benchmarks/replay_calibration.py (tiny preset, seeds 0-1, batch 1 and 8, 5-step windows; raw/replay_calibration-
@@ -93,10 +93,14 @@ def compare(
     device_type: str | None = None,
 ) -> list[ReplayCheck]:
     """The window's recorded losses (and digest, for a whole window) against the replay, with the conformance
-    tolerances of what really ran (`fused`: whether the run's AdamW was the fused kernel, for the failure's hint).
+    tolerances of what really ran (`fp32_master`: the weights were FP32, replay.weights_format; `fused`: whether the
+    run's AdamW was the fused kernel, for the failure's hint).
     `scope` is what the digests cover as the job's layout says (evidence.digest_scope), never the window's own word:
     a seal that called a one-process run's digests a part would skip the digest and AdamW moment checks.
     `device_type`: the run's device type, which picks the moment tolerance (moment_tolerance)."""
+    # The row of what ran: 16-bit compute over FP32 weights (an FP32 request whose matmuls ran BF16) is held to the amp
+    # row, whose losses follow the FP32 replay's, not to the pure row's bracket (which only pure 16-bit weights need).
+    mode = row_mode(effective, mode, fp32_master)
     tol = replay_tolerance_for(effective, mode)
     digest_tolerance = tol.trained
     hint = FP16_LOOP_HINT if (effective, mode) == ("FP16", "pure") and not fused else ""

@@ -32,14 +32,20 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
 }
 
 
-def tolerance_for(effective: str, mode: str, master_fp32: bool = False) -> Tolerance:
-    """The tolerance row for what really ran; a format below BF16 (FP8) is held to BF16's, and fails `precision`.
-    `master_fp32`: the weights were kept in FP32, so 16-bit compute over them takes the amp row whatever mode was asked
-    for (an FP32 request whose matmuls ran BF16, say; its trained-parameters figure is for the updates)."""
+def row_mode(effective: str, mode: str, master_fp32: bool = False) -> str:
+    """The mode whose row holds what really ran: FP32 and TF32 have only "pure"; 16-bit compute over weights kept in
+    FP32 (`master_fp32`, from the parameters' dtypes, not the request) takes "amp" whatever mode was asked for (an
+    FP32 request whose matmuls ran BF16, say: its weights follow AdamW's updates as AMP's do, so its losses are
+    compared, not bracketed, and its trained-parameters figure is for the updates)."""
     if effective in ("FP32", "TF32"):
-        mode = "pure"
-    elif master_fp32:
-        mode = "amp"
+        return "pure"
+    return "amp" if master_fp32 else mode
+
+
+def tolerance_for(effective: str, mode: str, master_fp32: bool = False) -> Tolerance:
+    """The tolerance row for what really ran (row_mode); a format below BF16 (FP8) is held to BF16's, and fails
+    `precision`."""
+    mode = row_mode(effective, mode, master_fp32)
     return TOLERANCES.get((effective, mode), TOLERANCES[("BF16", mode)])
 
 
@@ -77,10 +83,10 @@ REPLAY_TOLERANCES = MappingProxyType(
 BRACKETED = frozenset({("FP16", "pure"), ("BF16", "pure"), ("FP8", "pure")})
 
 
-def replay_tolerance_for(effective: str, mode: str) -> Tolerance:
-    """The tolerance a run's own replay holds it to: REPLAY_TOLERANCES, else (a format it lacks) the conformance row."""
-    if effective in ("FP32", "TF32"):
-        mode = "pure"
+def replay_tolerance_for(effective: str, mode: str, master_fp32: bool = False) -> Tolerance:
+    """The tolerance a run's own replay holds it to, for what really ran (row_mode): REPLAY_TOLERANCES, else (a
+    format it lacks) the conformance row."""
+    mode = row_mode(effective, mode, master_fp32)
     return REPLAY_TOLERANCES.get((effective, mode)) or tolerance_for(effective, mode)
 
 

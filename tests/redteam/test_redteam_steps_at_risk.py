@@ -157,6 +157,10 @@ def _process_model(model, optimizer, device, precision, settings):
     model.layers[half - 1].register_forward_hook(cut)
     return model
 """
+# SKIP_FROM_STEP on a model the plugin cast to BF16 under an FP32 request.
+CAST_TO_BF16_FIRST = SKIP_FROM_STEP.replace("SKIPPING_RANKS", "(0,)").replace(
+    "    forward = model.forward\n", "    model = model.to(torch.bfloat16)\n    forward = model.forward\n", 1
+)
 # Pure FP16 wants the fused AdamW (its per-tensor loops underflow g^2 in FP16: an honest run fails the replay too).
 FUSED_ADAMW = """
 
@@ -186,6 +190,17 @@ def _optimizer_options(device, precision, settings):
         ),
         # Class 3: pure FP16 (not BF16) that stops computing after step 1, its later losses inside the bracket.
         ("fp16stop", attack(2) + FUSED_ADAMW, "FP16", 5, "replay: AdamW's first-moment digest"),
+        # Class 3 under an FP32 request: the plugin casts the model to BF16 (post-processing the rules allow, labelled
+        # BF16) and stops computing after step 1. The replay knows pure BF16 weights by their dtypes, not by the
+        # request, and replays the window in BF16 too (before, an FP32 request's update digest failed it, as it failed
+        # the honest twin: tests/test_precision.py).
+        (
+            "fp32caststop",
+            CAST_TO_BF16_FIRST.replace("FIRST_SKIPPED", str(WARMUP + 2)),
+            "FP32",
+            5,
+            "replay: AdamW's first-moment digest after 5 steps: relative error",
+        ),
         # Class 3: pure BF16 and pure FP16 that skip half the layers' backward from step 1.
         ("bf16halflayers", HALF_THE_LAYERS_BACKWARD, "BF16", 5, "replay: AdamW's first-moment digest"),
         ("fp16halflayers", HALF_THE_LAYERS_BACKWARD + FUSED_ADAMW, "FP16", 5, "replay: AdamW's first-moment digest"),
@@ -201,3 +216,6 @@ def test_other_shapes_of_skipped_work_fail_the_whole_window_replay(tmp_path, nam
     replay = record["evidence"]["replay"]
     assert replay["drawn"]["whole"] is True and replay["passed"] is False, replay
     assert reasons(record, caught), record["invalid_reasons"]
+    if precision == "FP32" and "bfloat16" in record["precision"]["audit"]["parameter_dtypes"]:
+        # Judged as the pure BF16 it ran: by the replay in BF16, not by an FP32 update digest its honest twin fails.
+        assert all(r.endswith("against a BF16 replay)") for r in reasons(record, caught)), record["invalid_reasons"]
