@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from llmb.judge.replay import replay_device
+from llmb.judge.replay import NATIVE_REPLAY_DEVICE_TYPES, replay_device
 
 
 def device_names(spec: str | None) -> list[str] | None:
@@ -25,6 +25,26 @@ def device_names(spec: str | None) -> list[str] | None:
     except Exception:  # a driver that fails to answer (or a torch without the call) says nothing
         return None
     return names or None
+
+
+def device_type(spec: object) -> str | None:
+    """The type of a device string as torch parses it ("cuda" of "cuda:1"); None for no string or one torch refuses."""
+    if not isinstance(spec, str) or not spec:
+        return None
+    try:
+        return torch.device(spec).type
+    except (RuntimeError, ValueError, TypeError):
+        return None
+
+
+def unseen_device_problems(spec: object) -> list[str]:
+    """A run that says it ran on a type of device torch drives alone (cuda, xpu, mps) where torch in the judge's
+    process, which imported no plugin, sees none of that type: a worker's record cannot name an accelerator this host
+    does not have (its device type picks the replay's moment tolerance, looser on accelerators than on the CPU)."""
+    kind = device_type(spec)
+    if kind not in NATIVE_REPLAY_DEVICE_TYPES or replay_device(str(spec)).type == kind:
+        return []
+    return [f"device: the worker's record says it ran on {str(spec)!r}; torch sees no {kind} device on this host"]
 
 
 def judged_device_name(spec: str | None, said: str) -> tuple[str | None, list[str]]:

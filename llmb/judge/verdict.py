@@ -111,6 +111,8 @@ def judge_figures(options, requested: str | None, world_size: int, nodes: int, j
         "parallel": (options.parallel if options.parallel not in (None, "none") else "ddp") if job else "none",
         "precision": requested,
         "mode": options.mode,
+        # The device type asked for (--device), None where the plugin chose it (the worker resolves its default).
+        "device_type": hardware.device_type(options.device),
         # The FLOPs a token costs, from the shape the judge asked for (flops.parameter_count, tested against the
         # model itself): the record's TFLOP/s, MFU and matmul-peak efficiency never rest on the worker's count.
         "model_flops_per_token": flops.model_flops_per_token(options.config),
@@ -138,12 +140,20 @@ def figure_problems(record: dict, asked: dict) -> list[str]:
         "mode": (record.get("precision") or {}).get("mode"),
         **{f"layout.{key}": layout.get(key) for key in JUDGED_LAYOUT},
     }
+    # The device's type, as the record states it and as its device string parses: both are the worker's word, and
+    # the replay's tolerances and device are chosen by them.
+    device = record.get("device") if isinstance(record.get("device"), dict) else {}
+    said["device type"] = device.get("type")
+    said["device spec's type"] = hardware.device_type(device.get("spec"))
     asked = {**asked, **{f"layout.{key}": asked[key] for key in JUDGED_LAYOUT}}
+    asked["device type"] = asked["device spec's type"] = asked.get("device_type")
     problems = []
     for key, value in said.items():
         expected = asked[key]
         if key == "precision" and expected is None:
             continue  # --precision all: the precision is the worker's choice among the benchmark's
+        if key.startswith("device") and expected is None:
+            continue  # no --device: the plugin's default device, which the worker resolved
         if value != expected:
             problems.append(f"judge: the worker's record says {key} {value!r}; the judge asked for {expected!r}")
     return problems
@@ -236,7 +246,7 @@ def finish(
     # The device's name as the judge reads it where it can, then the peak behind the MFU, chosen here again: the
     # worker's choice (and its reasons) crossed the link as its word.
     record["device"], known, problems = judged_device(record)
-    invalid += problems
+    invalid += problems + hardware.unseen_device_problems(record["device"].get("spec"))
     record["peak"], problems = judged_peak(record, known)
     invalid += [problem for problem in problems if problem not in invalid]
     if closed:

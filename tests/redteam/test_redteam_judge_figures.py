@@ -1,13 +1,18 @@
-"""Red team, class 1 of the second round: the judge takes the worker's word for what ran. A plugin that rewrites
-what the worker's end of the link sends (here through multiprocessing's Connection.send, which no identity guard
-watches) claims more steps, a larger batch or a job it never ran, a peak of its own, or digests that cover less than
-the model. The judge's figures are its own: what it asked for, the peak llmb's table gives, the scope the job's
-layout gives. Stage: run; reason: "judge: the worker's record says <field> ...; the judge asked for ..." (the peak:
-"...; llmb's table and the plugin's declaration give ..."; the seal: "judge: window N's seal says its digests cover
-...")."""
+"""Red team, class 1 of the second round: the judge takes the worker's word for what ran. A plugin that rewrites what
+the worker's end of the link sends (here through multiprocessing's Connection.send, which no identity guard watches)
+claims more steps, a larger batch or a job it never ran, a peak of its own, a device it never had, or digests that cover
+less than the model. The judge's figures are its own: what it asked for, the peak llmb's table gives, the scope the
+job's layout gives, the accelerators torch shows it. Stage: run; reason: "judge: the worker's record says <field> ...;
+the judge asked for ..." (the peak: "...; llmb's table and the plugin's declaration give ..."; the seal: "judge: window
+N's seal says its digests cover ..."; a device this host lacks: "device: the worker's record says it ran on ...")."""
+
+import json
 
 import pytest
-from redteam_kit import install, reasons, run
+import torch
+from redteam_kit import install, llmb, reasons, run
+from test_redteam_precision_in_step import FP16_MLP_FROM_STEP
+from test_redteam_precision_in_step import WARMUP as PRECISION_WARMUP
 from test_redteam_steps_at_risk import attack
 
 from llmb.spec.flops import model_flops_per_token
@@ -89,6 +94,14 @@ def _forge_record(record):
     record["invalid_reasons"] = [r for r in record["invalid_reasons"] if not r.startswith(("peak", "MFU"))]
     return record
 """
+# The device the run names: its type picks the replay's moment tolerance (1e-5 for a run made on the CPU, 1e-3 on an
+# accelerator no GPU has measured yet: llmb.judge.replay_checks), so a CPU run that calls itself a GPU run would take
+# the looser one, and the FP16 MLP of test_redteam_precision_in_step.py (5e-5 in the moments) would pass.
+A_DEVICE_IT_NEVER_HAD = """
+def _forge_record(record):
+    record["device"] = {**record["device"], "type": "cuda", "spec": "cuda:0"}
+    return record
+"""
 
 
 @pytest.mark.parametrize(
@@ -100,6 +113,7 @@ def _forge_record(record):
         ("flops", TEN_TIMES_THE_FLOPS, "model_flops_per_token"),
         ("nodes", TWO_NODES, "nodes"),
         ("peak", A_PEAK_OF_ITS_OWN, "peak"),
+        ("device", A_DEVICE_IT_NEVER_HAD, "device type"),
     ],
 )
 def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path, name, forge, field):
@@ -143,3 +157,23 @@ def test_a_seal_that_narrows_what_its_digests_cover_is_judged_on_the_layout(tmp_
     assert reasons(record, "judge: window 1's seal says its digests cover \"rank 0's part\""), record["invalid_reasons"]
     assert record["evidence"]["windows"][0]["digest_scope"] == "model"
     assert reasons(record, "replay: AdamW's first-moment digest"), record["invalid_reasons"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has the device the forgery names")
+def test_a_run_that_names_an_accelerator_the_host_lacks_is_invalid(tmp_path):
+    """Without --device the plugin's default device is the worker's to resolve, so the judge cannot compare the
+    record's with what it asked; a type torch drives alone it can still look for itself. A CPU run running every MLP
+    in FP16 from step 3 on names itself cuda:0 for the looser moment tolerance: the judge sees no CUDA device."""
+    keep_answers = "\n\ndef _forge_answer(answer):\n    return answer\n"
+    code = FORGE_THE_LINK.replace("# FORGERY\n", A_DEVICE_IT_NEVER_HAD + keep_answers)
+    code += FP16_MLP_FROM_STEP.replace("FIRST_CHANGED", str(PRECISION_WARMUP + 3))
+    site = install(tmp_path / "site", "forgedevice", code)
+    out = tmp_path / "out"
+    args = ["run", "--preset", "tiny", "--steps", "5", "--warmup-steps", str(PRECISION_WARMUP), "--plugin"]
+    proc = llmb(site, [*args, "forgedevice", "--precision", "FP32", "--replay-whole", "1", "--out", str(out)], tmp_path)
+    records = sorted(out.glob("*.json")) if out.exists() else []
+    assert records, proc.stderr[-2000:]
+    record = json.loads(records[0].read_text())
+    assert record["valid"] is False and record["device"]["spec"] == "cuda:0"
+    said = "device: the worker's record says it ran on 'cuda:0'; torch sees no cuda device on this host"
+    assert reasons(record, said), record["invalid_reasons"]
