@@ -116,6 +116,9 @@ def judge_figures(options, requested: str | None, world_size: int, nodes: int, j
         # The FLOPs a token costs, from the shape the judge asked for (flops.parameter_count, tested against the
         # model itself): the record's TFLOP/s, MFU and matmul-peak efficiency never rest on the worker's count.
         "model_flops_per_token": flops.model_flops_per_token(options.config),
+        # The parameters the shape has (the shape's label in every table says it: "tiny (1433.7M)" would pass a
+        # debug shape off as the official one to a reader).
+        "parameters": flops.parameter_count(options.config),
     }
 
 
@@ -124,7 +127,7 @@ def judge_figures(options, requested: str | None, world_size: int, nodes: int, j
 JUDGED_LAYOUT = ("tp", "pp", "dp", "grad_accum", "microbatches")
 JUDGED_FIELDS = (
     *("steps", "repeats", "batch_size", "seed", "global_batch_size", "parallel", "model_flops_per_token"),
-    *("world_size", "nodes"),
+    *("world_size", "nodes", "parameters"),
 )
 
 

@@ -15,7 +15,7 @@ from test_redteam_precision_in_step import FP16_MLP_FROM_STEP
 from test_redteam_precision_in_step import WARMUP as PRECISION_WARMUP
 from test_redteam_steps_at_risk import attack
 
-from llmb.spec.flops import model_flops_per_token
+from llmb.spec.flops import model_flops_per_token, parameter_count
 from llmb.spec.shape import ModelConfig
 
 
@@ -76,6 +76,12 @@ def _forge_record(record):
     record["model_flops_per_token"] *= 10
     return record
 """
+# The official shape's parameter count on a debug shape: every table labels the shape by it.
+THE_OFFICIAL_PARAMETERS = """
+def _forge_record(record):
+    record["parameters"] = 1_433_680_000
+    return record
+"""
 # A job of two nodes where one process ran on one.
 TWO_NODES = """
 def _forge_record(record):
@@ -114,6 +120,7 @@ def _forge_record(record):
         ("nodes", TWO_NODES, "nodes"),
         ("peak", A_PEAK_OF_ITS_OWN, "peak"),
         ("device", A_DEVICE_IT_NEVER_HAD, "device type"),
+        ("parameters", THE_OFFICIAL_PARAMETERS, "parameters"),
     ],
 )
 def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path, name, forge, field):
@@ -130,6 +137,7 @@ def test_a_record_rewritten_on_the_link_is_judged_on_the_judges_figures(tmp_path
     # Its FLOPs too: the shape's count, whatever the worker said.
     flops = flops_per_token(record["config"])
     assert record["model_flops_per_token"] == flops and record["nodes"] == 1
+    assert record["parameters"] == parameter_count(ModelConfig(**record["config"]))
     assert record["tflops"] == pytest.approx(record["tokens_per_second"] * flops / 1e12, rel=1e-9)
     # The peak is llmb's table's for the device name the record gives (the H100's FP32 row for the forged peak).
     if name == "peak":
