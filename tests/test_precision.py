@@ -84,7 +84,8 @@ def test_an_fp32_request_is_replayed_by_the_weights_and_matmuls_that_ran(registe
     as BF16) are held to BF16 amp's row, every loss compared; a model the plugin cast to BF16 (post-processing the
     rules allow) trained pure BF16 weights and is replayed as a pure BF16 request is, in BF16 too. Before, both took the
     request's word: the first had its later losses only bracketed, and the second, whose BF16 weights keep little of
-    AdamW's updates, failed the whole window's update digest (0.82 against 0.05 here) as an honest run."""
+    AdamW's updates, failed the whole window's update digest as an honest run (0.82 against 0.05 in a 5-step
+    fused-AdamW run of the tiny preset)."""
 
     class CastToBF16(MediumMatmulBackend):
         name = "castbf16"

@@ -45,6 +45,7 @@ from llmb.training.loop import build_optimizer
 # Pure 16-bit runs: the parameters' dtype of the replay in the run's own format (same_precision_checks), and how many
 # of the window's first steps are still replayed in FP32 beside it (the first loss is what says which precision ran).
 SIXTEEN_BIT_DTYPES = {"BF16": torch.bfloat16, "FP16": torch.float16}
+SIXTEEN_BIT_BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in SIXTEEN_BIT_DTYPES.values()}  # the audit's
 SAME_PRECISION_FP32_STEPS = 2
 # Tokens per micro-batch of the replay (one whole sequence where a sequence is longer: one row at the official
 # shape). What the replay holds beyond the model and AdamW is one micro-batch's activations, whatever the batch: at
@@ -264,7 +265,12 @@ def replay_record(
     # replay beside it then stops at its first losses.
     same, fp32_budget = None, budget_seconds
     target, fallbacks = replay_device(device), []
-    if sixteen is not None and (steps >= arguments["window_steps"] or budget_seconds):
+    unreplayed = below_weights_format(effective, sixteen)
+    if unreplayed:
+        # No replay in the run's own format, and the FP32 one parts from its later steps (pure 16-bit weights): the
+        # first losses against FP32 alone, which say what precision ran.
+        arguments["losses"], fp32_budget = min(SAME_PRECISION_FP32_STEPS, steps), None
+    elif sixteen is not None and (steps >= arguments["window_steps"] or budget_seconds):
         # A pure 16-bit window is judged twice: its first losses against FP32 (what precision ran), and the whole
         # window (or as much of it as the budget affords) against a replay in its own precision (that the work was
         # done), which it tracks where FP32 does not.
@@ -294,6 +300,7 @@ def replay_record(
         "moments_compared": any(bool(r.moments_end) for r in ran),
         "whole_window": any(r.digest_end is not None for r in ran),
         **same_precision,
+        **({"unreplayed": unreplayed} if unreplayed else {}),
         **({"budget_seconds": budget_seconds} if budget_seconds else {}),
         "passed": all(c.passed for c in checks),
         "seconds": sum(r.seconds for r in ran),
@@ -304,6 +311,21 @@ def replay_record(
         **({"device_fallback": "; ".join(fallbacks)} if fallbacks else {}),
         "checks": [c.to_dict() for c in checks],
     }
+
+
+def below_weights_format(effective: str, sixteen: torch.dtype | None) -> str | None:
+    """Why a pure 16-bit window has no replay in its own format, or None where it has one: its matmuls ran below the
+    weights' format (FP8 over BF16 weights), which torch's own kernels do not train, and a replay in the weights' format
+    is not that run's (an honest FP8 run leaves a BF16 replay within a few steps: one H200, official shape, batch 8,
+    losses 0.3% apart at step 3 and 13% at step 20, AdamW's moments 0.17-0.29 against BF16's 0.1; RESULTS.md section
+    25). FP8 is no benchmark precision: its record is never valid, and the judge checks only what it can."""
+    if sixteen is None or SIXTEEN_BIT_DTYPES.get(effective) == sixteen:
+        return None
+    weights = str(sixteen).removeprefix("torch.")
+    return (
+        f"steps past the first {SAME_PRECISION_FP32_STEPS}: {effective} matmuls over {weights} weights have no replay "
+        f"in their own format (torch's own kernels), and a {weights} replay parts from them within a few steps"
+    )
 
 
 def weights_format(precision: dict) -> tuple[bool, torch.dtype | None]:
@@ -319,9 +341,8 @@ def weights_format(precision: dict) -> tuple[bool, torch.dtype | None]:
     dtypes = set(counts) if isinstance(counts, dict) else set()
     if dtypes == {"float32"}:
         return True, None
-    by_name = {str(dtype).removeprefix("torch."): dtype for dtype in SIXTEEN_BIT_DTYPES.values()}
-    if len(dtypes) == 1 and next(iter(dtypes)) in by_name:
-        return False, by_name[next(iter(dtypes))]
+    if len(dtypes) == 1 and (only := next(iter(dtypes))) in SIXTEEN_BIT_BY_NAME:
+        return False, SIXTEEN_BIT_BY_NAME[only]
     pure = SIXTEEN_BIT_DTYPES.get(precision["requested"]) if precision["mode"] == "pure" else None
     return precision["mode"] == "amp" or precision["requested"] in ("FP32", "TF32"), pure
 

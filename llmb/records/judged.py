@@ -76,6 +76,7 @@ class Replay(Typed):
     drawn: ReplayDraw | None = None  # absent in records written before the depth was drawn
     budget_seconds: float | None = None  # the seconds it could spend past its floor (ReplayDraw.budget_share)
     same_precision: SamePrecision | None = None  # a pure 16-bit window's replay in its own format
+    unreplayed: str | None = None  # why a pure window's later steps had none (FP8 matmuls: no replay in that format)
     initial_model: InitialModel | None = None  # absent where the replay built its initial model itself
 
 

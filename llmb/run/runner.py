@@ -286,13 +286,16 @@ def _run(
         cpu_count=os.cpu_count(),
     )
     window.close()
+    # The training's peak, read before the audit step: that step runs eager under the dispatch recorder, and took
+    # more than the compiled loop it follows (one H200, official shape, batch 64: FP8 42.1 GB against the loop's
+    # 27.0, AMP 59.8 against 47.1; benchmarks/RESULTS.md section 25).
+    peak_memory = call(backend.peak_memory_bytes, device)
+    peak_memory = int(peak_memory) if peak_memory is not None else None
     window.audit_step(trainer.step)  # untimed, after the last window: a dispatch mode de-optimises compiled graphs
     invalid += window.problems
     if window.dispatch() is not None:
         audit = precision.with_dispatch(audit, window.dispatch())
     audit["window"] = window.record()
-    peak_memory = call(backend.peak_memory_bytes, device)
-    peak_memory = int(peak_memory) if peak_memory is not None else None
     chosen = median_measurement(measurements)
     # The roofline in the run's own backend state, at its own GEMM shapes, after the measured window; on rank 0
     # alone, since the ranks of one host would share its time.
