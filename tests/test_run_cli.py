@@ -69,6 +69,8 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     not_always_written.add("evidence.replay.device_fallback")
     # Written only for a pure FP16/BF16 window, replayed in its own format too (this run is FP32).
     not_always_written |= {f"evidence.replay.same_precision{k}" for k in ("", ".dtype", ".seconds", ".steps")}
+    # Written only for a pure window whose matmuls ran below its weights' format (FP8 over BF16 weights).
+    not_always_written.add("evidence.replay.unreplayed")
     # Written as the judge's draw falls: the replay's budget past the prefix (the whole window needs none).
     drawn = {"evidence.replay.budget_seconds"}
     # Written only where the judge built the replay's initial model beside the worker: a run replayed on an accelerator.
