@@ -105,3 +105,21 @@ def test_an_honest_fp8_window_drawn_whole_passes_its_replay(register_backend, tm
     assert "same_precision" not in replayed and not replayed["whole_window"]
     assert replayed["steps"] == replay.SAME_PRECISION_FP32_STEPS
     assert "FP8 matmuls over bfloat16 weights" in replayed["unreplayed"]
+
+
+@pytest.mark.parametrize(
+    "effective, weights, unreplayed",
+    [
+        ("FP8", torch.bfloat16, True),  # FP8 matmuls over BF16 weights: no replay in their format
+        ("BF16", torch.float16, True),  # BF16 matmuls over FP16 weights: below them too
+        ("BF16", torch.bfloat16, False),  # the weights' own format: replayed in it
+        ("FP16", torch.float16, False),
+        ("FP32", torch.bfloat16, False),  # a label above the weights' format keeps the replay in the weights' format
+        ("FP16", torch.bfloat16, False),
+        ("FP8", None, False),  # FP32 weights: the FP32 replay, no same-format one
+    ],
+)
+def test_only_a_format_below_the_weights_is_left_unreplayed(effective, weights, unreplayed):
+    from llmb.judge import replay
+
+    assert (replay.below_weights_format(effective, weights) is not None) is unreplayed

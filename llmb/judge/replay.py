@@ -40,6 +40,7 @@ from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, import
     same_precision_checks,
 )
 from llmb.model import LlamaModel, ModelConfig
+from llmb.spec.formats import RANK
 from llmb.training.loop import build_optimizer
 
 # Pure 16-bit runs: the parameters' dtype of the replay in the run's own format (same_precision_checks), and how many
@@ -318,8 +319,12 @@ def below_weights_format(effective: str, sixteen: torch.dtype | None) -> str | N
     weights' format (FP8 over BF16 weights), which torch's own kernels do not train, and a replay in the weights' format
     is not that run's (an honest FP8 run leaves a BF16 replay within a few steps: one H200, official shape, batch 8,
     losses 0.3% apart at step 3 and 13% at step 20, AdamW's moments 0.17-0.29 against BF16's 0.1; RESULTS.md section
-    25). FP8 is no benchmark precision: its record is never valid, and the judge checks only what it can."""
-    if sixteen is None or SIXTEEN_BIT_DTYPES.get(effective) == sixteen:
+    25). FP8 is no benchmark precision: its record is never valid, and the judge checks only what it can. A format
+    the audit ranks at or above the weights' (llmb.spec.formats.RANK) keeps the replay in the weights' format."""
+    if sixteen is None:
+        return None
+    weights_format_name = next(name for name, dtype in SIXTEEN_BIT_DTYPES.items() if dtype == sixteen)
+    if RANK.get(effective, RANK["FP32"]) <= RANK[weights_format_name]:  # the weights' format or above: replayed in it
         return None
     weights = str(sixteen).removeprefix("torch.")
     return (
