@@ -40,7 +40,7 @@ from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, import
     same_precision_checks,
 )
 from llmb.model import LlamaModel, ModelConfig
-from llmb.spec.formats import RANK
+from llmb.spec.formats import DTYPE_NAME_FORMAT, RANK
 from llmb.training.loop import build_optimizer
 
 # Pure 16-bit runs: the parameters' dtype of the replay in the run's own format (same_precision_checks), and how many
@@ -323,10 +323,9 @@ def below_weights_format(effective: str, sixteen: torch.dtype | None) -> str | N
     the audit ranks at or above the weights' (llmb.spec.formats.RANK) keeps the replay in the weights' format."""
     if sixteen is None:
         return None
-    weights_format_name = next(name for name, dtype in SIXTEEN_BIT_DTYPES.items() if dtype == sixteen)
-    if RANK.get(effective, RANK["FP32"]) <= RANK[weights_format_name]:  # the weights' format or above: replayed in it
-        return None
     weights = str(sixteen).removeprefix("torch.")
+    if RANK.get(effective, RANK["FP32"]) <= RANK[DTYPE_NAME_FORMAT[weights]]:  # the weights' format or above
+        return None
     return (
         f"steps past the first {SAME_PRECISION_FP32_STEPS}: {effective} matmuls over {weights} weights have no replay "
         f"in their own format (torch's own kernels), and a {weights} replay parts from them within a few steps"
