@@ -71,6 +71,8 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     not_always_written |= {f"evidence.replay.same_precision{k}" for k in ("", ".dtype", ".seconds", ".steps")}
     # Written only for a pure window whose matmuls ran below its weights' format (FP8 over BF16 weights).
     not_always_written.add("evidence.replay.unreplayed")
+    # Written only where the audit step ran out of memory at the window's rows and ran fewer (llmb.run.audit_step).
+    not_always_written.add("precision.audit.window.audit_rows")
     # Written as the judge's draw falls: the replay's budget past the prefix (the whole window needs none).
     drawn = {"evidence.replay.budget_seconds"}
     # Written only where the judge built the replay's initial model beside the worker: a run replayed on an accelerator.

@@ -122,6 +122,7 @@ class WindowAudit:
         self.steps_checked = 0
         self.window_steps = steps
         self.recorder: DtypeRecorder | None = None
+        self.audit_rows: int | None = None  # where the audit step ran fewer rows than the window's
         self._before: dict[str, tuple] | None = None
         self._vectors: dict[str, torch.Tensor] = {}
         self._step = 0
@@ -145,12 +146,15 @@ class WindowAudit:
         self._step += 1
         self._check_state(f"after step {self._step} of the window")
 
-    def audit_step(self, step) -> None:
+    def audit_step(self, step, rows: int | None = None) -> None:
         """One untimed step (``step()``, the harness's own) under the dispatch recorder, after the last window
-        closed: what the operators received, at the cost of one eager step that no clock sees."""
-        self.recorder = DtypeRecorder()
-        with self.recorder:
+        closed: what the operators received, at the cost of one eager step that no clock sees. `rows`: how many of
+        the window's rows it steps, where fewer than the window's (llmb.run.audit_step). The recorder is kept only
+        from a step that finished."""
+        recorder = DtypeRecorder()
+        with recorder:
             step()
+        self.recorder, self.audit_rows = recorder, rows
         self._check_state("after the audit step")
 
     def close(self) -> None:
@@ -171,4 +175,5 @@ class WindowAudit:
 
     def record(self) -> dict:
         # recorded_step: the audit step's place, the one after the window's last (it is not timed).
-        return {"steps_checked": self.steps_checked, "recorded_step": self.window_steps + 1}
+        rows = {"audit_rows": self.audit_rows} if self.audit_rows is not None else {}
+        return {"steps_checked": self.steps_checked, "recorded_step": self.window_steps + 1, **rows}

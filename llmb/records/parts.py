@@ -109,6 +109,9 @@ class WindowChecks(Typed):
 
     steps_checked: int
     recorded_step: int
+    # The rows of the window's batch the audit step ran, where the window's own ran out of memory eager under the
+    # recorder (llmb.run.audit_step); absent where it ran them all.
+    audit_rows: int | None = None
 
 
 @dataclass(kw_only=True)

@@ -31,7 +31,24 @@ def release_device_memory(device: torch.device) -> None:
     (llmb.judge.replay.replay_device); on one H100 an AMP run at batch 64 kept 60.6 GB reserved, the replay beside it
     ran out of memory and fell back to the host CPU (minutes at the official shape)."""
     torch.compiler.reset()
+    free_cached_memory(device)
+
+
+def free_cached_memory(device: torch.device) -> None:
+    """Collect what Python no longer holds, then give the caching allocator's free blocks back to the device."""
     gc.collect()
     module = getattr(torch, device.type, None)
     if device.type != "cpu" and module is not None and hasattr(module, "empty_cache"):
         module.empty_cache()
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, says a device or the host ran out of memory."""
+    while exc is not None:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+        text = str(exc).lower()
+        if isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text):
+            return True
+        exc = exc.__cause__
+    return False

@@ -26,7 +26,8 @@ from llmb.records.result_files import write_result
 from llmb.registry import plugins
 from llmb.registry.plugins import Registration, call
 from llmb.run import roofline, sysinfo
-from llmb.run.device import check_device_present, release_device_memory
+from llmb.run.audit_step import audit_within_memory
+from llmb.run.device import check_device_present, is_out_of_memory, release_device_memory
 from llmb.run.options import (  # noqa: F401  (check_*: the request's checks, importable from the runner as before)
     Progress,
     RunOptions,
@@ -40,17 +41,6 @@ from llmb.run.options import (  # noqa: F401  (check_*: the request's checks, im
 from llmb.run.record import build_record, loss_problems
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.training.loop import Trainer, build_optimizer, median_measurement, optimizer_problems
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    while exc is not None:
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-        text = str(exc).lower()
-        if isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text):
-            return True
-        exc = exc.__cause__
-    return False
 
 
 def run(options: RunOptions, progress: RunProgress | None = None, judge: WindowJudge | None = None) -> Result | None:
@@ -291,7 +281,9 @@ def _run(
     # 27.0, AMP 59.8 against 47.1; benchmarks/RESULTS.md section 25).
     peak_memory = call(backend.peak_memory_bytes, device)
     peak_memory = int(peak_memory) if peak_memory is not None else None
-    window.audit_step(trainer.step)  # untimed, after the last window: a dispatch mode de-optimises compiled graphs
+    # Untimed, after the last window (a dispatch mode de-optimises compiled graphs), on fewer rows where the window's
+    # do not fit eager under the recorder.
+    audit_within_memory(window, trainer, device, alone=session.world is None)
     invalid += window.problems
     if window.dispatch() is not None:
         audit = precision.with_dispatch(audit, window.dispatch())
