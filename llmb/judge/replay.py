@@ -1,7 +1,8 @@
 """A measured window replayed from its seed and challenge, and the replay's checks against what the run answered.
 
 The replay trains the same model from the same seed on the same batch in FP32 with torch's AdamW (no plugin; on
-the run's own accelerator where torch drives it alone, else on the CPU: replay_device) and compares the first N
+the run's own accelerator where torch drives it alone, else on the CPU: replay_device; its matmuls IEEE, or TF32 on a
+CUDA device for a window whose matmuls ran BF16 or lower: reference_matmuls) and compares the first N
 losses of a window with the conformance tolerances of the effective precision (llmb/conformance/check.py: the first loss
 is a forward at the initial weights, the later ones follow the updates); when N covers the whole window it also
 compares the digest's update. N = 2 is one forward, backward and AdamW step plus one forward: at the official shape
@@ -17,6 +18,7 @@ do not grow with the batch or the world size; only its time does.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import secrets
 import time
@@ -62,6 +64,17 @@ NATIVE_REPLAY_DEVICE_TYPES = ("cuda", "xpu", "mps")
 # An accelerator's replay micro-batches: 2,048 tokens (8 sequences at the official shape, 0.26 GB of FP32 logits),
 # rows enough for its GEMMs to run at rate, the same at any batch.
 REPLAY_DEVICE_MICRO_TOKENS = 2048
+# The reference's FP32 matmuls: IEEE, except on a CUDA device for a window whose matmuls ran BF16 or lower, where
+# its GEMMs run TF32 on the tensor cores. There the reference need only be exact to a small part of the tolerance it
+# holds the window to, and TF32's distance from IEEE FP32 is about a thirtieth of BF16's rows (one H100, official
+# shape, 3 steps; llmb/spec/tolerances.py): first loss 3.5e-5 against BF16 amp's 1e-3, later losses 9e-5 against
+# 1e-2, AdamW's moments 0.003 against 0.1 (RESULTS.md section 15). An FP32, TF32 or FP16 window keeps IEEE: TF32 is
+# what an FP32 window's replay must tell apart, and FP16 amp's first-loss row (1e-4) is only three times TF32's
+# distance. IEEE FP32 runs on the CUDA cores at about an eighth of TF32's rate, so the two steps of the IEEE prefix
+# took 4.5 s of a 20-step AMP run's 57.8 s at batch 64 on an H200, as long as 17 of that run's steps, and grew with
+# the batch (issue 24).
+TF32_REFERENCE_DEVICE_TYPES = ("cuda",)
+TF32_REFERENCE_BELOW = "FP16"  # formats ranked below this one (BF16, FP8) take the TF32 reference
 
 
 def _peak_rss() -> int | None:
@@ -107,6 +120,7 @@ def replay(
     initial: InitialModels | None = None,
     keep_initial: bool = False,
     budget_seconds: float | None = None,
+    matmuls: str = "FP32",
 ) -> Replayed:
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
@@ -116,49 +130,74 @@ def replay(
     `budget_seconds`: beyond those `losses` steps, the replay goes on step by step while the steps past them fit in
     this many seconds (affordable, from the steps it has timed), up to the whole window. `initial`: the judge's
     prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial` (another replay takes
-    it after this one)."""
+    it after this one). `matmuls`: the FP32 matmuls' format on an accelerator, "FP32" (IEEE) or "TF32"
+    (reference_matmuls); the CPU's are IEEE."""
     device = device or torch.device("cpu")
-    if device.type != "cpu":
-        apply_backend_recipe("FP32")  # IEEE FP32 matmuls: no TF32 on the accelerator's replay
     start = time.perf_counter()
-    floor = min(losses, window_steps)
-    # The run's own initial weights, built on the CPU from the seed as the run does: while the worker set itself up
-    # where the judge could (llmb.judge.initial), else here.
-    model, prebuilt = (initial or InitialModels()).model(config, seed, device, dtype, keep_initial)
-    built = _synchronized_seconds(device, start)
-    batch = global_batch(config, batch_size, challenge, world_size).to(device)
-    rows = micro_rows(config, REPLAY_MICRO_TOKENS if device.type == "cpu" else REPLAY_DEVICE_MICRO_TOKENS)
-    initial_digest = digest(model.parameters())
-    # Per-tensor updates keep the FP32 replay's peak memory low; a 16-bit replay takes the run's implementation.
-    optimizer = build_optimizer(model, optimizer_options if dtype != torch.float32 else {"foreach": False})
-    recorded: list[float] = []
-    beyond: list[float] = []  # seconds of each step past the floor (a budget's)
-    timed: list[float] = []  # seconds of each whole step (forward, backward, AdamW)
-    for step in range(1, window_steps + 1):
-        # A step is trained (backward and AdamW) when another follows it, and the window's last is, for the digest;
-        # the last replayed step of a shorter replay needs only its loss.
-        goes_on = step < floor or (step < window_steps and affordable(budget_seconds, beyond, timed))
-        trained = goes_on or step == window_steps
-        began = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        if trained:
-            recorded.append(accumulated_loss(model, batch, backward=True, rows=rows))
-            optimizer.step()
-        else:
-            with torch.no_grad():
-                recorded.append(accumulated_loss(model, batch, backward=False, rows=rows))
-        seconds = time.perf_counter() - began  # the loss came to the host as a float: the device has finished
-        if trained:
-            timed.append(seconds)
-        if step >= floor:
-            beyond.append(seconds)
-        if not goes_on:
-            break
-    whole = len(recorded) == window_steps
-    end = as_list(digest(model.parameters())) if whole else None
-    moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
-    seconds = time.perf_counter() - start
-    return Replayed(recorded, as_list(initial_digest), end, seconds, _peak_rss(), moments, str(device), built, prebuilt)
+    with _reference(device, matmuls):
+        initialised = _initialise(device, start)
+        floor = min(losses, window_steps)
+        # The run's own initial weights, built on the CPU from the seed as the run does: while the worker set itself
+        # up where the judge could (llmb.judge.initial), else here.
+        model, prebuilt = (initial or InitialModels()).model(config, seed, device, dtype, keep_initial)
+        built = _synchronized_seconds(device, start) - initialised
+        batch = global_batch(config, batch_size, challenge, world_size).to(device)
+        rows = micro_rows(config, REPLAY_MICRO_TOKENS if device.type == "cpu" else REPLAY_DEVICE_MICRO_TOKENS)
+        initial_digest = digest(model.parameters())
+        # Per-tensor updates keep the FP32 replay's peak memory low; a 16-bit replay takes the run's implementation.
+        optimizer = build_optimizer(model, optimizer_options if dtype != torch.float32 else {"foreach": False})
+        recorded: list[float] = []
+        beyond: list[float] = []  # seconds of each step past the floor (a budget's)
+        timed: list[float] = []  # seconds of each whole step (forward, backward, AdamW)
+        for step in range(1, window_steps + 1):
+            # A step is trained (backward and AdamW) when another follows it, and the window's last is, for the
+            # digest; the last replayed step of a shorter replay needs only its loss.
+            goes_on = step < floor or (step < window_steps and affordable(budget_seconds, beyond, timed))
+            trained = goes_on or step == window_steps
+            began = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            if trained:
+                recorded.append(accumulated_loss(model, batch, backward=True, rows=rows))
+                optimizer.step()
+            else:
+                with torch.no_grad():
+                    recorded.append(accumulated_loss(model, batch, backward=False, rows=rows))
+            seconds = time.perf_counter() - began  # the loss came to the host as a float: the device has finished
+            if trained:
+                timed.append(seconds)
+            if step >= floor:
+                beyond.append(seconds)
+            if not goes_on:
+                break
+        whole = len(recorded) == window_steps
+        end = as_list(digest(model.parameters())) if whole else None
+        moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
+        seconds = time.perf_counter() - start
+        return Replayed(recorded, as_list(initial_digest), end, seconds, _peak_rss(), moments, str(device), built,
+                        prebuilt, initialised)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _reference(device: torch.device, matmuls: str):
+    """The reference's matmul switches on an accelerator for the replay's while, then IEEE again for whatever the
+    judge's process replays next; on the CPU, IEEE as the process has them."""
+    if device.type == "cpu":
+        yield
+        return
+    apply_backend_recipe(matmuls)
+    try:
+        yield
+    finally:
+        apply_backend_recipe("FP32")
+
+
+def _initialise(device: torch.device, since: float) -> float:
+    """Seconds to bring up an accelerator in this process (its driver context and torch's state on it), apart from
+    the model's copy: the replay's record says both. Nothing to bring up on the CPU."""
+    if device.type == "cpu":
+        return 0.0
+    torch.empty(0, device=device)
+    return _synchronized_seconds(device, since)
 
 
 def affordable(budget: float | None, beyond: list[float], timed: list[float]) -> bool:
@@ -266,6 +305,8 @@ def replay_record(
     # replay beside it then stops at its first losses.
     same, fp32_budget = None, budget_seconds
     target, fallbacks = replay_device(device), []
+    # The FP32 replay's matmuls (reference_matmuls); the replay in a pure window's own format has no FP32 matmuls.
+    arguments["matmuls"] = matmuls = reference_matmuls(effective, target)
     unreplayed = below_weights_format(effective, sixteen)
     if unreplayed:
         # No replay in the run's own format, and the FP32 one parts from its later steps (pure 16-bit weights): the
@@ -278,7 +319,7 @@ def replay_record(
         arguments["losses"] = min(SAME_PRECISION_FP32_STEPS, steps)
         implementation = {"fused": True} if fused else {"foreach": False}
         depth = max(steps, SAME_PRECISION_FP32_STEPS)
-        same = _replay_on(target, fallbacks, **{**arguments, "losses": depth}, dtype=sixteen,
+        same = _replay_on(target, fallbacks, **{**arguments, "losses": depth, "matmuls": "FP32"}, dtype=sixteen,
                           optimizer_options=implementation, initial=initial, keep_initial=True,
                           budget_seconds=budget_seconds)  # fmt: skip
         fp32_budget = None
@@ -305,13 +346,22 @@ def replay_record(
         **({"budget_seconds": budget_seconds} if budget_seconds else {}),
         "passed": all(c.passed for c in checks),
         "seconds": sum(r.seconds for r in ran),
+        "device_init_seconds": sum(r.device_init_seconds for r in ran),
         "build_seconds": sum(r.build_seconds or 0.0 for r in ran),
+        "matmuls": matmuls if replayed.device != "cpu" else "FP32",
         **next(({"initial_model": r.prebuilt.to_dict()} for r in ran if r.prebuilt is not None), {}),
         "peak_rss_bytes": max(rss) if rss else None,
         "device": replayed.device,
         **({"device_fallback": "; ".join(fallbacks)} if fallbacks else {}),
         "checks": [c.to_dict() for c in checks],
     }
+
+
+def reference_matmuls(effective: str, target: torch.device) -> str:
+    """The format of the FP32 replay's matmuls for a window whose matmuls ran `effective`, replayed on `target`:
+    "TF32" on a CUDA device where `effective` ranks below FP16 (BF16, FP8), else "FP32", IEEE (TF32_REFERENCE_BELOW)."""
+    below = RANK.get(effective, RANK["FP32"]) > RANK[TF32_REFERENCE_BELOW]
+    return "TF32" if below and target.type in TF32_REFERENCE_DEVICE_TYPES else "FP32"
 
 
 def below_weights_format(effective: str, sixteen: torch.dtype | None) -> str | None:

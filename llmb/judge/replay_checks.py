@@ -60,9 +60,10 @@ class Replayed:
     peak_rss_bytes: int | None
     moments_end: list[list[float]] | None = None  # AdamW's first moments after a whole window (moment_digest)
     device: str = "cpu"  # where it ran (replay_device)
-    build_seconds: float | None = None  # of `seconds`: the initial model built from the seed and placed on the device
+    build_seconds: float | None = None  # of `seconds`: the initial model (built, or its prebuilt twin) on the device
     # llmb.judge.initial.Prebuilt where the judge built the initial model while the worker set itself up
     prebuilt: object | None = None
+    device_init_seconds: float = 0.0  # of `seconds`: the device brought up in the judge's process (0 on the CPU)
 
 
 def _relative(candidate: list[float], reference: list[float]) -> float:

@@ -70,6 +70,10 @@ class Replay(Typed):
     moments_compared: bool | None = None
     seconds: float | None = None
     build_seconds: float | None = None  # of `seconds`: the initial model built from the seed, placed on the device
+    device_init_seconds: float | None = None  # of `seconds`: the device brought up in the judge's process (0: the CPU)
+    # The FP32 replay's matmuls: "FP32" (IEEE) or, on a CUDA device for a BF16 or lower window, "TF32"
+    # (llmb.judge.replay.reference_matmuls); absent in records written before the choice existed (IEEE)
+    matmuls: str | None = None
     peak_rss_bytes: int | None = None
     device: str | None = None  # where it ran (llmb.judge.replay.replay_device)
     device_fallback: str | None = None  # why the device it was tried on left it to the CPU
