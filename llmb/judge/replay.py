@@ -124,9 +124,10 @@ def replay(
 ) -> Replayed:
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
-    kernels and torch.optim.AdamW. `dtype` float16 or bfloat16 replays a pure 16-bit run in its own precision
-    (same_precision_checks), with the run's AdamW implementation (`optimizer_options`: torch's fused kernel or not),
-    since a pure 16-bit run keeps only part of AdamW's updates and leaves the FP32 trajectory within a few steps.
+    kernels and torch.optim.AdamW, the implementation `optimizer_options` names (the run's: torch's fused kernel or
+    the per-tensor loop; default per-tensor). `dtype` float16 or bfloat16 replays a pure 16-bit run in its own
+    precision (same_precision_checks), since a pure 16-bit run keeps only part of AdamW's updates and leaves the FP32
+    trajectory within a few steps.
     `budget_seconds`: beyond those `losses` steps, the replay goes on step by step while the steps past them fit in
     this many seconds (affordable, from the steps it has timed), up to the whole window. `initial`: the judge's
     prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial` (another replay takes
@@ -144,8 +145,9 @@ def replay(
         batch = global_batch(config, batch_size, challenge, world_size).to(device)
         rows = micro_rows(config, REPLAY_MICRO_TOKENS if device.type == "cpu" else REPLAY_DEVICE_MICRO_TOKENS)
         initial_digest = digest(model.parameters())
-        # Per-tensor updates keep the FP32 replay's peak memory low; a 16-bit replay takes the run's implementation.
-        optimizer = build_optimizer(model, optimizer_options if dtype != torch.float32 else {"foreach": False})
+        # The run's implementation where the judge names it (replay_record); else per-tensor updates, which keep the
+        # replay's peak memory low (foreach's lists hold a second copy of the moments' size).
+        optimizer = build_optimizer(model, optimizer_options or {"foreach": False})
         recorded: list[float] = []
         beyond: list[float] = []  # seconds of each step past the floor (a budget's)
         timed: list[float] = []  # seconds of each whole step (forward, backward, AdamW)
@@ -307,6 +309,11 @@ def replay_record(
     target, fallbacks = replay_device(device), []
     # The FP32 replay's matmuls (reference_matmuls); the replay in a pure window's own format has no FP32 matmuls.
     arguments["matmuls"] = matmuls = reference_matmuls(effective, target)
+    # Both replays step torch's AdamW as the run did, its fused kernel or the per-tensor loop (whose memory the
+    # foreach lists would double): an eager run then replays bit for bit (tiny preset, CPU: AdamW's moments 0 apart,
+    # where a fused run against the per-tensor replay was 3.5e-8 to 1.3e-7), and the fused kernel's one pass over
+    # each tensor made a small-preset replay step about a quarter faster (benchmarks/RESULTS.md section 26).
+    arguments["optimizer_options"] = {"fused": True} if fused else {"foreach": False}
     unreplayed = below_weights_format(effective, sixteen)
     if unreplayed:
         # No replay in the run's own format, and the FP32 one parts from its later steps (pure 16-bit weights): the
@@ -317,11 +324,9 @@ def replay_record(
         # window (or as much of it as the budget affords) against a replay in its own precision (that the work was
         # done), which it tracks where FP32 does not.
         arguments["losses"] = min(SAME_PRECISION_FP32_STEPS, steps)
-        implementation = {"fused": True} if fused else {"foreach": False}
         depth = max(steps, SAME_PRECISION_FP32_STEPS)
         same = _replay_on(target, fallbacks, **{**arguments, "losses": depth, "matmuls": "FP32"}, dtype=sixteen,
-                          optimizer_options=implementation, initial=initial, keep_initial=True,
-                          budget_seconds=budget_seconds)  # fmt: skip
+                          initial=initial, keep_initial=True, budget_seconds=budget_seconds)  # fmt: skip
         fp32_budget = None
     replayed = _replay_on(target, fallbacks, **arguments, initial=initial, keep_initial=target.type != "cpu",
                           budget_seconds=fp32_budget)  # fmt: skip
