@@ -133,7 +133,9 @@ def summary_row(path: str, batch: int, measured: list[dict]) -> dict:
 
 def table(rows: list[dict]) -> Table:
     out = Table(title=f"llmb run / hand loop (goal >= {GOAL})")
-    for column in ("path", "batch", "hand tokens/s", "llmb tokens/s", "llmb / hand", "range over rounds", "replay s"):
+    columns = ("path", "batch", "hand tokens/s", "llmb tokens/s", "llmb / hand", "range over rounds", "replay s")
+    columns += ("valid",)
+    for column in columns:
         out.add_column(column, justify="left" if column == "path" else "right")
     for row in rows:
         ratio, spread = row["ratio"], row["ratio_range"]
@@ -145,6 +147,8 @@ def table(rows: list[dict]) -> Table:
             f"{ratio:.3f}" if ratio else ("; ".join(row["errors"]) or "-"),
             f"{spread[0]:.3f}-{spread[1]:.3f}" if spread else "-",
             f"{row['replay_seconds']:.1f}" if row["replay_seconds"] else "-",
+            # A ratio of an invalid record is no fidelity figure (a replay failure, say): the table says so.
+            f"{sum(v is True for v in row['llmb_valid'])}/{len(row['llmb_valid'])}" if row["llmb_valid"] else "-",
         )
     return out
 

@@ -14,7 +14,7 @@ import click
 from common import command_line, console, machine, print_machine, write_raw
 
 from llmb.judge import replay
-from llmb.judge.replay_checks import _relative
+from llmb.judge.replay_checks import relative_error
 from llmb.spec.presets import build_config
 from llmb.terminal import console as term
 
@@ -50,8 +50,8 @@ def main(preset: str, batch_size: int, steps: int, rounds: int) -> None:
     console.print(table)
     ratio = medians["fused"] / medians["per-tensor"]
     apart = {
-        "losses": _relative(last["fused"].losses, last["per-tensor"].losses),
-        "moments": _relative(sum(last["fused"].moments_end, []), sum(last["per-tensor"].moments_end, [])),
+        "losses": relative_error(last["fused"].losses, last["per-tensor"].losses),
+        "moments": relative_error(sum(last["fused"].moments_end, []), sum(last["per-tensor"].moments_end, [])),
     }
     console.print(f"fused / per-tensor seconds: {ratio:.3f}; apart after {steps} steps: losses {apart['losses']:.2e}, "
                   f"moments {apart['moments']:.2e}")  # fmt: skip

@@ -119,7 +119,7 @@ def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_at_any_window_
     ).to_dict()
     window = record["evidence"]["windows"][record["evidence"]["headline_window"]]
     fp32 = replay.replay(TINY, record["seed"], record["batch_size"], 1, window["challenge"], steps, steps)
-    drift = replay._relative(replay._flat(window["moments_end"]), replay._flat(fp32.moments_end))
+    drift = replay.relative_error(replay._flat(window["moments_end"]), replay._flat(fp32.moments_end))
     assert drift > replay.MOMENT_TOLERANCES[precision], drift  # why the FP32 replay cannot judge the whole window
     replayed = replay.replay_record(record, steps=steps)
     assert replayed["whole_window"] and replayed["moments_compared"], replayed
@@ -184,6 +184,29 @@ def test_the_replay_goes_past_its_floor_as_far_as_its_budget_affords():
     assert tight.losses == floor.losses and tight.digest_end is None
 
 
+def test_the_budget_bounds_both_replays_of_a_pure_16_bit_window(monkeypatch):
+    """A pure BF16 window's FP32 prefix runs first, unbudgeted, and the replay in its own format gets what the prefix
+    left of the budget: the judge's replaying as a whole stays within its share of the run (where the prefix itself
+    overran it, the own-format replay stops at its floor)."""
+    options = dict(config=TINY, preset="tiny", plugin="cpu", device="cpu", precision="BF16", mode="pure")
+    record = runner.run(runner.RunOptions(**options, steps=4, warmup_steps=1)).to_dict()
+    asked = []
+
+    def fake_replay_on(target, fallbacks, **arguments):
+        asked.append((arguments.get("dtype"), arguments["losses"], arguments["budget_seconds"]))
+        return replay.Replayed([11.0] * arguments["losses"], [], None, 1.5, None)
+
+    monkeypatch.setattr(replay, "_replay_on", fake_replay_on)
+    replay.replay_record(record, steps=2, budget_seconds=5.0)
+    assert asked == [(None, 2, None), (torch.bfloat16, 2, pytest.approx(3.5))]
+    asked.clear()
+    replay.replay_record(record, steps=2, budget_seconds=1.0)
+    assert asked[1][2] == pytest.approx(-0.5)  # nothing left: the own-format replay stops at its floor
+    asked.clear()
+    replay.replay_record(record, steps=4)  # the whole window drawn: no budget for either
+    assert asked == [(None, 2, None), (torch.bfloat16, 4, None)]
+
+
 def test_verify_replays_as_deep_as_the_run_s_own_replay_went():
     """A reviewer's `verify --replay` checks at least every step the judge's replay did: a loss edited at step 4 of a
     window the judge replayed whole is caught with the default --replay-steps 2. The record's word can only deepen
@@ -208,10 +231,12 @@ def test_verify_replays_as_deep_as_the_run_s_own_replay_went():
 
 
 def test_the_budget_affords_two_more_steps_at_the_fastest_timed():
-    assert replay.affordable(1.0, [0.2], [0.3, 0.4])  # 0.2 + 2 x 0.3 <= 1
-    assert not replay.affordable(1.0, [0.5], [0.3, 0.4])
-    assert not replay.affordable(None, [], [0.1]) and not replay.affordable(0.0, [], [0.1])
-    assert not replay.affordable(1.0, [], [])  # nothing timed yet: no estimate, no step past the floor
+    """The budget bounds the whole replay: what it has spent so far (device, model copy, steps) and two more steps."""
+    assert replay.affordable(1.0, 0.2, [0.3, 0.4])  # 0.2 + 2 x 0.3 <= 1
+    assert not replay.affordable(1.0, 0.5, [0.3, 0.4])
+    assert not replay.affordable(None, 0.0, [0.1]) and not replay.affordable(0.0, 0.0, [0.1])
+    assert not replay.affordable(-1.0, 0.0, [0.1])  # what an earlier replay left of it: nothing
+    assert not replay.affordable(1.0, 0.0, [])  # nothing timed yet: no estimate, no step past the floor
 
 
 def test_the_judge_gives_the_replay_its_share_of_the_run_s_wall_time(monkeypatch):

@@ -117,10 +117,13 @@ def test_an_honest_fp8_window_drawn_whole_passes_its_replay(register_backend, tm
         ("FP16", torch.float16, False),
         ("FP32", torch.bfloat16, False),  # a label above the weights' format keeps the replay in the weights' format
         ("FP16", torch.bfloat16, False),
-        ("FP8", None, False),  # FP32 weights: the FP32 replay, no same-format one
+        ("FP8", None, True),  # FP8 over FP32 weights: the FP32 replay parts from it within a few steps
+        ("BF16", None, False),  # BF16 compute over FP32 weights (AMP): the FP32 replay, within its drift rows
+        ("FP16", None, False),
+        ("TF32", None, False),
     ],
 )
-def test_only_a_format_below_the_weights_is_left_unreplayed(effective, weights, unreplayed):
+def test_only_a_format_below_the_weights_or_fp8_is_left_unreplayed(effective, weights, unreplayed):
     from llmb.judge import replay
 
     assert (replay.below_weights_format(effective, weights) is not None) is unreplayed

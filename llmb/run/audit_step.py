@@ -42,5 +42,5 @@ def audit_within_memory(window: WindowAudit, trainer: Trainer, device: torch.dev
                 f"({what[:200]}); the formats the operators received are unrecorded"
             )
             return
-        rows = max(1, rows // 2)
+        rows //= 2
         trainer.batch = trainer.batch[:rows]

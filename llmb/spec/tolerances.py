@@ -6,6 +6,7 @@ figure) and the run's own replay (llmb/audit/evidence.py): torch-free, so what r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -19,6 +20,9 @@ class Tolerance:
     gradients: float
     loss_curve: float
     trained: float
+    # The replay's later losses only (REPLAY_TOLERANCES): how much further each may part from the reference per nat
+    # the reference's loss has fallen since step 1 (loss_drift_tolerance); 0 keeps loss_curve at every step.
+    loss_drift: float = 0.0
 
 
 # (effective precision, mode) -> tolerance; see the module docstring for the measurements behind each figure.
@@ -64,12 +68,26 @@ def tolerance_for(effective: str, mode: str, master_fp32: bool = False) -> Toler
 # the fused AdamW fell below the FP32 replay at every batch here). The parameter digest of a whole-window replay
 # keeps the conformance figure, except pure FP16: 1e-2, which parts torch's fused AdamW (FP32 arithmetic: 4e-5 to
 # 1.1e-3 on the H100 and the CPU) from its per-tensor loops, whose g^2 underflows in FP16 (5e-2 to 6.4e-1).
+#
+# A later loss parts from the reference further the further the loss has fallen: two trajectories whose arithmetic
+# differs slightly descend at slightly different rates, so their losses' relative distance (about the distance of
+# their logarithms) grows with the nats fallen, not with the steps. The 3-step calibration above fell at most 1.65
+# nats (batch 1); one H200 (2026-11-26, batch 8, AMP BF16 drawn whole, TF32 reference; RESULTS.md section 27) fell 8.5
+# nats in 20 steps, from 11.03 to 0.0021 (the synthetic batch is learnt by heart), and its honest window parted by
+# 1.1% at step 8 and 1.8% at step 14, over the row's 1e-2: 11 of 20 losses failed. Per nat fallen, the worst later
+# losses were: BF16 amp 1.75e-3 to 3.6e-3 (H100 batch 1-16, 3 steps, IEEE reference; H200 batch 8, 20 steps, and
+# batch 64, 7 steps, TF32 reference: 3.6e-3 at step 7, 2.5e-3 at step 14), FP16 amp 1.0e-4, TF32 5.4e-5 (H100, 3
+# steps). Each row's loss_drift is about three times its worst, rounded up as above; a later loss is held to
+# loss_curve or loss_drift x the nats fallen, whichever is larger (loss_drift_tolerance), counted on the judge's own
+# replay, which no worker's answer moves. A window whose loss barely falls (every debug shape on the CPU, pure 16-bit
+# weights) keeps loss_curve. FP32 keeps 0: its GPU replay ran the run's own kernels (0 apart at every step), and
+# compiled FP32 on the CPU stayed within 1e-6 over 50 steps; compiled FP32 over a long fall on a GPU is unmeasured.
 REPLAY_TOLERANCES = MappingProxyType(
     {
         ("FP32", "pure"): TOLERANCES[("FP32", "pure")],
-        ("TF32", "pure"): replace(TOLERANCES[("TF32", "pure")], loss=1e-4, loss_curve=3e-4),
-        ("FP16", "amp"): replace(TOLERANCES[("FP16", "amp")], loss=1e-4, loss_curve=5e-4),
-        ("BF16", "amp"): replace(TOLERANCES[("BF16", "amp")], loss=1e-3, loss_curve=1e-2),
+        ("TF32", "pure"): replace(TOLERANCES[("TF32", "pure")], loss=1e-4, loss_curve=3e-4, loss_drift=2e-4),
+        ("FP16", "amp"): replace(TOLERANCES[("FP16", "amp")], loss=1e-4, loss_curve=5e-4, loss_drift=3e-4),
+        ("BF16", "amp"): replace(TOLERANCES[("BF16", "amp")], loss=1e-3, loss_curve=1e-2, loss_drift=1e-2),
         ("FP8", "amp"): replace(TOLERANCES[("BF16", "amp")], loss=2e-3, loss_curve=5e-2),
         # FP8 matmuls on pure BF16 weights (torchao tensorwise, compiled; H100, 2026-11-24, batch 8): first loss
         # 3.3e-4 from the FP32 replay, over the BF16 row's 2e-4 it fell back to. FP8 is no benchmark precision; its
@@ -79,6 +97,17 @@ REPLAY_TOLERANCES = MappingProxyType(
         ("BF16", "pure"): replace(TOLERANCES[("BF16", "pure")], loss=3e-3),
     }
 )
+
+
+def loss_drift_tolerance(tolerance: Tolerance, first: float, reference: float) -> float:
+    """The largest relative error accepted of a later loss whose reference is `reference`, the reference's first
+    loss being `first`: loss_curve, or loss_drift per nat the reference has fallen (ln(first / reference)),
+    whichever is larger (see REPLAY_TOLERANCES)."""
+    if tolerance.loss_drift and first > 0 and reference > 0 and math.isfinite(first) and math.isfinite(reference):
+        return max(tolerance.loss_curve, tolerance.loss_drift * math.log(first / reference))
+    return tolerance.loss_curve
+
+
 # Pure 16-bit modes: their losses after the first are bracketed, not compared (see above).
 BRACKETED = frozenset({("FP16", "pure"), ("BF16", "pure"), ("FP8", "pure")})
 

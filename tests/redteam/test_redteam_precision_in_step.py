@@ -79,7 +79,7 @@ def test_bf16_entered_inside_the_step_fails_the_fp32_replay_of_that_step(tmp_pat
 # Class 4 with a lighter touch: every MLP (two thirds of the matmuls) under autocast(float16) from step 3 on, plain
 # FP32 whenever a dispatch mode is pushed. At the tiny shape its losses stay within the FP32 tolerance (4e-7 against
 # 1e-6); AdamW's moments, a tenth of every gradient, differ by 8.1e-6 to 7.8e-5 by the draw, where an honest CPU
-# window differs by 5.2e-7 at most (llmb.judge.replay.CPU_MOMENT_TOLERANCES, 2e-6; at 1e-5 one draw in nine passed).
+# window differs by 5.2e-7 at most (llmb.judge.replay.CPU_MOMENT_TOLERANCES, 2e-6; at 1e-5 one draw in eight passed).
 FP16_MLP_FROM_STEP = """
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
