@@ -10,6 +10,8 @@
 #      replay (14.3% before, 8.4% expected; goal 10%).
 #   3. amp 8 FP16 and 4. compiled 8 TF32, each with --replay-whole 1: the FP16-AMP and TF32 drift rows (3e-4 and
 #      2e-4 per nat) over a long fall, only ever measured over 3 steps.
+# Between 1 and 2, benchmarks/initial_copy.py (about a minute): the replay's model copy onto the GPU (4.6-5.7 s from
+# pageable memory) against pinned staging and pinning beforehand, before llmb takes either.
 # Wheels first (no network on the GPU host), on the machine that has it:
 #   pip wheel -q --no-deps --no-build-isolation -w .whl . plugins/cuda
 #   pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -42,6 +44,11 @@ point() {  # path batch seconds-it-needs [replay-whole] [precision]
   snap; echo "== done $1 b$2 at $(el)s"
 }
 point amp 8 150 1
+if [ $(( ${CAP:-560} - $(el) )) -ge 300 ]; then
+  echo "== initial_copy at $(el)s"
+  timeout 120 python3 benchmarks/initial_copy.py --device cuda --preset official --rounds 3 2>&1 | grep -v -i warning
+  cp benchmarks/raw/initial_copy-*.json "$OUT/" 2>/dev/null; echo "== done initial_copy at $(el)s"
+fi
 point amp 64 200
 point amp 8 150 1 FP16
 point compiled 8 150 1 TF32

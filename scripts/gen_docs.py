@@ -347,7 +347,6 @@ def record_section(cls: type, records: types.ModuleType, top: bool) -> str:
     return "".join(out) + "\n"
 
 
-
 def _docstring(path: Path) -> str:
     return ast.get_docstring(ast.parse(path.read_text())) or ""
 

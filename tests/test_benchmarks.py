@@ -335,3 +335,23 @@ def test_the_hand_loop_stamps_its_warmup_steps_on_the_cpu(bench):
     warmup = result["warmup_step_seconds"]
     assert len(warmup) == 2 and len(result["step_seconds"]) == 3
     assert warmup[0] >= 0.03 and warmup[1] >= 0.01  # in order, one per step
+
+
+def test_the_initial_copy_benchmarks_staged_copy_is_the_model_and_it_refuses_a_cpu(monkeypatch):
+    """benchmarks/initial_copy.py's staged copy (chunks through a ring of staging buffers, here unpinned: this CPU has
+    no pinned memory) gives the host model bit for bit, tensors larger than a chunk included; its command needs an
+    accelerator and says so in one line."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import initial_copy
+    from click.testing import CliRunner
+
+    from llmb.judge import initial
+    from llmb.spec.presets import build_config
+
+    model = initial.build(build_config("tiny"), seed=0)
+    largest = max(p.numel() for p in model.parameters()) * 4
+    copy = initial_copy.staged_copy(model, torch.device("cpu"), chunk_bytes=largest // 3, pin=False)
+    assert initial_copy._equal(copy, model)
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(copy.parameters(), model.parameters(), strict=True))
+    result = CliRunner().invoke(initial_copy.main, ["--device", "cpu", "--preset", "tiny"])
+    assert result.exit_code == 1 and "needs an accelerator" in result.output and "Traceback" not in result.output

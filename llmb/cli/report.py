@@ -48,6 +48,7 @@ def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
 
     if out is not None:  # before the results are read: a folder that takes no file is a usage error, not a traceback
         check_writable(out.parent, f"--out {out}: its folder")
+
     def warn(line: str) -> None:
         term.say("skipped: ", line, stderr=True)
 

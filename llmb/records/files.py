@@ -69,7 +69,6 @@ def _kind_of(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "a special file")
 
 
-
 class Unreadable(ValueError):
     """A file that is not a readable record; the message is one line saying why (without the file's name)."""
 

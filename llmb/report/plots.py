@@ -1,6 +1,5 @@
 """The report's plots, drawn on matplotlib's Agg canvas through Figure (no pyplot state, no display needed)."""
 
-
 from __future__ import annotations
 
 import io

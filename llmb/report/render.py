@@ -1,7 +1,6 @@
 """The report rendered: to the console, Markdown, HTML, CSV and JSON, and `report`, which loads, tabulates, plots
 and writes one."""
 
-
 from __future__ import annotations
 
 import base64

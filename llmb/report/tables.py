@@ -1,7 +1,6 @@
 """The report's tables: the best batch size per precision, comparisons, scaling and failures, and the
 reference's ratios at the same shape and precision."""
 
-
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,2 +1,1 @@
-"""The worker side: one run end to end (plugins loaded here), sweeps, the clean room's worker, the system facts.
-"""
+"""The worker side: one run end to end (plugins loaded here), sweeps, the clean room's worker, the system facts."""

@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 # The sweep.
 
 

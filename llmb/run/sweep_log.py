@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     pass
 
 
-
 # The log: one JSON line per finished point, each flushed and fsynced before the next trial starts.
 
 

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     pass
 
 
-
 SUMMARY_NAME = SWEEP_SUMMARY_NAME
 # A doubling that gains less than this is a plateau: a larger batch only costs memory.
 PLATEAU_GAIN = 0.05

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     pass
 
 
-
 # The search: pure functions of the points found so far. A batch size's points are its search trials (the first,
 # then its confirmations); its figure is their median trial's (records.median_index: a run that happened).
 

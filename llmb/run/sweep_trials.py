@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     pass
 
 
-
 # Trials: a subprocess each, classified from its exit code, stderr and result JSON.
 
 

@@ -1,2 +1,1 @@
-"""Submissions: packaging a bundle, reproducing one, and the leaderboard of verified bundles. No torch.
-"""
+"""Submissions: packaging a bundle, reproducing one, and the leaderboard of verified bundles. No torch."""

@@ -159,7 +159,7 @@ def reproduce(
     """Every headline of a bundle, reproduced here; a result file that does not read is named (``warn``, one line
     with why) and left out, the others reproduced. ``say`` gets a line before each headline's runs, with what is
     left from those done (a long command says where it is)."""
-    if not 0 <= tolerance < float('inf') or runs < 1:  # NaN too: every comparison with it is false
+    if not 0 <= tolerance < float("inf") or runs < 1:  # NaN too: every comparison with it is false
         raise UsageError("--tolerance must be 0 or more and --runs at least 1")
     try:
         opened = bundle_io.open_bundle(Path(path), bundle_io.DEFAULT_LIMITS)

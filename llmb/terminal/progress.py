@@ -74,7 +74,7 @@ class Pace:
             self.total = total
 
     def left(self) -> str:
-        """"; about 40 s left (2 of 3 done)", or nothing before the first task ends or after the last."""
+        """ "; about 40 s left (2 of 3 done)", or nothing before the first task ends or after the last."""
         if not self.finished or self.total is None or self.finished >= self.total:
             return ""
         seconds = (self.clock() - self.start) / self.finished * (self.total - self.finished)

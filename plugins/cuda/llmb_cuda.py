@@ -19,6 +19,7 @@ from llmb.toolkit import compilers, features
 # float8 GEMMs (torch._scaled_mm) need Ada or Hopper tensor cores or newer: compute capability 8.9.
 FP8_CAPABILITY = (8, 9)
 
+
 # The defaults are the path a performance engineer takes on a datacentre GPU: Inductor and AdamW's fused kernel. On
 # one H100 at the official shape (BF16, issue 24) the per-tensor eager defaults this plugin had trained 27.4k
 # tokens/s at batch 8 where the compiled, fused loop trained 60.8-63.8k at batch 32-64. compile=none and

@@ -26,6 +26,7 @@ class RocmSettings(CudaSettings):
     tunableop: bool = option(False, "TunableOp: tune each GEMM shape on first use (PYTORCH_TUNABLEOP_ENABLED)")
     hipblaslt: bool = option(True, "prefer hipBLASLt over rocBLAS for GEMMs (TORCH_BLAS_PREFER_HIPBLASLT)")
 
+
 # Peaks for AMD GPUs llmb's table (llmb/spec/peak_table.py) lacks, in llmb_cuda's PeakEntry form; empty: the table has
 # the MI250X (per GCD) and MI300X, and it wins for any GPU it has (tests/test_peaks.py keeps this so).
 PEAKS: tuple[PeakEntry, ...] = ()
