@@ -69,6 +69,7 @@ def stand_in(calls: list):
             device="cuda:0",
             build_seconds=0.25,
             device_init_seconds=0.5,
+            matmuls=arguments["matmuls"],  # as the replay on a CUDA device runs them
         )
 
     return fake
@@ -103,12 +104,13 @@ def test_the_fp32_replay_on_cuda_takes_the_reference_and_the_record_says_which(
 
 
 def test_a_pure_bf16_windows_own_format_replay_keeps_ieee_and_its_fp32_prefix_takes_tf32(fp32_record, monkeypatch):
-    """A pure BF16 window is replayed twice on "CUDA" (stood in for): in BF16 (no FP32 matmuls to speak of; IEEE,
-    as calibrated) and its first losses in FP32 with the TF32 reference."""
+    """A pure BF16 window is replayed twice on "CUDA" (stood in for): its first losses in FP32 with the TF32
+    reference, then in BF16 (no FP32 matmuls to speak of; IEEE, as calibrated); the record names the FP32 replay's."""
     record = relabelled(fp32_record, "BF16", "pure", "bfloat16")
     calls = on_stood_in_cuda(monkeypatch, record)
-    replay.replay_record(record, steps=3, device="cuda:0")
-    assert [(c.get("dtype"), c["matmuls"]) for c in calls] == [(torch.bfloat16, "FP32"), (None, "TF32")]
+    replayed = replay.replay_record(record, steps=3, device="cuda:0")
+    assert [(c.get("dtype"), c["matmuls"]) for c in calls] == [(None, "TF32"), (torch.bfloat16, "FP32")]
+    assert replayed["matmuls"] == "TF32"
 
 
 def test_the_cpu_replay_is_ieee_whatever_it_is_asked(fp32_record):
@@ -119,7 +121,7 @@ def test_the_cpu_replay_is_ieee_whatever_it_is_asked(fp32_record):
                      challenge=window["challenge"], losses=2, window_steps=3)  # fmt: skip
     ieee = replay.replay(**arguments)
     asked_tf32 = replay.replay(**arguments, matmuls="TF32")
-    assert asked_tf32.losses == ieee.losses
+    assert asked_tf32.losses == ieee.losses and asked_tf32.matmuls == ieee.matmuls == "FP32"
     assert asked_tf32.device_init_seconds == 0.0
     assert torch.get_float32_matmul_precision() == "highest"
 

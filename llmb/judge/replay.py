@@ -138,7 +138,7 @@ def replay(
     (reference_matmuls); the CPU's are IEEE."""
     device = device or torch.device("cpu")
     start = time.perf_counter()
-    with _reference(device, matmuls):
+    with _reference(device, matmuls) as ran:
         initialised = _initialise(device, start)
         floor = min(losses, window_steps)
         # The run's own initial weights, built on the CPU from the seed as the run does: while the worker set itself
@@ -177,19 +177,19 @@ def replay(
         moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
         seconds = time.perf_counter() - start
         return Replayed(recorded, as_list(initial_digest), end, seconds, _peak_rss(), moments, str(device), built,
-                        prebuilt, initialised)  # fmt: skip
+                        prebuilt, initialised, ran)  # fmt: skip
 
 
 @contextlib.contextmanager
 def _reference(device: torch.device, matmuls: str):
     """The reference's matmul switches on an accelerator for the replay's while, then IEEE again for whatever the
-    judge's process replays next; on the CPU, IEEE as the process has them."""
+    judge's process replays next; on the CPU, IEEE as the process has them. Yields the format its matmuls run in."""
     if device.type == "cpu":
-        yield
+        yield "FP32"
         return
     apply_backend_recipe(matmuls)
     try:
-        yield
+        yield matmuls
     finally:
         apply_backend_recipe("FP32")
 
@@ -309,7 +309,7 @@ def replay_record(
     same = None
     target, fallbacks = replay_device(device), []
     # The FP32 replay's matmuls (reference_matmuls); the replay in a pure window's own format has no FP32 matmuls.
-    arguments["matmuls"] = matmuls = reference_matmuls(effective, target)
+    arguments["matmuls"] = reference_matmuls(effective, target)
     # Both replays step torch's AdamW as the run did, its fused kernel or the per-tensor loop (whose memory the
     # foreach lists would double): an eager run then replays bit for bit (tiny preset, CPU: AdamW's moments 0 apart,
     # where a fused run against the per-tensor replay was 3.5e-8 to 1.3e-7), and the fused kernel's one pass over
@@ -355,7 +355,7 @@ def replay_record(
         "seconds": sum(r.seconds for r in ran),
         "device_init_seconds": sum(r.device_init_seconds for r in ran),
         "build_seconds": sum(r.build_seconds or 0.0 for r in ran),
-        "matmuls": matmuls if replayed.device != "cpu" else "FP32",
+        "matmuls": replayed.matmuls,  # what ran: IEEE where the device fell back to the CPU
         **next(({"initial_model": r.prebuilt.to_dict()} for r in ran if r.prebuilt is not None), {}),
         "peak_rss_bytes": max(rss) if rss else None,
         "device": replayed.device,

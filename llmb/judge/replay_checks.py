@@ -73,6 +73,7 @@ class Replayed:
     # llmb.judge.initial.Prebuilt where the judge built the initial model while the worker set itself up
     prebuilt: object | None = None
     device_init_seconds: float = 0.0  # of `seconds`: the device brought up in the judge's process (0 on the CPU)
+    matmuls: str = "FP32"  # the format its FP32 matmuls ran in: "TF32" on an accelerator where asked, else IEEE
 
 
 def relative_error(candidate: list[float], reference: list[float]) -> float:
