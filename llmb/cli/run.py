@@ -91,8 +91,9 @@ from llmb.spec import vocab as names
     type=click.FloatRange(0, 1),
     default=names.DEFAULT_REPLAY_BUDGET,
     show_default=True,
-    help="Share of the run's wall time the judge may spend replaying steps past --replay-steps when the whole "
-    "window is not drawn: it goes on while they fit, to the whole window where they do (0: none).",
+    help="Share of the run's wall time the judge's replay may take when the whole window is not drawn: past "
+    "--replay-steps, which it always replays, it goes on while the whole replay fits, to the whole window where it "
+    "does (0: none).",
 )
 @handle_errors
 def run(
