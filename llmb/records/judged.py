@@ -78,7 +78,7 @@ class Replay(Typed):
     device: str | None = None  # where it ran (llmb.judge.replay.replay_device)
     device_fallback: str | None = None  # why the device it was tried on left it to the CPU
     drawn: ReplayDraw | None = None  # absent in records written before the depth was drawn
-    budget_seconds: float | None = None  # the seconds it could spend past its floor (ReplayDraw.budget_share)
+    budget_seconds: float | None = None  # the seconds the whole replay could take (ReplayDraw.budget_share)
     same_precision: SamePrecision | None = None  # a pure 16-bit window's replay in its own format
     unreplayed: str | None = None  # why a pure window's later steps had none (FP8 matmuls: no replay in that format)
     initial_model: InitialModel | None = None  # absent where the replay built its initial model itself
