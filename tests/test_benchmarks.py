@@ -275,17 +275,17 @@ def test_fidelity_pairs_llmb_run_with_the_same_path_by_hand_and_ratios_per_round
         {"round": 2, "label": "hand", "error": "exit 1: boom"},
         {"round": 2, "label": "llmb run", "tokens_per_second": 50.0},  # no peer in its round: not a ratio
     ]
-    measured[0]["valid"], measured[3]["valid"], measured[5]["valid"] = True, False, True
+    measured[3]["invalid_reasons"] = ["replay: step 8: recorded loss ..."]  # the judge's checks failed this one
     row = fidelity.summary_row("compiled", 2, measured)
     assert row["ratio"] == pytest.approx(1.01) and row["ratio_range"] == pytest.approx([0.99, 1.03])
     assert row["rounds"] == 2 and row["errors"] == ["exit 1: boom"]
-    # The table says how many of llmb's records were valid: an invalid one's ratio is no fidelity figure.
+    # The table says how many of llmb's records passed the judge's checks: a failed one's ratio is no fidelity figure.
     from rich.console import Console
 
     console = Console(width=200, record=True)
     console.print(fidelity.table([row]))
     text = console.export_text()
-    assert "valid" in text and "2/3" in text
+    assert "checks passed" in text and "2/3" in text
 
 
 def test_fidelity_warms_the_compile_cache_before_a_compiled_point_and_never_compares_it(monkeypatch):
