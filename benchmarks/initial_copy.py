@@ -11,7 +11,6 @@ copies the same host model, alternating, after a warm-up copy; every copy is che
 
 from __future__ import annotations
 
-import itertools
 import statistics
 import time
 
@@ -25,29 +24,18 @@ from llmb.spec.presets import build_config
 from llmb.terminal import console as term
 
 
-def _tensors(model: LlamaModel) -> list[torch.Tensor]:
-    return list(itertools.chain(model.parameters(), model.buffers()))
-
-
-def _empty_twin(model: LlamaModel, device: torch.device) -> LlamaModel:
-    """The twin's layout on `device`, unset (as llmb.judge.initial.twin allocates it)."""
-    with torch.device("meta"):
-        copy = LlamaModel(model.config)
-    return copy.to_empty(device=device)
-
-
 def staged_copy(model: LlamaModel, device: torch.device, chunk_bytes: int, buffers: int = 2, pin: bool = True):
     """A twin of `model` on `device`, each tensor copied through `buffers` staging buffers of `chunk_bytes` (pinned
     where `pin`): a host memcpy into a free buffer, then an asynchronous copy from it, the buffer reused once the copy
     that read it has finished (an event per buffer)."""
-    copy = _empty_twin(model, device)
+    copy = initial.empty_twin(model, device, torch.float32)
     elements = max(1, chunk_bytes // 4)  # FP32
     ring = [torch.empty(elements, dtype=torch.float32, pin_memory=pin) for _ in range(buffers)]
     accelerator = device.type != "cpu"
     done: list[torch.Event | None] = [None] * buffers
     turn = 0
     with torch.no_grad():
-        for target, source in zip(_tensors(copy), _tensors(model), strict=True):
+        for target, source in zip(initial.tensors(copy), initial.tensors(model), strict=True):
             flat_source, flat_target = source.reshape(-1), target.view(-1)
             for start in range(0, flat_source.numel(), elements):
                 count = min(elements, flat_source.numel() - start)
@@ -66,9 +54,9 @@ def staged_copy(model: LlamaModel, device: torch.device, chunk_bytes: int, buffe
 
 def pinned_whole_copy(pinned: list[torch.Tensor], model: LlamaModel, device: torch.device) -> LlamaModel:
     """A twin of `model` on `device` from host tensors pinned beforehand (`pinned`, in the model's order)."""
-    copy = _empty_twin(model, device)
+    copy = initial.empty_twin(model, device, torch.float32)
     with torch.no_grad():
-        for target, source in zip(_tensors(copy), pinned, strict=True):
+        for target, source in zip(initial.tensors(copy), pinned, strict=True):
             target.copy_(source, non_blocking=True)
     return copy
 
@@ -80,7 +68,7 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _equal(copy: LlamaModel, model: LlamaModel) -> bool:
-    return all(torch.equal(a.cpu(), b) for a, b in zip(_tensors(copy), _tensors(model), strict=True))
+    return all(torch.equal(a.cpu(), b) for a, b in zip(initial.tensors(copy), initial.tensors(model), strict=True))
 
 
 @click.command()
@@ -98,9 +86,9 @@ def main(device_name: str, preset: str, rounds: int, chunk_mb: int) -> None:
     began = time.perf_counter()
     model = initial.build(config, seed=0)
     build_seconds = time.perf_counter() - began
-    gigabytes = sum(t.numel() * t.element_size() for t in _tensors(model)) / 1e9
+    gigabytes = sum(t.numel() * t.element_size() for t in initial.tensors(model)) / 1e9
     began = time.perf_counter()
-    pinned = [t.detach().pin_memory() for t in _tensors(model)]
+    pinned = [t.detach().pin_memory() for t in initial.tensors(model)]
     pin_seconds = time.perf_counter() - began
     arms = {
         "twin (llmb)": lambda: initial.twin(model, device, torch.float32),

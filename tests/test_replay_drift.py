@@ -88,3 +88,14 @@ def test_an_fp32_window_keeps_its_flat_tolerance_over_a_long_fall():
     recorded = [x * (1 + 2e-6) for x in H200_AMP_B8_REPLAYED]
     checks = _loss_checks(recorded, H200_AMP_B8_REPLAYED, effective="FP32", mode="pure")
     assert not any(c.passed for c in checks[1:])
+
+
+def test_a_widened_check_says_how_far_the_replay_had_fallen():
+    """The detail's nats are the ones the tolerance was widened by (tolerances.nats_fallen), at each widened step."""
+    checks = _loss_checks(list(H200_AMP_B8_REPLAYED), H200_AMP_B8_REPLAYED)
+    first, flat = H200_AMP_B8_REPLAYED[0], tolerances.REPLAY_TOLERANCES[("BF16", "amp")].loss_curve
+    widened = [(c, r) for c, r in zip(checks[1:], H200_AMP_B8_REPLAYED[1:], strict=True) if c.tolerance > flat]
+    assert widened, "the measured AMP window fell far enough to widen some steps"
+    for check, reference in widened:
+        assert f"after {math.log(first / reference):.2f} nats fallen" in check.detail
+    assert all("nats fallen" not in c.detail for c in checks if c.tolerance <= flat)

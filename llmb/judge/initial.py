@@ -28,15 +28,26 @@ def build(config: ModelConfig, seed: int) -> LlamaModel:
     return LlamaModel(config)
 
 
+def tensors(model: LlamaModel) -> list[torch.Tensor]:
+    """The model's parameters, then its buffers, in the order twin copies them."""
+    return list(itertools.chain(model.parameters(), model.buffers()))
+
+
+def empty_twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+    """The layout of `model` on `device` in `dtype`, its parameters and buffers allocated there and unset (no host
+    copy on the way): what twin fills, and benchmarks/initial_copy.py fills by other routes."""
+    with torch.device("meta"):
+        copy = LlamaModel(model.config).to(dtype)
+    return copy.to_empty(device=device)
+
+
 def twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> LlamaModel:
     """A copy of `model` on `device` in `dtype`, its parameters and buffers copied straight there: no second copy on
     the host (5.7 GB at the official shape) on the way to an accelerator."""
-    with torch.device("meta"):
-        copy = LlamaModel(model.config).to(dtype)
-    copy = copy.to_empty(device=device)
+    copy = empty_twin(model, device, dtype)
     with torch.no_grad():
-        targets = itertools.chain(copy.parameters(), copy.buffers())  # buffers too: to_empty leaves them unset
-        for target, source in zip(targets, itertools.chain(model.parameters(), model.buffers()), strict=True):
+        # buffers too: to_empty leaves them unset
+        for target, source in zip(tensors(copy), tensors(model), strict=True):
             target.copy_(source)
     return copy
 

@@ -304,9 +304,7 @@ def replay_record(
     scope = digest_scope(record.get("layout") or {})  # the layout's, not the window's (compare)
     device_type = str((record.get("device") or {}).get("type") or "")
     effective, mode = precision["effective"], precision["mode"]
-    # In pure 16-bit the budget goes to the replay in the run's own format, which checks the later steps; the FP32
-    # replay beside it then stops at its first losses.
-    same = None
+    same = None  # the replay in a pure 16-bit window's own format, where it has one (twice, below)
     target, fallbacks = replay_device(device), []
     # The FP32 replay's matmuls (reference_matmuls); the replay in a pure window's own format has no FP32 matmuls.
     arguments["matmuls"] = reference_matmuls(effective, target)

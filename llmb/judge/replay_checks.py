@@ -15,6 +15,7 @@ from llmb.spec.tolerances import (
     BRACKETED,
     SAME_PRECISION_TOLERANCES,
     loss_drift_tolerance,
+    nats_fallen,
     replay_tolerance_for,
     row_mode,
 )
@@ -133,7 +134,7 @@ def compare(
         tolerance = tol.loss if index == 0 else loss_drift_tolerance(tol, untrained, reference)
         error = abs(value - reference) / abs(reference) if _finite(value) else math.inf
         widened = index and tolerance > tol.loss_curve
-        fallen = f" after {math.log(untrained / reference):.2f} nats fallen" if widened else ""
+        fallen = f" after {nats_fallen(untrained, reference):.2f} nats fallen" if widened else ""
         checks.append(
             ReplayCheck(
                 f"replay-loss-{index + 1}",

@@ -99,13 +99,19 @@ REPLAY_TOLERANCES = MappingProxyType(
 )
 
 
+def nats_fallen(first: float, reference: float) -> float:
+    """How far the reference's loss has fallen since its first, in nats (ln(first / reference)); 0 where either is
+    not a positive finite number."""
+    if first > 0 and reference > 0 and math.isfinite(first) and math.isfinite(reference):
+        return math.log(first / reference)
+    return 0.0
+
+
 def loss_drift_tolerance(tolerance: Tolerance, first: float, reference: float) -> float:
     """The largest relative error accepted of a later loss whose reference is `reference`, the reference's first
-    loss being `first`: loss_curve, or loss_drift per nat the reference has fallen (ln(first / reference)),
-    whichever is larger (see REPLAY_TOLERANCES)."""
-    if tolerance.loss_drift and first > 0 and reference > 0 and math.isfinite(first) and math.isfinite(reference):
-        return max(tolerance.loss_curve, tolerance.loss_drift * math.log(first / reference))
-    return tolerance.loss_curve
+    loss being `first`: loss_curve, or loss_drift per nat the reference has fallen (nats_fallen), whichever is larger
+    (see REPLAY_TOLERANCES)."""
+    return max(tolerance.loss_curve, tolerance.loss_drift * nats_fallen(first, reference))
 
 
 # Pure 16-bit modes: their losses after the first are bracketed, not compared (see above).
