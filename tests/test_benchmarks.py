@@ -355,3 +355,21 @@ def test_the_initial_copy_benchmarks_staged_copy_is_the_model_and_it_refuses_a_c
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(copy.parameters(), model.parameters(), strict=True))
     result = CliRunner().invoke(initial_copy.main, ["--device", "cpu", "--preset", "tiny"])
     assert result.exit_code == 1 and "needs an accelerator" in result.output and "Traceback" not in result.output
+
+
+def test_digest_columns_splits_a_digests_error_by_column_and_skips_what_is_no_result(monkeypatch, tmp_path):
+    """benchmarks/digest_columns.py: a digest whose signed sums moved and whose sums of squares did not reads 0 on the
+    squares; a file that is no llmb result is skipped in one line, and with nothing left the command says so."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import digest_columns
+    from click.testing import CliRunner
+
+    reference = [[0.5, 4.0], [-0.25, 9.0]]
+    moved = [[-0.5, 4.0], [0.25, 9.0]]  # the sums' signs flipped: squares unchanged
+    errors = digest_columns.columns(moved, reference)
+    assert errors["squares"] == 0.0 and errors["sums"] == pytest.approx(2.0) and 0 < errors["both"] < errors["sums"]
+    garbage = tmp_path / "not-a-result.json"
+    garbage.write_bytes(b"\xff[bold]x")
+    result = CliRunner().invoke(digest_columns.main, [str(garbage)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "skipped:" in result.output and "no pure 16-bit whole window" in result.output

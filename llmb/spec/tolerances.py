@@ -152,9 +152,21 @@ class SamePrecisionTolerance:
 # the digest's tolerances only catch gross changes; a loss is held to the first FP32 loss's tolerance of its format
 # (REPLAY_TOLERANCES, measured on the H100) or 1e-3, whichever is larger, since a compiled run's 16-bit kernels may
 # part from torch's eager ones as far as from FP32 (pure BF16's first loss: up to 9.9e-4 from FP32 on the H100).
+#
+# Both digests are compared on their per-parameter sums of squares, not their signed sums (2026-11-26, CPU). The sums
+# of zero-mean weights and gradients cancel, so their relative error multiplies the elements' own: an honest pure
+# FP16 window compiled by Inductor (whose kernels keep intermediates in FP32 where torch's eager ones round each op)
+# failed whenever the whole window was drawn, its moment digest 0.25-0.52 from the eager replay's after 50 steps
+# (tiny preset, batch 1-16), its sums alone 0.32-0.87, where its sums of squares parted by 0.007-0.014. Over longer
+# windows the squares part a little further and then level off (batch 4: 0.061, 0.064 and 0.038 after 100, 150 and
+# 200 steps; the parameters' 2.4e-4, 2.4e-4 and 3.8e-3; the losses at most 4.0e-4), pure BF16 far less (moments
+# 8e-4 after 50 and 100 steps: its weights keep fewer updates). The red team's skipped work moves the moments'
+# squares by 0.62-1.0 (half the layers without backward, a run that stops computing after step 1 or 10; 5 to 50
+# steps, BF16 and FP16). A sum of squares moves twice as far as the norm it squares; FP16's tolerances are about
+# three times its worst honest figures: moments 0.2, parameters 1e-2 (the FP32 replay's own FP16 digest figure).
 SAME_PRECISION_TOLERANCES = MappingProxyType(
     {
         "BF16": SamePrecisionTolerance(loss=3e-3, digest=1e-3, moments=1e-1),
-        "FP16": SamePrecisionTolerance(loss=1e-3, digest=1e-3, moments=1e-1),
+        "FP16": SamePrecisionTolerance(loss=1e-3, digest=1e-2, moments=2e-1),
     }
 )
