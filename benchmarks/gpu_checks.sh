@@ -10,6 +10,9 @@
 #      replay (14.3% before, 8.4% expected; goal 10%).
 #   3. amp 8 FP16 and 4. compiled 8 TF32, each with --replay-whole 1: the FP16-AMP and TF32 drift rows (3e-4 and
 #      2e-4 per nat) over a long fall, only ever measured over 3 steps.
+#   5. compiled 8 FP16 (pure) with --replay-whole 1: the replay in the run's own format, which compares the digests'
+#      sums of squares since RESULTS.md section 28 (tolerances 0.2 and 1e-2, set on the CPU's tiny preset): the first
+#      GPU figure for an honest compiled pure FP16 window.
 # Between 1 and 2, benchmarks/initial_copy.py (about a minute): the replay's model copy onto the GPU (4.6-5.7 s from
 # pageable memory) against pinned staging and pinning beforehand, before llmb takes either.
 # Wheels first (no network on the GPU host), on the machine that has it:
@@ -52,4 +55,5 @@ fi
 point amp 64 200
 point amp 8 150 1 FP16
 point compiled 8 150 1 TF32
+point compiled 8 150 1 FP16
 snap; echo "total $(el)s"
