@@ -42,6 +42,11 @@ def _import_ipex():
 @dataclass(frozen=True, eq=False)
 class XpuSettings(PluginSettings):
     ipex: bool = option(False, "post-process the model with intel_extension_for_pytorch.optimize")
+    # torch's fused AdamW runs on XPU as on the CPU (torch.utils._foreach_utils lists both). The per-tensor loop keeps
+    # g^2 in FP16 under pure FP16 weights, where it underflows and the weights run away: an honest pure FP16 run of
+    # this plugin with it failed the judge's replay on every draw (tiny preset, `--device cpu -O ipex=true`, 50 steps:
+    # step 2 outside the FP32 bracket, steps 5-13 off the FP16 replay; benchmarks/RESULTS.md section 28).
+    fused_adamw: bool = option(True, "AdamW's fused kernel (fused=True); false: torch's per-tensor loop")
 
 
 class XpuBackend(CpuBackend):
@@ -94,7 +99,7 @@ class XpuBackend(CpuBackend):
         return optimized
 
     def optimizer_options(self, device, precision, settings) -> dict:
-        return {}  # torch's default AdamW implementation (the cpu backend's fused_adamw is not a setting here)
+        return {"fused": True} if settings.fused_adamw else {}
 
     def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
         if not settings.ipex:
