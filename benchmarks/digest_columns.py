@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import json
-import math
 import re
 from pathlib import Path
 
@@ -24,21 +23,25 @@ import torch
 from common import command_line, console, machine, write_raw
 from rich.table import Table
 
-from llmb.judge import replay
+from llmb.judge import replay, replay_checks
 from llmb.model import ModelConfig
+from llmb.spec.tolerances import nats_fallen
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    scale = b.norm().item()
-    return (a - b).norm().item() / scale if scale else math.inf
-
-
 def columns(candidate: list, reference: list) -> dict[str, float]:
-    """Relative error of a digest ([sum, sum of squares] per parameter): both columns, the sums, the squares."""
-    a, b = torch.tensor(candidate, dtype=torch.float64), torch.tensor(reference, dtype=torch.float64)
-    return {"both": _relative(a, b), "sums": _relative(a[:, 0], b[:, 0]), "squares": _relative(a[:, 1], b[:, 1])}
+    """Relative error of a digest ([sum, sum of squares] per parameter), measured as the judge measures it
+    (replay_checks.relative_error): both columns, the sums, the squares."""
+
+    def column(rows: list, index: int) -> list[float]:
+        return [float(row[index]) for row in rows]
+
+    both = replay_checks.relative_error([float(x) for row in candidate for x in row],
+                                        [float(x) for row in reference for x in row])  # fmt: skip
+    sums = replay_checks.relative_error(column(candidate, 0), column(reference, 0))
+    squares = replay_checks.relative_error(column(candidate, 1), column(reference, 1))
+    return {"both": both, "sums": sums, "squares": squares}
 
 
 def measure(path: Path) -> dict | None:
@@ -64,7 +67,7 @@ def measure(path: Path) -> dict | None:
         "precision": record["precision"]["effective"],
         "batch_size": record["batch_size"],
         "steps": steps,
-        "nats_fallen": math.log(replayed.losses[0] / replayed.losses[-1]),
+        "nats_fallen": nats_fallen(replayed.losses[0], replayed.losses[-1]),
         "worst_loss": max(losses),
         "parameters": columns(window["digest_end"], replayed.digest_end),
         "moments": columns(window["moments_end"], replayed.moments_end),

@@ -138,7 +138,7 @@ def test_an_honest_compiled_pure_fp16_window_passes_the_replay_in_its_own_format
     parted from the eager replay's by 0.25-0.52 of the digest's norm (tolerance 0.1; tiny preset, batch 1-16, three
     draws), nearly all of it in the per-parameter signed sums, which cancel (0.32-0.87 of theirs), where the sums of
     squares parted by 0.007-0.014. The replay in the run's own format compares the sums of squares, so the honest
-    window passes; skipped work still moves them by O(1) (0.62-1.0: tests/redteam/test_redteam_steps_at_risk.py)."""
+    window passes; skipped work still moves them by O(1) (0.43-1.04: benchmarks/RESULTS.md section 28)."""
     steps = 50
     record = runner.run(
         runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=steps, warmup_steps=1,
