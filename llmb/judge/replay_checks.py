@@ -14,6 +14,7 @@ from llmb.audit.evidence import MODEL_SCOPE
 from llmb.spec.tolerances import (
     BRACKETED,
     SAME_PRECISION_TOLERANCES,
+    drift_tolerance,
     loss_drift_tolerance,
     nats_fallen,
     replay_tolerance_for,
@@ -267,17 +268,21 @@ def same_precision_checks(
     if len(recorded) < len(same.losses):
         what = f"the window records {len(recorded)} losses, replayed {len(same.losses)}"
         return [ReplayCheck("same-precision-losses", False, what)]
+    first = same.losses[0] if same.losses else math.nan
     for index, reference in enumerate(same.losses):
         value = recorded[index]
         error = abs(value - reference) / abs(reference) if _finite(value) and reference else math.inf
+        # Further where the same-format replay's own loss has fallen far (SAME_PRECISION_TOLERANCES).
+        tolerance = drift_tolerance(tol.loss, tol.loss_drift, first, reference) if index else tol.loss
+        fallen = f" after {nats_fallen(first, reference):.2f} nats fallen" if tolerance > tol.loss else ""
         checks.append(
             ReplayCheck(
                 f"same-precision-loss-{index + 1}",
-                error <= tol.loss,
+                error <= tolerance,
                 f"step {index + 1}: recorded loss {value!r}, replayed {reference:.6f}: relative error {error:.3g} "
-                f"(tolerance {tol.loss:g}, {label})" + ("" if error <= tol.loss else hint),
+                f"(tolerance {tolerance:.3g}{fallen}, {label})" + ("" if error <= tolerance else hint),
                 error,
-                tol.loss,
+                tolerance,
             )
         )
     if scope != MODEL_SCOPE or same.digest_end is None:  # a part of the model, or the window's first steps only
