@@ -143,6 +143,42 @@ def test_runner_runs_xla_in_process(monkeypatch):
     assert record["precision"]["effective"] == "FP32"
 
 
+# A run in its own process, its graph count printed; "busy": the roofline, which llmb measures after the run's last
+# window, first compiles three graphs of sizes no step uses, as its square GEMM's sizing does when the device answers
+# more slowly (one graph per size tried).
+COUNT_GRAPHS = """
+import sys, torch
+from llmb.run import roofline
+from llmb.run.runner import RunOptions, run
+from llmb.spec.presets import PRESETS
+if sys.argv[1] == "busy":
+    measured = roofline.for_run
+    def for_run(backend, device, *args, **kwargs):
+        for side in (24, 40, 56):
+            a = torch.ones(side, side, device=device)
+            (a @ a).sum().item()
+        return measured(backend, device, *args, **kwargs)
+    roofline.for_run = for_run
+options = RunOptions(config=PRESETS["tiny"], preset="tiny", plugin="xla", device="xla", precision="FP32", steps=2,
+                     warmup_steps=3)
+print("graphs", run(options).to_dict()["facts"]["xla_compilations"])
+"""
+
+
+@requires_torch_xla
+def test_the_graph_count_is_the_runs_not_the_rooflines():
+    """facts.xla_compilations counts the run's graphs: the roofline's square GEMM is sized by how fast the device
+    answers, so the number of sizes it compiles varies from run to run (CI, 2026-11-26: 23 graphs against 22 for the
+    same run). The facts are read before it (llmb.run.record.run_facts)."""
+    counts = []
+    for arm in ("quiet", "busy"):
+        proc = subprocess.run([sys.executable, "-c", COUNT_GRAPHS, arm], capture_output=True, text=True,
+                              env=cpu_pjrt_env(), timeout=900)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        counts.append(int(proc.stdout.split("graphs")[-1]))
+    assert counts[0] >= 1 and counts[0] == counts[1], counts
+
+
 @requires_torch_xla
 def test_two_runs_in_one_process_keep_their_own_state(monkeypatch):
     """Each run's setup returns the state its own later hooks get (llmb hands it to a method that names `state`): a

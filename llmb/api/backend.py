@@ -187,7 +187,8 @@ class Backend:
         return []
 
     def run_facts(self, device: torch.device) -> dict:
-        """Facts to record with the run: vendor library versions, driver, runtime."""
+        """Facts to record with the run: vendor library versions, driver, runtime. Read once the last window and its
+        audit are done, before llmb measures the roofline beside the run."""
         return {}
 
     def distributed_backend(self, device: torch.device) -> str | None:

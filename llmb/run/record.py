@@ -56,6 +56,7 @@ def build_record(
     host=None,
     warmup_seconds: list[float] | None = None,
     matmul: roofline.Roofline | None = None,
+    facts: dict | None = None,
 ) -> Result:
     config = options.config
     effective = audit["effective"]
@@ -119,7 +120,7 @@ def build_record(
         software=records.Software(
             python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
         ),
-        facts=_facts(call(backend.run_facts, device)) | _vendor_facts(),
+        facts=facts if facts is not None else run_facts(backend, device),
         optimizer=records.OptimizerInfo(
             class_name=f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
             defaults={
@@ -194,6 +195,13 @@ def _memory_bytes(value) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         return None
     return value
+
+
+def run_facts(backend, device) -> dict:
+    """The run's facts: the backend's (as JSON values), and the vendor-library replacements the guard accepted. Read
+    when the last window and its audit are done, before llmb's own measurements beside the run (the roofline), so
+    a fact that counts work (torch-xla's graphs compiled) counts the run's, not the roofline's sizing."""
+    return _facts(call(backend.run_facts, device)) | _vendor_facts()
 
 
 def _vendor_facts() -> dict:

@@ -38,7 +38,7 @@ from llmb.run.options import (  # noqa: F401  (check_*: the request's checks, im
     parallel_strategy,
     resolve,
 )
-from llmb.run.record import build_record, loss_problems
+from llmb.run.record import build_record, loss_problems, run_facts
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.training.loop import Trainer, build_optimizer, median_measurement, optimizer_problems
 
@@ -289,6 +289,9 @@ def _run(
         audit = precision.with_dispatch(audit, window.dispatch())
     audit["window"] = window.record()
     chosen = median_measurement(measurements)
+    # Before the roofline, whose square GEMM is sized by how fast the device answers (a lazy device compiles a graph
+    # per size tried): the facts are the run's.
+    facts = run_facts(backend, device)
     # The roofline in the run's own backend state, at its own GEMM shapes, after the measured window; on rank 0
     # alone, since the ranks of one host would share its time.
     matmul = None
@@ -377,6 +380,7 @@ def _run(
         host=host,
         warmup_seconds=warmup_seconds,
         matmul=matmul,
+        facts=facts,
     )
     record.evidence = records.Evidence.from_dict(
         {
