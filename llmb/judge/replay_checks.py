@@ -134,8 +134,7 @@ def compare(
         # A later loss may part further where the judge's own replay has fallen far (loss_drift_tolerance).
         tolerance = tol.loss if index == 0 else loss_drift_tolerance(tol, untrained, reference)
         error = abs(value - reference) / abs(reference) if _finite(value) else math.inf
-        widened = index and tolerance > tol.loss_curve
-        fallen = f" after {nats_fallen(untrained, reference):.2f} nats fallen" if widened else ""
+        fallen = _fallen(tolerance, tol.loss_curve, untrained, reference) if index else ""
         checks.append(
             ReplayCheck(
                 f"replay-loss-{index + 1}",
@@ -219,6 +218,12 @@ def _bracketed(
     return ReplayCheck(f"replay-loss-{index + 1}", passed, detail, error, 0.0)
 
 
+def _fallen(tolerance: float, flat: float, first: float, reference: float) -> str:
+    """What a loss check's detail adds where its tolerance was widened past `flat` by the replay's fall (the nats
+    drift_tolerance counted); nothing where it was not."""
+    return f" after {nats_fallen(first, reference):.2f} nats fallen" if tolerance > flat else ""
+
+
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -274,7 +279,7 @@ def same_precision_checks(
         error = abs(value - reference) / abs(reference) if _finite(value) and reference else math.inf
         # Further where the same-format replay's own loss has fallen far (SAME_PRECISION_TOLERANCES).
         tolerance = drift_tolerance(tol.loss, tol.loss_drift, first, reference) if index else tol.loss
-        fallen = f" after {nats_fallen(first, reference):.2f} nats fallen" if tolerance > tol.loss else ""
+        fallen = _fallen(tolerance, tol.loss, first, reference)
         checks.append(
             ReplayCheck(
                 f"same-precision-loss-{index + 1}",

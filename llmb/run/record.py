@@ -52,11 +52,11 @@ def build_record(
     invalid,
     fingerprint,
     trainer,
+    facts: dict,
     job=None,
     host=None,
     warmup_seconds: list[float] | None = None,
     matmul: roofline.Roofline | None = None,
-    facts: dict | None = None,
 ) -> Result:
     config = options.config
     effective = audit["effective"]
@@ -120,7 +120,7 @@ def build_record(
         software=records.Software(
             python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
         ),
-        facts=facts if facts is not None else run_facts(backend, device),
+        facts=facts,  # run_facts, read by the runner before the roofline
         optimizer=records.OptimizerInfo(
             class_name=f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
             defaults={
