@@ -335,6 +335,9 @@ def run_llmb_cli(spec: dict) -> dict:
         # Built by the judge beside the worker's setup (an accelerator's replay), and the worker's untimed wait for it.
         "replay_prebuild_seconds": (replay.get("initial_model") or {}).get("build_seconds"),
         "worker_waited_seconds": (replay.get("initial_model") or {}).get("worker_waited_seconds"),
+        # Of replay_build_seconds: each twin's allocation on the device, then its copy (evidence.replay.placements).
+        "replay_allocate_seconds": sum(p["allocate_seconds"] for p in replay.get("placements") or []) or None,
+        "replay_copy_seconds": sum(p["copy_seconds"] for p in replay.get("placements") or []) or None,
         "replay_peak_rss_bytes": replay.get("peak_rss_bytes"),
         "command_wall_seconds": wall,
         "host_allocator": (record.get("facts") or {}).get("host_allocator"),

@@ -128,6 +128,8 @@ def summary_row(path: str, batch: int, measured: list[dict]) -> dict:
         "replay_seconds": median("llmb run", "replay_seconds"),
         "replay_build_seconds": median("llmb run", "replay_build_seconds"),
         "replay_prebuild_seconds": median("llmb run", "replay_prebuild_seconds"),
+        "replay_allocate_seconds": median("llmb run", "replay_allocate_seconds"),
+        "replay_copy_seconds": median("llmb run", "replay_copy_seconds"),
         "worker_waited_seconds": median("llmb run", "worker_waited_seconds"),
         "replay_peak_rss_bytes": median("llmb run", "replay_peak_rss_bytes"),
         "command_wall_seconds": median("llmb run", "command_wall_seconds"),

@@ -2,7 +2,8 @@
 # The open GPU checks of issues 24 and 25 in one call of at most 10 minutes, for a session lent one GPU briefly
 # (benchmarks/gpu.sh is the whole suite, hours). Each point is benchmarks/fidelity.py, `llmb run` against the same
 # loop by hand, one round, official shape, with every llmb arm's record kept (the replay's cost, device_init_seconds,
-# build_seconds, matmuls, and its checks) in $OUT/raw.tgz. In the order they matter (RESULTS.md section 27 ran the
+# build_seconds and, since 2026-11-26, its parts: evidence.replay.placements, the twin's allocation and its copy
+# through pinned staging; section 29's 7.5-8.7 s was unexplained; matmuls, and its checks) in $OUT/raw.tgz. In the order they matter (RESULTS.md section 27 ran the
 # previous list; section 29 ran its first point, the initial copy and half of the second):
 #   1. compiled 8 FP16 (pure) with --replay-whole 1: the replay in the run's own format, its losses now widened with
 #      the loss's fall (SAME_PRECISION_TOLERANCES' loss_drift; section 29's two windows failed 11 of 20 losses

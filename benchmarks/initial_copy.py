@@ -1,10 +1,11 @@
-"""The replay's initial model onto the accelerator: llmb's copy (llmb.judge.initial.twin, each tensor straight from
-pageable host memory) against the same copy through a small ring of pinned staging buffers, and against pinning the
-whole model first (its pinning timed apart, since the judge would pin beside the worker's setup).
+"""The replay's initial model onto the accelerator: llmb's twin (llmb.judge.initial.twin, through a small ring of
+pinned staging buffers since 2026-11-26) against each tensor copied straight from pageable host memory (its route
+before) and against pinning the whole model first (its pinning timed apart).
 
-On one H200 the twin took 4.6-5.7 s for the official shape's 5.7 GB (about 1.1 GB/s, RESULTS.md section 27), the
-largest fixed cost left in the replay. This measures what a pinned path would save before llmb takes one. Each arm
-copies the same host model, alternating, after a warm-up copy; every copy is checked equal to the host's.
+Inside llmb's replay on one H100 the twin took 7.5-8.7 s for the official shape's 5.73 GB, where this script's warm
+copies took 1.4 s (RESULTS.md section 29). So this also times what a fresh process pays first: the twin's first
+allocation on the device (cold) against a later one (warm), and each arm's first copy. Each arm then copies the same
+host model, alternating; every copy is checked equal to the host's.
 
     python benchmarks/initial_copy.py --device cuda --preset official --rounds 3
 """
@@ -24,31 +25,13 @@ from llmb.spec.presets import build_config
 from llmb.terminal import console as term
 
 
-def staged_copy(model: LlamaModel, device: torch.device, chunk_bytes: int, buffers: int = 2, pin: bool = True):
-    """A twin of `model` on `device`, each tensor copied through `buffers` staging buffers of `chunk_bytes` (pinned
-    where `pin`): a host memcpy into a free buffer, then an asynchronous copy from it, the buffer reused once the copy
-    that read it has finished (an event per buffer)."""
+def direct_copy(model: LlamaModel, device: torch.device) -> LlamaModel:
+    """A twin of `model` on `device`, each tensor copied straight from pageable host memory (llmb's route until
+    2026-11-26)."""
     copy = initial.empty_twin(model, device, torch.float32)
-    elements = max(1, chunk_bytes // 4)  # FP32
-    ring = [torch.empty(elements, dtype=torch.float32, pin_memory=pin) for _ in range(buffers)]
-    accelerator = device.type != "cpu"
-    done: list[torch.Event | None] = [None] * buffers
-    turn = 0
     with torch.no_grad():
         for target, source in zip(initial.tensors(copy), initial.tensors(model), strict=True):
-            flat_source, flat_target = source.reshape(-1), target.view(-1)
-            for start in range(0, flat_source.numel(), elements):
-                count = min(elements, flat_source.numel() - start)
-                slot = turn % buffers
-                if done[slot] is not None:
-                    done[slot].synchronize()  # the copy that read this buffer last has finished
-                staging = ring[slot][:count]
-                staging.copy_(flat_source[start : start + count])
-                flat_target[start : start + count].copy_(staging, non_blocking=accelerator)
-                if accelerator:
-                    done[slot] = torch.Event(device=device)
-                    done[slot].record()
-                turn += 1
+            target.copy_(source)
     return copy
 
 
@@ -75,8 +58,7 @@ def _equal(copy: LlamaModel, model: LlamaModel) -> bool:
 @click.option("--device", "device_name", default="cuda", show_default=True)
 @click.option("--preset", default="official", show_default=True)
 @click.option("--rounds", default=3, show_default=True, type=int)
-@click.option("--chunk-mb", default=64, show_default=True, type=int, help="Each pinned staging buffer's size.")
-def main(device_name: str, preset: str, rounds: int, chunk_mb: int) -> None:
+def main(device_name: str, preset: str, rounds: int) -> None:
     info = machine()
     print_machine(info)
     device = torch.device(device_name)
@@ -87,18 +69,30 @@ def main(device_name: str, preset: str, rounds: int, chunk_mb: int) -> None:
     model = initial.build(config, seed=0)
     build_seconds = time.perf_counter() - began
     gigabytes = sum(t.numel() * t.element_size() for t in initial.tensors(model)) / 1e9
+    torch.empty(0, device=device)  # the device brought up, as the replay's _initialise does
+    _synchronize(device)
+    allocations = []
+    for _ in range(2):  # the first allocation of the model's size in this process (cold), then one from the cache
+        began = time.perf_counter()
+        empty = initial.empty_twin(model, device, torch.float32)
+        _synchronize(device)
+        allocations.append(time.perf_counter() - began)
+        del empty
     began = time.perf_counter()
     pinned = [t.detach().pin_memory() for t in initial.tensors(model)]
     pin_seconds = time.perf_counter() - began
     arms = {
-        "twin (llmb)": lambda: initial.twin(model, device, torch.float32),
-        f"staged, 2 x {chunk_mb} MB pinned": lambda: staged_copy(model, device, chunk_mb << 20),
+        "twin (llmb: staged, pinned)": lambda: initial.twin(model, device, torch.float32)[0],
+        "direct from pageable": lambda: direct_copy(model, device),
         "pinned beforehand": lambda: pinned_whole_copy(pinned, model, device),
     }
-    equal = {}
-    for name, arm in arms.items():  # warm-up: the device's first copies pay its cold start; each checked equal
+    equal, first = {}, {}
+    for name, arm in arms.items():  # each arm's first copy, timed apart; each checked equal
+        _synchronize(device)
+        began = time.perf_counter()
         copy = arm()
         _synchronize(device)
+        first[name] = time.perf_counter() - began
         equal[name] = _equal(copy, model)
         del copy
     seconds: dict[str, list[float]] = {name: [] for name in arms}
@@ -111,19 +105,20 @@ def main(device_name: str, preset: str, rounds: int, chunk_mb: int) -> None:
             seconds[name].append(time.perf_counter() - began)
             del copy
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    base = medians["twin (llmb)"]
+    base = medians["direct from pageable"]
     table = term.table(f"The initial model ({gigabytes:.2f} GB, {preset}) onto {device}, {rounds} rounds")
-    for column in ("copy", "median s", "range s", "GB/s", "/ twin", "equal"):
+    for column in ("copy", "first s", "median s", "range s", "GB/s", "/ direct", "equal"):
         term.column(table, column, numeric=column != "copy")
     for name, values in seconds.items():
-        term.row(table, name, f"{medians[name]:.3f}", f"{min(values):.3f}-{max(values):.3f}",
+        term.row(table, name, f"{first[name]:.3f}", f"{medians[name]:.3f}", f"{min(values):.3f}-{max(values):.3f}",
                  f"{gigabytes / medians[name]:.1f}", f"{medians[name] / base:.3f}", str(equal[name]))  # fmt: skip
     console.print(table)
-    console.print(f"host build {build_seconds:.1f} s; pinning the whole model beforehand {pin_seconds:.2f} s "
-                  "(beside the worker's setup, untimed by the run)", highlight=False)  # fmt: skip
+    console.print(f"host build {build_seconds:.1f} s; pinning the whole model beforehand {pin_seconds:.2f} s; "
+                  f"the twin's allocation on {device}: first {allocations[0]:.3f} s, then {allocations[1]:.3f} s",
+                  highlight=False)  # fmt: skip
     write_raw("initial_copy", {"command": command_line(), "machine": info, "preset": preset, "gigabytes": gigabytes,
-                               "chunk_mb": chunk_mb, "seconds": seconds, "equal": equal, "pin_seconds": pin_seconds,
-                               "build_seconds": build_seconds})  # fmt: skip
+                               "seconds": seconds, "first_seconds": first, "allocation_seconds": allocations,
+                               "equal": equal, "pin_seconds": pin_seconds, "build_seconds": build_seconds})  # fmt: skip
 
 
 if __name__ == "__main__":

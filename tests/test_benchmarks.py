@@ -337,10 +337,10 @@ def test_the_hand_loop_stamps_its_warmup_steps_on_the_cpu(bench):
     assert warmup[0] >= 0.03 and warmup[1] >= 0.01  # in order, one per step
 
 
-def test_the_initial_copy_benchmarks_staged_copy_is_the_model_and_it_refuses_a_cpu(monkeypatch):
-    """benchmarks/initial_copy.py's staged copy (chunks through a ring of staging buffers, here unpinned: this CPU has
-    no pinned memory) gives the host model bit for bit, tensors larger than a chunk included; its command needs an
-    accelerator and says so in one line."""
+def test_the_initial_copy_benchmarks_direct_copy_is_the_model_and_it_refuses_a_cpu(monkeypatch):
+    """benchmarks/initial_copy.py's direct copy (the replay's route before pinned staging, its peer) gives the host
+    model bit for bit in tensors of its own; its command needs an accelerator and says so in one line (llmb's staged
+    route is tests/test_replay_prebuild.py's)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import initial_copy
     from click.testing import CliRunner
@@ -349,8 +349,7 @@ def test_the_initial_copy_benchmarks_staged_copy_is_the_model_and_it_refuses_a_c
     from llmb.spec.presets import build_config
 
     model = initial.build(build_config("tiny"), seed=0)
-    largest = max(p.numel() for p in model.parameters()) * 4
-    copy = initial_copy.staged_copy(model, torch.device("cpu"), chunk_bytes=largest // 3, pin=False)
+    copy = initial_copy.direct_copy(model, torch.device("cpu"))
     assert initial_copy._equal(copy, model)
     assert all(a.data_ptr() != b.data_ptr() for a, b in zip(copy.parameters(), model.parameters(), strict=True))
     result = CliRunner().invoke(initial_copy.main, ["--device", "cpu", "--preset", "tiny"])

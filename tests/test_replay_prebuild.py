@@ -7,9 +7,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 
 from llmb.judge import cleanroom, initial, replay
+from llmb.records.judged import Replay
 from llmb.run import runner
 from llmb.spec.presets import PRESETS
 
@@ -24,26 +26,28 @@ def test_a_prebuilt_model_is_the_runs_initial_model_and_a_kept_one_is_a_copy():
     models = initial.InitialModels()
     models.start(TINY, 3)
     assert models.held()
-    kept, prebuilt = models.model(TINY, 3, torch.device("cpu"), torch.float32, keep=True)
+    kept, prebuilt, placement = models.model(TINY, 3, torch.device("cpu"), torch.float32, keep=True)
     assert prebuilt is not None and prebuilt.build_seconds > 0
+    assert placement is not None and placement.route == "direct" and placement.copy_seconds > 0
     assert same_parameters(kept, initial.build(TINY, 3))
     assert models.held()  # a copy went; the prebuilt one stays for the next replay
-    half, _ = models.model(TINY, 3, torch.device("cpu"), torch.bfloat16, keep=True)  # a same-format replay's
+    half, _, _ = models.model(TINY, 3, torch.device("cpu"), torch.bfloat16, keep=True)  # a same-format replay's
     assert same_parameters(half, initial.build(TINY, 3).to(torch.bfloat16))
     assert next(half.parameters()).dtype == torch.bfloat16 and half.training
     with torch.no_grad():
         next(kept.parameters()).add_(1.0)
-    taken, _ = models.model(TINY, 3, torch.device("cpu"), torch.bfloat16, keep=False)
+    taken, _, placement = models.model(TINY, 3, torch.device("cpu"), torch.bfloat16, keep=False)
+    assert placement is None  # the held model itself, cast: no twin
     assert same_parameters(taken, initial.build(TINY, 3).to(torch.bfloat16))  # the copy's change did not reach it
     assert not models.held()  # taken: the judge holds no second copy beside the CPU replay's own
-    rebuilt, prebuilt = models.model(TINY, 3, torch.device("cpu"), torch.float32, keep=False)
+    rebuilt, prebuilt, _ = models.model(TINY, 3, torch.device("cpu"), torch.float32, keep=False)
     assert prebuilt is None and same_parameters(rebuilt, initial.build(TINY, 3))  # built here, as before
 
 
 def test_a_prebuilt_model_of_another_seed_is_never_used():
     models = initial.InitialModels()
     models.start(TINY, 1)
-    model, prebuilt = models.model(TINY, 2, torch.device("cpu"), torch.float32, keep=False)
+    model, prebuilt, _ = models.model(TINY, 2, torch.device("cpu"), torch.float32, keep=False)
     assert prebuilt is None and same_parameters(model, initial.build(TINY, 2))
     assert models.held()  # seed 1's is still there, untouched
 
@@ -56,6 +60,56 @@ def test_a_replay_from_the_prebuilt_model_equals_one_that_builds_its_own():
     from_prebuilt = replay.replay(**arguments, initial=models)
     assert own.losses == from_prebuilt.losses and own.digest_end == from_prebuilt.digest_end
     assert own.prebuilt is None and from_prebuilt.prebuilt is not None
+
+
+class HostEvent:
+    """Stands in for torch.Event on an accelerator, which this host lacks (a mock: every copy here is done when it
+    returns); says whether the copy that read a staging buffer was waited for before the buffer took the next."""
+
+    made: list[HostEvent] = []
+
+    def __init__(self, device: torch.device) -> None:
+        self.recorded = self.waited = False
+        HostEvent.made.append(self)
+
+    def record(self) -> None:
+        self.recorded = True
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_staged_copy_lands_every_element_and_reuses_a_buffer_only_once_its_copy_is_done(monkeypatch, dtype):
+    """llmb.judge.initial.stage, the accelerator's route for the replay's initial model, run on the CPU with its
+    pinned buffers and events mocked (no accelerator here): 4 KB buffers, so every matrix crosses in many chunks and
+    the last chunk of most tensors is partial; a 16-bit replay's twin rounds as Tensor.to does."""
+    monkeypatch.setattr(initial, "_pinned_buffer", lambda size: torch.empty(size, dtype=torch.uint8))
+    monkeypatch.setattr(torch, "Event", HostEvent)
+    HostEvent.made.clear()
+    source = initial.build(TINY, 5)
+    copy = initial.empty_twin(source, torch.device("cpu"), dtype)
+    with torch.no_grad():
+        initial.stage(initial.tensors(copy), initial.tensors(source), chunk_bytes=4096, buffers=2)
+    assert same_parameters(copy, initial.build(TINY, 5).to(dtype))
+    assert all(torch.equal(a, b) for a, b in zip(copy.buffers(), source.to(dtype).buffers(), strict=True))
+    chunks = sum(-(-t.numel() * t.element_size() // 4096) for t in initial.tensors(copy))
+    assert len(HostEvent.made) == chunks > 2 and all(e.recorded for e in HostEvent.made)
+    assert all(e.waited for e in HostEvent.made[:-2])  # each buffer's last copy was waited for before its reuse
+
+
+def test_a_replay_from_a_kept_prebuilt_model_says_what_placing_its_twin_took():
+    """The parts of the replay's build_seconds that the H100's 7.5-8.7 s (RESULTS.md section 29) left unexplained:
+    the twin's allocation and its copy, each timed to the device's end, in the replay and in its record."""
+    models = initial.InitialModels()
+    models.start(TINY, 0)
+    replayed = replay.replay(config=TINY, seed=0, batch_size=1, world_size=1, challenge=7, losses=2, window_steps=3,
+                             initial=models, keep_initial=True)  # fmt: skip
+    placement = replayed.placement
+    assert placement is not None and placement.route == "direct"
+    assert 0 < placement.allocate_seconds + placement.copy_seconds <= replayed.build_seconds
+    typed = Replay.from_dict({"passed": True, "checks": [], "placements": [placement.to_dict()]})
+    assert typed.placements[0].copy_seconds == placement.copy_seconds
 
 
 def tiny_options() -> runner.RunOptions:

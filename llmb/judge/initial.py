@@ -7,7 +7,8 @@ steps take 1-8 s. So where the run is replayed on an accelerator, the judge buil
 says its backend is set up (`setup`; the worker builds its own model meanwhile), and the worker, its setup done, says
 `ready` and waits, untimed, until the build has finished (llmb.judge.cleanroom.ReplayPreparation): the build never
 shares the host with a step the run times, the warmup's included. The model stays on the host in FP32, one copy
-(5.7 GB at the official shape), and each replay on the accelerator takes a twin of it there.
+(5.7 GB at the official shape), and each replay on the accelerator takes a twin of it there, its bytes sent through a
+small ring of pinned staging buffers (stage), and says what the twin's allocation and its copy each took (Placement).
 """
 
 from __future__ import annotations
@@ -33,6 +34,27 @@ def tensors(model: LlamaModel) -> list[torch.Tensor]:
     return list(itertools.chain(model.parameters(), model.buffers()))
 
 
+# The twin's bytes go to an accelerator through STAGING_BUFFERS pinned host buffers of STAGING_BYTES each (a host
+# memcpy into a free one, then an asynchronous copy from it): on one H100 the official shape's 5.73 GB went across at
+# 17.7 GB/s so (0.32 s), where each tensor copied straight from pageable memory went at 4.2 GB/s (1.37 s), and with
+# 128 MB of pinned memory, not a second host copy of the model (benchmarks/initial_copy.py, RESULTS.md section 29).
+STAGING_BYTES = 64 << 20
+STAGING_BUFFERS = 2
+
+
+@dataclass
+class Placement:
+    """What putting a twin on the replay's device took: its tensors' allocation there, then their bytes' copy (each
+    until the device had finished), and the copy's route ("pinned staging" or "direct")."""
+
+    allocate_seconds: float
+    copy_seconds: float
+    route: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def empty_twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> LlamaModel:
     """The layout of `model` on `device` in `dtype`, its parameters and buffers allocated there and unset (no host
     copy on the way): what twin fills, and benchmarks/initial_copy.py fills by other routes."""
@@ -41,15 +63,62 @@ def empty_twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> L
     return copy.to_empty(device=device)
 
 
-def twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> LlamaModel:
-    """A copy of `model` on `device` in `dtype`, its parameters and buffers copied straight there: no second copy on
-    the host (5.7 GB at the official shape) on the way to an accelerator."""
+def twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> tuple[LlamaModel, Placement]:
+    """A copy of `model` on `device` in `dtype`, and what placing it took: no second copy on the host (5.7 GB at the
+    official shape) on the way to an accelerator, where its bytes go through pinned staging buffers (stage); on the
+    CPU, straight from the model's."""
+    began = time.perf_counter()
     copy = empty_twin(model, device, dtype)
+    _synchronize(device)
+    allocated = time.perf_counter()
+    staged = device.type != "cpu"
     with torch.no_grad():
-        # buffers too: to_empty leaves them unset
-        for target, source in zip(tensors(copy), tensors(model), strict=True):
-            target.copy_(source)
-    return copy
+        if staged:
+            stage(tensors(copy), tensors(model))
+        else:  # buffers too: to_empty left them unset
+            for target, source in zip(tensors(copy), tensors(model), strict=True):
+                target.copy_(source)
+    _synchronize(device)
+    return copy, Placement(allocated - began, time.perf_counter() - allocated, "pinned staging" if staged else "direct")
+
+
+def stage(targets: list[torch.Tensor], sources: list[torch.Tensor], chunk_bytes: int = STAGING_BYTES,
+          buffers: int = STAGING_BUFFERS) -> None:  # fmt: skip
+    """Copy each host tensor of `sources` into its accelerator tensor of `targets` through `buffers` pinned host
+    buffers of `chunk_bytes`: a host copy into a free buffer, in the target's dtype (FP32 to a 16-bit replay's,
+    rounded as Tensor.to rounds), then an asynchronous copy from it, the buffer reused once the copy that read it has
+    finished (an event per buffer). Returns with the last copies queued; the caller synchronises."""
+    device = targets[0].device
+    ring: list[torch.Tensor] = []
+    done: list[torch.Event | None] = [None] * buffers
+    turn = 0
+    for target, source in zip(targets, sources, strict=True):
+        flat_source, flat_target = source.detach().reshape(-1), target.view(-1)
+        elements = max(1, chunk_bytes // target.element_size())
+        for start in range(0, flat_source.numel(), elements):
+            count = min(elements, flat_source.numel() - start)
+            slot = turn % buffers
+            if len(ring) <= slot:
+                ring.append(_pinned_buffer(chunk_bytes))
+            if done[slot] is not None:
+                done[slot].synchronize()  # the copy that read this buffer last has finished
+            staging = ring[slot][: count * target.element_size()].view(target.dtype)
+            staging.copy_(flat_source[start : start + count])
+            flat_target[start : start + count].copy_(staging, non_blocking=True)
+            done[slot] = torch.Event(device=device)
+            done[slot].record()
+            turn += 1
+
+
+def _pinned_buffer(size: int) -> torch.Tensor:
+    """`size` bytes of page-locked host memory, for the accelerator torch drives here."""
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+
+def _synchronize(device: torch.device) -> None:
+    """Until `device` has finished what it was given (nothing to wait for on the CPU)."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
 
 
 def _key(config: ModelConfig, seed: int) -> tuple:
@@ -114,20 +183,22 @@ class InitialModels:
 
     def model(
         self, config: ModelConfig, seed: int, device: torch.device, dtype: torch.dtype, keep: bool
-    ) -> tuple[LlamaModel, Prebuilt | None]:
-        """The initial model of (config, seed) on `device` in `dtype`, in training mode, and what its prebuild cost
-        (None: built here). The prebuilt one where it matches: a copy where `keep` (another replay or run takes it
-        next), else the one held, which is gone from here after."""
+    ) -> tuple[LlamaModel, Prebuilt | None, Placement | None]:
+        """The initial model of (config, seed) on `device` in `dtype`, in training mode, what its prebuild cost (None:
+        built here), and what placing its twin took (None: the host's own model, no twin). The prebuilt one where it
+        matches: a copy where `keep` (another replay or run takes it next), else the one held, which is gone from
+        here after. On an accelerator, always a twin: the host's model goes once its bytes are there."""
         self.wait()
         if self._model is None or self._key != _key(config, seed):
-            model = build(config, seed)
-            prebuilt = None
+            source, prebuilt = build(config, seed), None
         else:
-            prebuilt = Prebuilt(self._build_seconds, self._waited)
-            if keep:
-                return twin(self._model, device, dtype).train(), prebuilt
-            model, self._model, self._key = self._model, None, None
-        return model.to(device=device, dtype=dtype).train(), prebuilt
+            source, prebuilt = self._model, Prebuilt(self._build_seconds, self._waited)
+            if not keep:
+                self._model, self._key = None, None
+        if device.type == "cpu" and (prebuilt is None or not keep):
+            return source.to(dtype=dtype).train(), prebuilt, None
+        copy, placement = twin(source, device, dtype)
+        return copy.train(), prebuilt, placement
 
     def held(self) -> bool:
         """Whether a built model is held (after any build under way has finished)."""

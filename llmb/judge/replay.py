@@ -143,7 +143,7 @@ def replay(
         floor = min(losses, window_steps)
         # The run's own initial weights, built on the CPU from the seed as the run does: while the worker set itself
         # up where the judge could (llmb.judge.initial), else here.
-        model, prebuilt = (initial or InitialModels()).model(config, seed, device, dtype, keep_initial)
+        model, prebuilt, placement = (initial or InitialModels()).model(config, seed, device, dtype, keep_initial)
         built = _synchronized_seconds(device, start) - initialised
         batch = global_batch(config, batch_size, challenge, world_size).to(device)
         rows = micro_rows(config, REPLAY_MICRO_TOKENS if device.type == "cpu" else REPLAY_DEVICE_MICRO_TOKENS)
@@ -177,7 +177,7 @@ def replay(
         moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
         seconds = time.perf_counter() - start
         return Replayed(recorded, as_list(initial_digest), end, seconds, _peak_rss(), moments, str(device), built,
-                        prebuilt, initialised, ran)  # fmt: skip
+                        prebuilt, initialised, ran, placement)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -355,6 +355,7 @@ def replay_record(
         "build_seconds": sum(r.build_seconds or 0.0 for r in ran),
         "matmuls": replayed.matmuls,  # what ran: IEEE where the device fell back to the CPU
         **next(({"initial_model": r.prebuilt.to_dict()} for r in ran if r.prebuilt is not None), {}),
+        **({"placements": placements} if (placements := [r.placement.to_dict() for r in ran if r.placement]) else {}),
         "peak_rss_bytes": max(rss) if rss else None,
         "device": replayed.device,
         **({"device_fallback": "; ".join(fallbacks)} if fallbacks else {}),

@@ -76,6 +76,8 @@ class Replayed:
     prebuilt: object | None = None
     device_init_seconds: float = 0.0  # of `seconds`: the device brought up in the judge's process (0 on the CPU)
     matmuls: str = "FP32"  # the format its FP32 matmuls ran in: "TF32" on an accelerator where asked, else IEEE
+    # of build_seconds: llmb.judge.initial.Placement, what the initial model's twin on the device took (None: no twin)
+    placement: object | None = None
 
 
 def relative_error(candidate: list[float], reference: list[float]) -> float:

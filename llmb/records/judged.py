@@ -58,6 +58,16 @@ class InitialModel(Typed):
 
 
 @dataclass(kw_only=True)
+class Placement(Typed):
+    """One replay's twin of the initial model put on its device (llmb.judge.initial.Placement): its tensors'
+    allocation there, then their bytes' copy, each until the device had finished, and the copy's route."""
+
+    allocate_seconds: float
+    copy_seconds: float
+    route: str  # "pinned staging" (an accelerator) or "direct" (the CPU)
+
+
+@dataclass(kw_only=True)
 class Replay(Typed):
     """The window replayed in FP32 from the seed and the challenge, and its checks against the recorded losses and
     digests. A replay with nothing to replay has only its verdict and the check that says why."""
@@ -82,6 +92,9 @@ class Replay(Typed):
     same_precision: SamePrecision | None = None  # a pure 16-bit window's replay in its own format
     unreplayed: str | None = None  # why a pure window's later steps had none (FP8 matmuls: no replay in that format)
     initial_model: InitialModel | None = None  # absent where the replay built its initial model itself
+    # of build_seconds: each replay's twin of the initial model on its device, in the order they ran; absent where
+    # none made one (a CPU replay of its own model) and in records written before they were timed (2026-11-26)
+    placements: list[Placement] | None = None
 
 
 @dataclass(kw_only=True)
