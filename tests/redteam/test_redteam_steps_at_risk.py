@@ -253,3 +253,19 @@ def test_other_shapes_of_skipped_work_fail_the_whole_window_replay(tmp_path, nam
     if precision == "FP32" and "bfloat16" in record["precision"]["audit"]["parameter_dtypes"]:
         # Judged as the pure BF16 it ran: by the replay in BF16, not by an FP32 update digest its honest twin fails.
         assert all(r.endswith("against a BF16 replay)") for r in reasons(record, caught)), record["invalid_reasons"]
+
+
+def test_stale_gradients_under_pure_bf16_fail_the_replay_where_the_window_trains(tmp_path):
+    """Class 2 under pure BF16 weights: the backward skipped from step 2, step 1's gradients reused. At the tiny shape
+    its window barely trains, step 1's gradients are nearly every step's, and it passes (docs/integrity.md); where the
+    window trains it does not. The small preset over 20 steps: AdamW's moments 0.38 from the BF16 replay's, against
+    0.1. At the official width (2 layers, batch 1, 20 steps) the losses catch it too, from step 12 (0.0041 against
+    0.003; 0.028 at step 20), and pure FP16 from step 4 (benchmarks/RESULTS.md section 30)."""
+    site = install(tmp_path / "site", "stalebf16", STALE_GRADIENTS)
+    args = ["--plugin", "stalebf16", "--precision", "BF16", "--preset", "small", "--steps", "20", "--replay-whole", "1"]
+    proc, record = run(site, tmp_path, *args)
+    assert record is not None, proc.stderr[-2000:]
+    replay = record["evidence"]["replay"]
+    assert replay["drawn"]["whole"] is True and replay["passed"] is False, replay
+    caught = reasons(record, "replay: AdamW's first-moment digest after 20 steps")
+    assert caught and all(r.endswith("against a BF16 replay)") for r in caught), record["invalid_reasons"]
