@@ -82,20 +82,29 @@ class HostEvent:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_staged_copy_lands_every_element_and_reuses_a_buffer_only_once_its_copy_is_done(monkeypatch, dtype):
     """llmb.judge.initial.stage, the accelerator's route for the replay's initial model, run on the CPU with its
-    pinned buffers and events mocked (no accelerator here): 4 KB buffers, so every matrix crosses in many chunks and
-    the last chunk of most tensors is partial; a 16-bit replay's twin rounds as Tensor.to does."""
-    monkeypatch.setattr(initial, "_pinned_buffer", lambda size: torch.empty(size, dtype=torch.uint8))
+    buffers unpinned and its events mocked (no accelerator here): two 4 KB buffers, so every matrix crosses in many
+    chunks and the last chunk of most tensors is partial; a 16-bit replay's twin rounds as Tensor.to does."""
     monkeypatch.setattr(torch, "Event", HostEvent)
     HostEvent.made.clear()
     source = initial.build(TINY, 5)
     copy = initial.empty_twin(source, torch.device("cpu"), dtype)
     with torch.no_grad():
-        initial.stage(initial.tensors(copy), initial.tensors(source), chunk_bytes=4096, buffers=2)
+        initial.stage(initial.tensors(copy), initial.tensors(source), [torch.empty(4096, dtype=torch.uint8)] * 2)
     assert same_parameters(copy, initial.build(TINY, 5).to(dtype))
     assert all(torch.equal(a, b) for a, b in zip(copy.buffers(), source.to(dtype).buffers(), strict=True))
     chunks = sum(-(-t.numel() * t.element_size() // 4096) for t in initial.tensors(copy))
     assert len(HostEvent.made) == chunks > 2 and all(e.recorded for e in HostEvent.made)
     assert all(e.waited for e in HostEvent.made[:-2])  # each buffer's last copy was waited for before its reuse
+
+
+def test_the_staging_ring_is_pinned_memory_or_none():
+    """No ring for the CPU; for an accelerator torch cannot pin host memory for (none on this host), none either, so
+    the twin goes direct rather than failing the replay."""
+    assert initial.staging_ring(torch.device("cpu")) == []
+    ring = initial.staging_ring(torch.device("meta"))
+    assert ring == [] or all(t.is_pinned() and t.numel() == initial.STAGING_BYTES for t in ring)
+    if not torch.accelerator.is_available():
+        assert ring == []
 
 
 def test_a_replay_from_a_kept_prebuilt_model_says_what_placing_its_twin_took():

@@ -66,40 +66,48 @@ def empty_twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> L
 def twin(model: LlamaModel, device: torch.device, dtype: torch.dtype) -> tuple[LlamaModel, Placement]:
     """A copy of `model` on `device` in `dtype`, and what placing it took: no second copy on the host (5.7 GB at the
     official shape) on the way to an accelerator, where its bytes go through pinned staging buffers (stage); on the
-    CPU, straight from the model's."""
+    CPU, or where the host cannot pin memory for the device, straight from the model's."""
     began = time.perf_counter()
     copy = empty_twin(model, device, dtype)
     _synchronize(device)
     allocated = time.perf_counter()
-    staged = device.type != "cpu"
+    ring = staging_ring(device)
     with torch.no_grad():
-        if staged:
-            stage(tensors(copy), tensors(model))
+        if ring:
+            stage(tensors(copy), tensors(model), ring)
         else:  # buffers too: to_empty left them unset
             for target, source in zip(tensors(copy), tensors(model), strict=True):
                 target.copy_(source)
     _synchronize(device)
-    return copy, Placement(allocated - began, time.perf_counter() - allocated, "pinned staging" if staged else "direct")
+    route = "pinned staging" if ring else "direct"
+    return copy, Placement(allocated - began, time.perf_counter() - allocated, route)
 
 
-def stage(targets: list[torch.Tensor], sources: list[torch.Tensor], chunk_bytes: int = STAGING_BYTES,
-          buffers: int = STAGING_BUFFERS) -> None:  # fmt: skip
-    """Copy each host tensor of `sources` into its accelerator tensor of `targets` through `buffers` pinned host
-    buffers of `chunk_bytes`: a host copy into a free buffer, in the target's dtype (FP32 to a 16-bit replay's,
+def staging_ring(device: torch.device) -> list[torch.Tensor]:
+    """STAGING_BUFFERS page-locked host buffers of STAGING_BYTES for copies to `device`; none for the CPU, or where
+    torch cannot pin host memory for it (then the twin's copy goes direct)."""
+    if device.type == "cpu":
+        return []
+    try:
+        return [torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(STAGING_BUFFERS)]
+    except RuntimeError:
+        return []
+
+
+def stage(targets: list[torch.Tensor], sources: list[torch.Tensor], ring: list[torch.Tensor]) -> None:
+    """Copy each host tensor of `sources` into its accelerator tensor of `targets` through the host buffers of
+    `ring` (pinned, of bytes): a host copy into a free buffer, in the target's dtype (FP32 to a 16-bit replay's,
     rounded as Tensor.to rounds), then an asynchronous copy from it, the buffer reused once the copy that read it has
     finished (an event per buffer). Returns with the last copies queued; the caller synchronises."""
     device = targets[0].device
-    ring: list[torch.Tensor] = []
-    done: list[torch.Event | None] = [None] * buffers
+    done: list[torch.Event | None] = [None] * len(ring)
     turn = 0
     for target, source in zip(targets, sources, strict=True):
         flat_source, flat_target = source.detach().reshape(-1), target.view(-1)
-        elements = max(1, chunk_bytes // target.element_size())
+        elements = max(1, ring[0].numel() // target.element_size())
         for start in range(0, flat_source.numel(), elements):
             count = min(elements, flat_source.numel() - start)
-            slot = turn % buffers
-            if len(ring) <= slot:
-                ring.append(_pinned_buffer(chunk_bytes))
+            slot = turn % len(ring)
             if done[slot] is not None:
                 done[slot].synchronize()  # the copy that read this buffer last has finished
             staging = ring[slot][: count * target.element_size()].view(target.dtype)
@@ -108,11 +116,6 @@ def stage(targets: list[torch.Tensor], sources: list[torch.Tensor], chunk_bytes:
             done[slot] = torch.Event(device=device)
             done[slot].record()
             turn += 1
-
-
-def _pinned_buffer(size: int) -> torch.Tensor:
-    """`size` bytes of page-locked host memory, for the accelerator torch drives here."""
-    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
 
 def _synchronize(device: torch.device) -> None:
