@@ -4,6 +4,8 @@ cost, mostly this build, was 16-42% of a 20-step run's wall time)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -119,6 +121,20 @@ def test_a_replay_from_a_kept_prebuilt_model_says_what_placing_its_twin_took():
     assert 0 < placement.allocate_seconds + placement.copy_seconds <= replayed.build_seconds
     typed = Replay.from_dict({"passed": True, "checks": [], "placements": [placement.to_dict()]})
     assert typed.placements[0].copy_seconds == placement.copy_seconds
+
+
+def test_the_judges_build_thread_pays_the_first_adamws_imports_beside_the_workers_setup():
+    """A process's first AdamW imports torch._dynamo (1.75 s on a 2-core Xeon), which the replay paid inside its
+    seconds and its budget: after the judge's background build, in a fresh interpreter, it is already imported."""
+    script = (
+        "import sys; from llmb.judge import initial; from llmb.spec.presets import PRESETS\n"
+        "before = 'torch._dynamo' in sys.modules\n"
+        "models = initial.InitialModels(); models.start(PRESETS['tiny'], 0); models.wait()\n"
+        "print(before, 'torch._dynamo' in sys.modules, models.held())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True", "True"]
 
 
 def tiny_options() -> runner.RunOptions:
