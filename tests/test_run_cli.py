@@ -78,6 +78,10 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     # Written only where the judge built the replay's initial model beside the worker: a run replayed on an accelerator.
     prebuilt = ("", ".build_seconds", ".worker_waited_seconds")
     not_always_written |= {f"evidence.replay.initial_model{k}" for k in prebuilt}
+    # Written only where a replay placed a twin of the initial model on its device (an accelerator, or a CPU replay
+    # of a prebuilt model another replay takes next).
+    placed = ("", "[].allocate_seconds", "[].copy_seconds", "[].route")
+    not_always_written |= {f"evidence.replay.placements{k}" for k in placed}
     # The energy section holds the counter's figures or the reason there are none, as the host has a counter or not.
     written = {k for k in written_paths(record) if not k.startswith("energy.")} - drawn
     assert written == {k for k in declared if not k.startswith("energy.")} - not_always_written - drawn

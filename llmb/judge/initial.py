@@ -7,9 +7,9 @@ steps take 1-8 s. So where the run is replayed on an accelerator, the judge buil
 says its backend is set up (`setup`; the worker builds its own model meanwhile), and the worker, its setup done, says
 `ready` and waits, untimed, until the build has finished (llmb.judge.cleanroom.ReplayPreparation): the build never
 shares the host with a step the run times, the warmup's included (the thread then warms torch's AdamW:
-warm_optimizer). The model stays on the host in FP32, one copy
-(5.7 GB at the official shape), and each replay on the accelerator takes a twin of it there, its bytes sent through a
-small ring of pinned staging buffers (stage), and says what the twin's allocation and its copy each took (Placement).
+warm_optimizer). The model stays on the host in FP32, one copy (5.7 GB at the official shape), and each replay on the
+accelerator takes a twin of it there, its bytes sent through a small ring of pinned staging buffers (stage), and says
+what the twin's allocation and its copy each took (Placement).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def tensors(model: LlamaModel) -> list[torch.Tensor]:
 
 # The twin's bytes go to an accelerator through STAGING_BUFFERS pinned host buffers of STAGING_BYTES each (a host
 # memcpy into a free one, then an asynchronous copy from it): on one H100 the official shape's 5.73 GB went across at
-# 17.7 GB/s so (0.32 s), where each tensor copied straight from pageable memory went at 4.2 GB/s (1.37 s), and with
+# 17.7 GB/s that way (0.32 s), where each tensor copied straight from pageable memory went at 4.2 GB/s (1.37 s), with
 # 128 MB of pinned memory, not a second host copy of the model (benchmarks/initial_copy.py, RESULTS.md section 29).
 STAGING_BYTES = 64 << 20
 STAGING_BUFFERS = 2
