@@ -44,12 +44,6 @@ def pinned_whole_copy(pinned: list[torch.Tensor], model: LlamaModel, device: tor
     return copy
 
 
-def _synchronize(device: torch.device) -> None:
-    module = getattr(torch, device.type, None)
-    if module is not None and hasattr(module, "synchronize"):
-        module.synchronize(device)
-
-
 def _equal(copy: LlamaModel, model: LlamaModel) -> bool:
     return all(torch.equal(a.cpu(), b) for a, b in zip(initial.tensors(copy), initial.tensors(model), strict=True))
 
@@ -70,12 +64,12 @@ def main(device_name: str, preset: str, rounds: int) -> None:
     build_seconds = time.perf_counter() - began
     gigabytes = sum(t.numel() * t.element_size() for t in initial.tensors(model)) / 1e9
     torch.empty(0, device=device)  # the device brought up, as the replay's _initialise does
-    _synchronize(device)
+    initial.synchronize(device)
     allocations = []
     for _ in range(2):  # the first allocation of the model's size in this process (cold), then one from the cache
         began = time.perf_counter()
         empty = initial.empty_twin(model, device, torch.float32)
-        _synchronize(device)
+        initial.synchronize(device)
         allocations.append(time.perf_counter() - began)
         del empty
     began = time.perf_counter()
@@ -88,20 +82,20 @@ def main(device_name: str, preset: str, rounds: int) -> None:
     }
     equal, first = {}, {}
     for name, arm in arms.items():  # each arm's first copy, timed apart; each checked equal
-        _synchronize(device)
+        initial.synchronize(device)
         began = time.perf_counter()
         copy = arm()
-        _synchronize(device)
+        initial.synchronize(device)
         first[name] = time.perf_counter() - began
         equal[name] = _equal(copy, model)
         del copy
     seconds: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(rounds):
         for name, arm in arms.items():
-            _synchronize(device)
+            initial.synchronize(device)
             began = time.perf_counter()
             copy = arm()
-            _synchronize(device)
+            initial.synchronize(device)
             seconds[name].append(time.perf_counter() - began)
             del copy
     medians = {name: statistics.median(values) for name, values in seconds.items()}

@@ -27,7 +27,7 @@ import torch
 
 from llmb.audit.evidence import as_list, digest, digest_scope, global_batch, moment_digest
 from llmb.audit.precision import apply_backend_recipe
-from llmb.judge.initial import InitialModels
+from llmb.judge.initial import InitialModels, synchronize
 from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, importable from the replay as before)
     CPU_MOMENT_TOLERANCES,
     FP16_LOOP_HINT,
@@ -214,9 +214,7 @@ def affordable(budget: float | None, spent: float, timed: list[float]) -> bool:
 
 def _synchronized_seconds(device: torch.device, since: float) -> float:
     """Seconds since `since`, once the device has finished what it was given (the model's copy to it)."""
-    module = getattr(torch, device.type, None)
-    if device.type != "cpu" and module is not None and hasattr(module, "synchronize"):
-        module.synchronize(device)
+    synchronize(device)
     return time.perf_counter() - since
 
 
