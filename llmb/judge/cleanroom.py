@@ -381,7 +381,11 @@ class ReplayPreparation:
     Not where it runs on the CPU: there the two builds share the same cores, so nothing is gained, and the load the
     judge's build leaves steers what the worker reads of the host (the cpu plugin's thread count and the busy-host
     check read the 1-minute load average). Measured on 2 cores, a 2-layer run at the official width and batch 1 fell
-    from 39.7 to 31-33 tokens/s when the judge built beside it (the plugin then chose one thread)."""
+    from 39.7 to 31-33 tokens/s when the judge built beside it (the plugin then chose one thread). There the judge
+    only warms torch's AdamW (its first imports torch._dynamo: 1.8 s on a 2-core Xeon, which a replay of the small
+    preset paid inside its 3.4 s), a thread that starts after the plugin chose its threads (`setup`) and has ended
+    before the busy-host check and the first warmup step (`ready`), and leaves no load behind (that check counts the
+    threads running then)."""
 
     def __init__(self, asked: AskedRuns) -> None:
         self.asked = asked
@@ -396,6 +400,8 @@ class ReplayPreparation:
         if self.worth(device):
             options = self.asked.upcoming()
             self.models.start(options.config, options.seed)
+        else:
+            self.models.warm()
 
     def ready(self) -> float:
         return self.models.ready()

@@ -150,8 +150,21 @@ class Prebuilt:
         return asdict(self)
 
 
+@dataclass
+class Warmed:
+    """What the record says of torch's AdamW warmed alone in the judge (InitialModels.warm, where no initial model is
+    built beside the worker): the import's seconds, and how long the worker waited for it before its warmup."""
+
+    seconds: float
+    worker_waited_seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 class InitialModels:
     """One initial model at a time, built in the background (start), waited for (wait), taken by a replay (model).
+    Where none is built (a replay on the CPU), torch's AdamW alone is warmed in the background (warm).
 
     Builds are serialised with the replays that take them (a build seeds torch's global generator): `start` is
     called on the worker's `setup`, while no replay runs (the worker waits through each replay)."""
@@ -162,6 +175,8 @@ class InitialModels:
         self._thread: threading.Thread | None = None
         self._build_seconds = 0.0
         self._waited = 0.0
+        self._warm: threading.Thread | None = None
+        self._warmed: Warmed | None = None  # until the first replay after it says it (warmed)
 
     def start(self, config: ModelConfig, seed: int) -> None:
         """Build the initial model of (config, seed) in a thread, unless it is held or building already."""
@@ -182,18 +197,46 @@ class InitialModels:
             self._model = None
         self._build_seconds = time.perf_counter() - began
 
+    def warm(self) -> None:
+        """Warm torch's AdamW (warm_optimizer) in a thread, once a process: where the replay runs on the CPU nothing
+        is built beside the worker, but the first AdamW's imports still need not fall inside the replay's seconds
+        and budget. Called on the worker's `setup`, after the plugin has read the host; the worker waits for it at
+        `ready`, before its first warmup step."""
+        if self._warm is None:
+            self._warm = threading.Thread(target=self._warm_optimizer, name="llmb-optimizer-warmup", daemon=True)
+            self._warm.start()
+
+    def _warm_optimizer(self) -> None:
+        began = time.perf_counter()
+        try:
+            warm_optimizer()
+        except Exception:  # the replay's own AdamW meets the error, if any
+            return
+        self._warmed = Warmed(time.perf_counter() - began, 0.0)
+
     def wait(self) -> None:
         """Until the build under way (if any) has finished."""
         if self._thread is not None:
             self._thread.join()
 
     def ready(self) -> float:
-        """The worker's `ready`: wait for the build under way, and count the seconds (the record says them)."""
+        """The worker's `ready`: wait for the build or warm-up under way, and count the seconds (the record says
+        them)."""
         began = time.perf_counter()
         self.wait()
+        if self._warm is not None:
+            self._warm.join()
         waited = time.perf_counter() - began
         self._waited += waited
+        if self._warmed is not None:
+            self._warmed.worker_waited_seconds += waited
         return waited
+
+    def warmed(self) -> Warmed | None:
+        """The warm-up's seconds and the worker's waits for it, said once (by the first replay after it); None where
+        none ran here or it was said already."""
+        warmed, self._warmed = self._warmed, None
+        return warmed
 
     def model(
         self, config: ModelConfig, seed: int, device: torch.device, dtype: torch.dtype, keep: bool

@@ -353,6 +353,7 @@ def replay_record(
         "build_seconds": sum(r.build_seconds or 0.0 for r in ran),
         "matmuls": replayed.matmuls,  # what ran: IEEE where the device fell back to the CPU
         **next(({"initial_model": r.prebuilt.to_dict()} for r in ran if r.prebuilt is not None), {}),
+        **({"optimizer_warmup": warmed.to_dict()} if initial is not None and (warmed := initial.warmed()) else {}),
         **({"placements": placements} if (placements := [r.placement.to_dict() for r in ran if r.placement]) else {}),
         "peak_rss_bytes": max(rss) if rss else None,
         "device": replayed.device,

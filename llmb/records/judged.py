@@ -58,6 +58,16 @@ class InitialModel(Typed):
 
 
 @dataclass(kw_only=True)
+class OptimizerWarmup(Typed):
+    """Where the judge built no initial model beside the worker (a replay on the CPU): torch's first AdamW, whose
+    imports it paid in a thread while the worker set itself up (llmb.judge.initial.InitialModels.warm) rather than
+    inside the replay, its seconds, and how long the worker then waited for it before its warmup (untimed)."""
+
+    seconds: float
+    worker_waited_seconds: float
+
+
+@dataclass(kw_only=True)
 class Placement(Typed):
     """One replay's twin of the initial model put on its device (llmb.judge.initial.Placement): its tensors'
     allocation there, then their bytes' copy, each until the device had finished, and the copy's route."""
@@ -92,6 +102,9 @@ class Replay(Typed):
     same_precision: SamePrecision | None = None  # a pure 16-bit window's replay in its own format
     unreplayed: str | None = None  # why a pure window's later steps had none (FP8 matmuls: no replay in that format)
     initial_model: InitialModel | None = None  # absent where the replay built its initial model itself
+    # absent where an initial model was built beside the worker (that build warmed AdamW too), where the judge's
+    # process had warmed it for an earlier run, and in records written before the warm-up (2026-11-27)
+    optimizer_warmup: OptimizerWarmup | None = None
     # of build_seconds: each replay's twin of the initial model on its device, in the order they ran; absent where
     # none made one (a CPU replay of its own model) and in records written before they were timed (2026-11-26)
     placements: list[Placement] | None = None
