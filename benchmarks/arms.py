@@ -332,9 +332,12 @@ def run_llmb_cli(spec: dict) -> dict:
         "valid": record["valid"],
         "replay_seconds": replay.get("seconds"),
         "replay_build_seconds": replay.get("build_seconds"),
-        # Built by the judge beside the worker's setup (an accelerator's replay), and the worker's untimed wait for it.
+        # Built by the judge beside the worker's setup (an accelerator's replay), and the worker's untimed wait for it
+        # or, where nothing was built (a CPU replay), for the judge's AdamW warm-up (evidence.replay.optimizer_warmup).
         "replay_prebuild_seconds": (replay.get("initial_model") or {}).get("build_seconds"),
-        "worker_waited_seconds": (replay.get("initial_model") or {}).get("worker_waited_seconds"),
+        "worker_waited_seconds": (replay.get("initial_model") or replay.get("optimizer_warmup") or {}).get(
+            "worker_waited_seconds"
+        ),
         # Of replay_build_seconds: each twin's allocation on the device, then its copy (evidence.replay.placements).
         "replay_allocate_seconds": sum(p["allocate_seconds"] for p in replay.get("placements") or []) or None,
         "replay_copy_seconds": sum(p["copy_seconds"] for p in replay.get("placements") or []) or None,
