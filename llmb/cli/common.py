@@ -57,6 +57,14 @@ def handle_errors(func: Callable) -> Callable:
             sys.exit(130)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise  # click's own usage errors keep click's messages and exit codes
+        except OSError as exc:
+            # The system refused a file (a full disk, a folder that cannot be made, a name too long): said as the
+            # system says it, with the path, one line.
+            if env_flag("LLMB_DEBUG"):
+                raise
+            where = f": {exc.filename}" if exc.filename is not None else ""
+            term.error(f"{exc.strerror or type(exc).__name__}{where}")
+            sys.exit(1)
         except Exception as exc:
             # An unexpected failure (a plugin's kernel, a backend's dtype error): still one line, exit 1.
             if env_flag("LLMB_DEBUG"):

@@ -81,7 +81,7 @@ def detect(env: Mapping[str, str]) -> JobEnv | None:
             local_world,
             _int(env, "GROUP_WORLD_SIZE", max(1, world // max(1, local_world))),
             env.get("MASTER_ADDR"),
-            int(port) if port else None,
+            _int(env, "MASTER_PORT") if port else None,
             env.get("LLMB_MASTER_FROM") or "MASTER_ADDR",
         )
     if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
@@ -124,7 +124,7 @@ def detect(env: Mapping[str, str]) -> JobEnv | None:
                 local_world,
                 max(1, -(-world // max(1, local_world))),
                 env.get("MASTER_ADDR") or (None if local_world < world else "127.0.0.1"),
-                int(port) if port else DEFAULT_MASTER_PORT,
+                _int(env, "MASTER_PORT") if port else DEFAULT_MASTER_PORT,
             )
     return None
 

@@ -66,16 +66,31 @@ def check(shape: Shape) -> None:
 def achieved_flops(result: dict) -> float:
     """Achieved model FLOP/s per device of a run result."""
     tflops = result.get("tflops")
-    if not tflops or tflops <= 0:
+    if not positive(tflops):
         raise UsageError("the --from result has no achieved TFLOP/s (is it an llmb run result?)")
     return float(tflops) * 1e12
 
 
+def positive(value: object) -> bool:
+    """Whether a record's figure is a finite number above zero (a file's 0, -5, NaN or 10**400 projects nothing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value)) and value > 0
+    except OverflowError:
+        return False
+
+
 def pick_bandwidth(comm: dict, message_bytes: float) -> dict:
-    """The commbench row measured nearest (log scale) to the message size; the largest for bigger messages."""
+    """The commbench row measured nearest (log scale) to the message size; the largest for bigger messages. A row
+    whose size or bandwidth is not a positive, finite number refuses the whole record."""
     rows = comm.get("results") or []
     if comm.get("operation") != "all_reduce" or not rows:
         raise UsageError("the --comm file has no all-reduce results (is it an llmb commbench record?)")
+    for index, row in enumerate(rows):
+        for key in ("bytes", "algbw_bytes_per_second"):
+            if not positive(row.get(key)):
+                raise UsageError(f"the --comm file's results[{index}].{key} is not a positive, finite number")
     largest = max(rows, key=lambda r: r["bytes"])
     if message_bytes >= largest["bytes"]:
         return largest
@@ -104,6 +119,11 @@ def project(shape: Shape, result: dict, comm: dict) -> dict:
     message_bytes = s * d * shape.bytes_per_element
     row = pick_bandwidth(comm, message_bytes)
     ranks = int(comm.get("world_size") or 2)
+    if shape.tp > 1 and ranks < 2:
+        raise UsageError(
+            "the --comm record was measured on one rank, where an all-reduce moves nothing: measure it with "
+            "`llmb commbench --nproc-per-node 2` or more"
+        )
     busbw = row["algbw_bytes_per_second"] * 2 * (ranks - 1) / ranks
     bandwidth = busbw * shape.tp / (2 * (shape.tp - 1)) if shape.tp > 1 else math.inf
     comm_bytes = 4 * b * layers * s * d * shape.bytes_per_element / shape.pp if shape.tp > 1 else 0
@@ -177,8 +197,11 @@ def shape_of(record: dict) -> Shape:
 
 def check_against(measured: dict, result: dict, comm: dict) -> dict:
     """A measured run next to the model's projection of it from a (one-process) result and a commbench record."""
+    window_seconds, steps = measured["timing"]["window_seconds"], measured["steps"]
+    if not positive(window_seconds) or not positive(steps):
+        raise UsageError("the --check run has no measured step time (its window's seconds and steps must be > 0)")
     projection = project(shape_of(measured), result, comm)
-    seconds = measured["timing"]["window_seconds"] / measured["steps"]
+    seconds = window_seconds / steps
     projection["measured_step_seconds"] = seconds
     projection["projection_error"] = (projection["step_seconds"] - seconds) / seconds
     return projection

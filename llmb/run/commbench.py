@@ -44,9 +44,10 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     """ "1K,1M,64M" -> bytes (binary units)."""
     sizes = []
     for item in text.split(","):
-        match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", item)
+        # At most 18 digits: past them no message fits any memory (and Python refuses to read 4,300 or more).
+        match = re.fullmatch(r"\s*(\d{1,18})\s*([A-Za-z]*)\s*", item)
         if not match or match.group(2).upper() not in _UNITS:
-            raise UsageError(f"--sizes: cannot read {item.strip()!r} (use e.g. 1K,1M,64M)")
+            raise UsageError(f"--sizes: cannot read {item.strip()[:40]!r} (use e.g. 1K,1M,64M)")
         sizes.append(int(match.group(1)) * _UNITS[match.group(2).upper()])
     if any(size < 1 for size in sizes):
         raise UsageError("--sizes must be at least 1 byte each")

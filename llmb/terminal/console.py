@@ -106,17 +106,24 @@ def text(value: object, style: str = "", limit: int | None = DETAIL_LIMIT) -> Te
     return Text(clean(value, limit), style=style)
 
 
+def _one_line(value: object, style: str = "") -> Text:
+    """External text inside a line: as ``text()``, and its line breaks shown as ``\\n`` (a file's name or a plugin's
+    exception must not start a line of its own that reads as llmb's)."""
+    return Text(clean(value).replace("\n", "\\n"), style=style)
+
+
 def line(*parts: object) -> Text:
-    """One line from parts: a ``(value, style)`` pair is styled, anything else is external text (``text()``)."""
+    """One line from parts: a ``(value, style)`` pair is styled, anything else is external text (``text()``, its
+    line breaks shown as ``\\n``)."""
     out = Text()
     for part in parts:
         if isinstance(part, Text):
             out.append_text(part)
         elif isinstance(part, tuple):
             value, style = part
-            out.append_text(text(value, style))
+            out.append_text(_one_line(value, style))
         else:
-            out.append_text(text(part))
+            out.append_text(_one_line(part))
     return out
 
 
