@@ -117,3 +117,54 @@ def test_a_master_port_that_is_no_number_is_a_usage_error_naming_it(variables):
 def test_sizes_too_long_to_be_a_message_are_a_usage_error(sizes):
     with pytest.raises(UsageError, match="--sizes: cannot read"):
         commbench.parse_sizes(sizes)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "not readable JSON"),
+        ('{"x": ' * 100 + "1" + "}" * 100, "nested deeper"),
+        ('{"x": 1e999}', "NaN or Infinity"),
+        ('{"x": NaN}', "NaN or Infinity"),
+        ("[1]", "not a JSON object"),
+    ],
+)
+def test_a_system_file_too_deep_or_holding_what_json_cannot_carry_is_refused(tmp_path, text, why):
+    from llmb.submit import package
+
+    path = tmp_path / "system.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=why):
+        package.read_json_file(path)
+
+
+@pytest.mark.parametrize("command", [["peak", "--device", "cpu", "--preset", "tiny"], ["commbench", "--device", "cpu"]])
+def test_an_out_file_that_would_be_refused_is_refused_before_anything_is_measured(tmp_path, monkeypatch, command):
+    """peak and commbench measured for minutes, then refused a symbolic link at --out and lost the measurement."""
+    from llmb.run import commbench as comm_run
+    from llmb.run import roofline
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before the --out check")
+
+    monkeypatch.setattr(roofline, "measure", measured, raising=False)
+    monkeypatch.setattr(comm_run, "launch", measured)
+    monkeypatch.setattr(comm_run, "run", measured)
+    (tmp_path / "target.txt").write_text("mine")
+    (tmp_path / "link.json").symlink_to(tmp_path / "target.txt")
+    result = CliRunner().invoke(cli, [*command, "--out", str(tmp_path / "link.json")])
+    assert result.exit_code == 2 and "is a symbolic link" in result.output, result.output
+    assert (tmp_path / "target.txt").read_text() == "mine"
+
+
+def test_check_out_file_takes_what_the_atomic_write_takes_and_refuses_the_rest(tmp_path):
+    from llmb.records.result_files import check_out_file
+
+    (tmp_path / "old.json").write_text("{}")
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "link.json").symlink_to(tmp_path / "old.json")
+    for fine in (tmp_path / "new.json", tmp_path / "old.json", tmp_path / "sub" / "new.json", Path("/dev/null")):
+        check_out_file(fine)
+    for refused in (tmp_path / "folder.json", tmp_path / "link.json", tmp_path / "old.json" / "x.json"):
+        with pytest.raises(UsageError):
+            check_out_file(refused)

@@ -56,9 +56,12 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
     # Lazy, here and in every command below: the modules that do the work import torch; --help must not.
     from llmb.records import ROOFLINE_SCHEMA, device_label, envelope
-    from llmb.records.result_files import write_json_atomic
+    from llmb.records.result_files import check_out_file, write_json_atomic
     from llmb.run import roofline, sysinfo
     from llmb.spec.presets import build_config
+
+    if out:
+        check_out_file(out)  # before anything is measured: a refusal after it would lose the measurement
 
     kind = roofline.device_for(plugin, device).type
     if "preset" not in given_on_command_line():  # a shape that suits the device: minutes, not hours, on a CPU
@@ -142,12 +145,12 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
     """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
     # Lazy, as in every command of this module: the modules that do the work import torch; --help must not.
     from llmb.distributed import job as distributed
-    from llmb.records.result_files import check_writable, write_json_atomic
+    from llmb.records.result_files import check_out_file, write_json_atomic
     from llmb.run import commbench
 
     options = commbench.CommOptions(plugin=plugin, device=device, iters=iters, warmup=warmup, dtype=dtype)
     if out is not None:
-        check_writable(out.parent)  # before anything is measured
+        check_out_file(out)  # before anything is measured
     if sizes:
         options.sizes = commbench.parse_sizes(sizes)
     if distributed.current_world() is not None:  # under torchrun: every rank measures, rank 0 reports

@@ -86,9 +86,9 @@ def check_plugin(plugin, device, options, precision_name, mode, preset, steps, b
     """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
     # Lazy: the conformance check and the results import torch; --help must not.
     from llmb.conformance import check as conformance
-    from llmb.records.result_files import check_writable
+    from llmb.records.result_files import check_out_file
 
-    check_writable(out.parent)  # before the check runs, not after
+    check_out_file(out)  # before the check runs, not after
     requested = precision_name.upper()  # ALL, as run and sweep take it: every precision the plugin supports
     # The plugin is imported in a worker process only; this process computes the reference and compares.
     checked = conformance.check_plugins(

@@ -40,24 +40,11 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
     device or a FIFO (/dev/null, /dev/stdout, a pipe) is written through, never replaced. The new file gets the
     mode an ordinary write would (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        info = None
-    if info is not None and stat.S_ISLNK(info.st_mode):
-        try:
-            target = os.stat(path)
-        except OSError:
-            target = None
-        if target is None or not (stat.S_ISCHR(target.st_mode) or stat.S_ISFIFO(target.st_mode)):
-            raise UsageError(f"{path} is a symbolic link: refusing to replace it (give the path it points to)")
-        info = target
+    info = _replaceable(path)
     if info is not None and (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
         with open(path, "wb") as f:  # a device or a pipe: written through, never replaced
             f.write(data)
         return path
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        raise UsageError(f"{path} is not a regular file: refusing to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -76,6 +63,35 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
 
 def write_result(record: Result, out_dir: Path) -> Path:
     return write_json_atomic(Path(out_dir) / result_filename(record), record.to_dict())
+
+
+def _replaceable(path: Path) -> os.stat_result | None:
+    """What is at `path` now (None: nothing), where write_bytes_atomic may write it: a regular file, or a device or a
+    pipe (a link to one included) that it writes through; a link to anything else, or a folder, is refused."""
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = os.stat(path)
+        except OSError:
+            target = None
+        if target is None or not (stat.S_ISCHR(target.st_mode) or stat.S_ISFIFO(target.st_mode)):
+            raise UsageError(f"{path} is a symbolic link: refusing to replace it (give the path it points to)")
+        info = target
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+        raise UsageError(f"{path} is not a regular file: refusing to replace it")
+    return info
+
+
+def check_out_file(path: Path, what: str = "--out") -> None:
+    """Before anything is measured: `path` can be written by write_bytes_atomic (nothing there, a regular file, a
+    device or a pipe) and its folder takes a file, so that the measurement is never lost to a refusal after it."""
+    path = Path(path)
+    info = _replaceable(path)
+    if info is None or stat.S_ISREG(info.st_mode):
+        check_writable(path.parent, f"{what} {path}: its folder")
 
 
 def check_writable(out_dir: Path, what: str = "--out") -> None:

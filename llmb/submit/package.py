@@ -111,12 +111,16 @@ def check_name(value: str, what: str) -> str:
 
 
 def read_json_file(path: Path) -> dict:
+    """A user's JSON object (--system-file): never waited on (a FIFO), refused where too deep or large in a number, or
+    where it holds NaN or Infinity (the bundle's JSON could not carry them: `1e999` was written as `Infinity`)."""
     try:
-        data = json.loads(bundle_io.read_regular(path, 64 * 2**20))  # never waits on a FIFO
-    except (OSError, ValueError) as exc:
+        data = record_files.read_object(path, 64 * 2**20)
+    except record_files.Unreadable as exc:
         raise UsageError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a JSON object")
+    try:
+        json.dumps(data, allow_nan=False)
+    except ValueError:
+        raise UsageError(f"{path}: holds NaN or Infinity (1e999 reads as Infinity), which JSON cannot carry") from None
     return data
 
 
