@@ -168,3 +168,18 @@ def test_check_out_file_takes_what_the_atomic_write_takes_and_refuses_the_rest(t
     for refused in (tmp_path / "folder.json", tmp_path / "link.json", tmp_path / "old.json" / "x.json"):
         with pytest.raises(UsageError):
             check_out_file(refused)
+
+
+@pytest.mark.parametrize("search", ["compile=none,bogus", "threads=1,abc"])
+def test_every_searched_value_is_checked_before_the_first_trial(tmp_path, monkeypatch, search):
+    """A bad value last in --search was refused only when its combination came, after the others had run."""
+    from llmb.run import sweep as sweeps
+
+    def trial(*args, **kwargs):
+        raise AssertionError("a trial ran before every searched value was checked")
+
+    monkeypatch.setattr(sweeps, "sweep", trial)
+    args = ["sweep", "--device", "cpu", "--preset", "tiny", "--steps", "2", "--warmup-steps", "1", "--repeats", "0"]
+    result = CliRunner().invoke(cli, [*args, "--batch-sizes", "1", "--search", search, "--out", str(tmp_path / "s")])
+    assert result.exit_code == 2 and "error:" in result.output, result.output
+    assert not (tmp_path / "s").exists()

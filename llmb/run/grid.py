@@ -18,6 +18,7 @@ from llmb.api.errors import UsageError
 from llmb.records import envelope
 from llmb.records.codec import SEARCH_SUMMARY_SCHEMA
 from llmb.records.result_files import read_result, write_json_atomic
+from llmb.registry.plugins import resolve_settings, select_backend
 from llmb.run import sweep as sweeps
 from llmb.terminal import console as term
 
@@ -60,6 +61,9 @@ def search(options, grid: dict[str, list[str]], display=None) -> dict:
     """One sweep per combination in its own sub-folder of options.out; the search summary written beside them."""
     out = Path(options.out)
     combos = combinations(grid)
+    backend = select_backend(options.run.plugin).backend
+    for combo in combos:  # every searched value is checked before the first trial: a bad one is a usage error now,
+        resolve_settings(backend, {**options.run.settings, **combo})  # not after hours of the combinations before it
     summary: dict = {
         **envelope(SEARCH_SUMMARY_SCHEMA),
         "searched": grid,
