@@ -63,7 +63,8 @@ def handle_errors(func: Callable) -> Callable:
             if env_flag("LLMB_DEBUG"):
                 raise
             where = f": {exc.filename}" if exc.filename is not None else ""
-            term.error(f"{exc.strerror or type(exc).__name__}{where}")
+            said = exc.strerror or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            term.error(f"{said}{where}")
             sys.exit(1)
         except Exception as exc:
             # An unexpected failure (a plugin's kernel, a backend's dtype error): still one line, exit 1.
