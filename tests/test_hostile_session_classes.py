@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmb.api.errors import UsageError
+from llmb.audit import guard
 from llmb.cli import cli
 from llmb.distributed import cluster
 from llmb.report import time_to_solution as project
@@ -147,6 +148,8 @@ def test_an_out_file_that_would_be_refused_is_refused_before_anything_is_measure
     def measured(*args, **kwargs):
         raise AssertionError("measured before the --out check")
 
+    guard.ensure_baseline()  # before the stand-ins: the process's identity baseline (taken once) must not hold them
+
     monkeypatch.setattr(roofline, "measure", measured, raising=False)
     monkeypatch.setattr(comm_run, "launch", measured)
     monkeypatch.setattr(comm_run, "run", measured)
@@ -177,6 +180,8 @@ def test_every_searched_value_is_checked_before_the_first_trial(tmp_path, monkey
 
     def trial(*args, **kwargs):
         raise AssertionError("a trial ran before every searched value was checked")
+
+    guard.ensure_baseline()  # before the stand-in: the process's identity baseline (taken once) must not hold it
 
     monkeypatch.setattr(sweeps, "sweep", trial)
     args = ["sweep", "--device", "cpu", "--preset", "tiny", "--steps", "2", "--warmup-steps", "1", "--repeats", "0"]
