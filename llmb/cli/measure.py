@@ -234,8 +234,6 @@ def project_command(
         measured = load_result(check_path) if check_path else None
     except (OSError, ValueError) as exc:
         raise LlmbError(f"cannot read JSON: {exc}") from None
-    except RecursionError:
-        raise LlmbError("cannot read JSON: nested too deeply to be an llmb record") from None
     checked = [(result_path, result, Result), (comm_path, comm, Commbench)]
     checked += [(check_path, measured, Result)] if measured is not None else []
     for path, data, kind in checked:
@@ -243,8 +241,6 @@ def project_command(
             kind.from_dict(data)  # strict: a file that is not the record it should be is named with its bad field
         except RecordError as exc:
             raise LlmbError(f"{path} is not an llmb {kind.__name__.lower()} record: {exc}") from None
-        except RecursionError:
-            raise LlmbError(f"{path} is not an llmb {kind.__name__.lower()} record: nested too deeply") from None
     if measured is not None:
         projection = project.check_against(measured, result, comm)
     else:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from llmb.api.errors import UsageError
 from llmb.records import Result
+from llmb.records.files import read_object
 from llmb.records.outputs import name_part
 
 
@@ -135,8 +136,9 @@ def save_result(record: Result, out_dir: Path) -> tuple[Path, str | None]:
 
 
 def load_result(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    """A JSON object from a file, read as every record is (llmb.records.files.read_object: a FIFO or a giant refused,
+    nesting past 64 levels refused); Unreadable, a ValueError, says why not."""
+    return read_object(Path(path))
 
 
 def read_result(path: Path) -> Result:
