@@ -1,6 +1,28 @@
-"""Errors the CLI turns into one line on stderr and an exit code, never a traceback."""
+"""Errors the CLI turns into one line on stderr and an exit code, never a traceback; and how any exception is said
+in one line."""
 
 from __future__ import annotations
+
+# The longest value a message repeats whole: no number, name or choice llmb takes is longer.
+LONGEST_SHOWN = 64
+
+
+def shown(value: object) -> str:
+    """A value from outside as a message repeats it: quoted (a string's repr, so a line break is \\n), whole where
+    short, else its start and its length (a megabyte given as a batch size is not echoed back)."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= LONGEST_SHOWN else f"{text[:LONGEST_SHOWN]}... ({len(str(value))} characters)"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, first line only (a traceback or a forged line never follows it): '' where it has none."""
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as one line of data: its type's name and its message's first line ("KeyError: 'steps'")."""
+    said = first_line(exc)
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
 
 
 class LlmbError(Exception):
@@ -20,5 +42,4 @@ class PluginError(LlmbError):
 
     def __init__(self, backend: str, method: str, error: BaseException) -> None:
         self.backend, self.method, self.error = backend, method, error
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""  # one line, never a traceback
-        super().__init__(f"backend {backend!r} failed in {method}: {type(error).__name__}: {first_line}")
+        super().__init__(f"backend {backend!r} failed in {method}: {describe(error)}")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import UsageError, shown
 from llmb.spec.redact import REDACTED, is_secret, value_for_record
 
 # How a sweep hands secret settings to its trials' `llmb run`: an environment is readable by its user only, a command
@@ -70,6 +71,8 @@ class Setting:
             value = self.type(raw.strip()) if self.type in (int, float) else self.type(raw)
         except ValueError:  # int("x") says "invalid literal for int() with base 10": say what was expected
             raise ValueError(f"expected {'an integer' if self.type is int else 'a number'}") from None
+        if self.type is float and not math.isfinite(value):  # float("nan") parses; no setting means it
+            raise ValueError("expected a finite number")
         if self.choices is not None:
             # Choices match in any case, as every choice on llmb's command line does (bounds.choice).
             matched = [c for c in self.choices if str(c).lower() == str(value).lower()]
@@ -163,7 +166,7 @@ def parse_options(options: tuple[str, ...] | list[str]) -> dict[str, str]:
     for item in options:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UsageError(f"-O expects key=value, got {item!r}")
+            raise UsageError(f"-O expects key=value, got {shown(item)}")
         parsed[key.strip()] = value.strip()
     return parsed
 
@@ -182,7 +185,7 @@ def resolve_settings(plugin_name: str, declared: list[Setting], given: dict[str,
                 raise UsageError(
                     f"plugin {plugin_name!r} setting {key}={REDACTED}: not a valid {by_name[key].type.__name__}"
                 ) from None
-            raise UsageError(f"plugin {plugin_name!r} setting {key}={raw!r}: {exc}") from None
+            raise UsageError(f"plugin {plugin_name!r} setting {key}={shown(raw)}: {exc}") from None
     return values
 
 
@@ -194,7 +197,8 @@ def _setting_key(plugin_name: str, key: str, by_name: Mapping[str, Setting]) -> 
     if len(same) == 1:
         return same[0]
     known = ", ".join(sorted(by_name)) or "none"
-    raise UsageError(f"plugin {plugin_name!r} has no setting {key!r} (settings: {known}){did_you_mean(key, by_name)}")
+    closest = did_you_mean(key, by_name)
+    raise UsageError(f"plugin {plugin_name!r} has no setting {shown(key)} (settings: {known}){closest}")
 
 
 def did_you_mean(given: str, names: Iterable[str]) -> str:

@@ -1,5 +1,6 @@
 """Bounded click types for the numeric options: a value out of range (or NaN, or infinite) is a usage error with
-click's one-line message, never a raw Python error deep in a run, and click shows every bound in --help."""
+click's one-line message, never a raw Python error deep in a run, and click shows every bound in --help. A value
+longer than any an option takes is named by its start and length, never echoed whole."""
 
 from __future__ import annotations
 
@@ -8,37 +9,53 @@ from collections.abc import Sequence
 
 import click
 
+from llmb.api.errors import LONGEST_SHOWN, shown
 from llmb.api.settings import did_you_mean
 from llmb.spec import vocab as names
 
 
-class FiniteFloatRange(click.FloatRange):
+class _NoLongerThanShown(click.ParamType):
+    """Refuses a value longer than any the option takes before click's own message repeats it whole."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and len(value) > LONGEST_SHOWN:
+            self.fail(f"{shown(value)} is longer than any value this option takes.", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class IntRange(_NoLongerThanShown, click.IntRange):
+    """click.IntRange whose error never repeats an over-long value whole."""
+
+
+class FiniteFloatRange(_NoLongerThanShown, click.FloatRange):
     """click.FloatRange that also refuses NaN (every comparison with NaN is false, so a range alone lets it in)."""
 
     def convert(self, value, param, ctx):
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
+            self.fail(f"{shown(value)} is not a finite number.", param, ctx)
         return number
 
 
-BATCH = click.IntRange(1, 2**20)
-SHAPE = click.IntRange(1, 2**20)
-STEPS = click.IntRange(1, 10**6)
-WARMUP = click.IntRange(1, 10**6)  # runner.resolve needs one untimed step
-REPEATS = click.IntRange(1, 1000)
-SWEEP_REPEATS = click.IntRange(0, 1000)
-SEED = click.IntRange(0, 2**63 - 1)  # torch.manual_seed takes a 64-bit integer
+BATCH = IntRange(1, 2**20)
+SHAPE = IntRange(1, 2**20)
+STEPS = IntRange(1, 10**6)
+WARMUP = IntRange(1, 10**6)  # runner.resolve needs one untimed step
+REPEATS = IntRange(1, 1000)
+SWEEP_REPEATS = IntRange(0, 1000)
+SEED = IntRange(0, names.SEED_MAX)
 SECONDS = FiniteFloatRange(0, 7 * 24 * 3600, min_open=True)
-PROCESSES = click.IntRange(1, 4096)
-NODES = click.IntRange(1, 100_000)
-NODE_RANK = click.IntRange(0, 99_999)
-PORT = click.IntRange(1, 65_535)
-COUNT = click.IntRange(1, 10**6)
-PROJECT = click.IntRange(1, 10**12)  # `llmb project` sizes a model on paper: large, but still a bound
+SHARE = FiniteFloatRange(0, 1)  # a probability or a share of a run's wall time
+REPLAY_STEPS = IntRange(0, 10**6)  # 0: no replay (and no valid result)
+PROCESSES = IntRange(1, 4096)
+NODES = IntRange(1, 100_000)
+NODE_RANK = IntRange(0, 99_999)
+PORT = IntRange(1, 65_535)
+COUNT = IntRange(1, 10**6)
+PROJECT = IntRange(1, 10**12)  # `llmb project` sizes a model on paper: large, but still a bound
 
 
-class Choice(click.Choice):
+class Choice(_NoLongerThanShown, click.Choice):
     """A fixed choice matched in any case, whose error names the choices and the closest one ("unknown preset 'tny'
     (choose from official, small, tiny; did you mean tiny?)"); `what` names the kind of value (the option's name
     otherwise)."""
@@ -60,7 +77,7 @@ class Choice(click.Choice):
 
 def unknown_choice(what: str, value: str, choices: Sequence[str]) -> str:
     """The one error of every fixed choice: what was given, what may be, and the closest, compared in any case."""
-    return f"unknown {what} {value!r} (choose from {', '.join(choices)}){did_you_mean(value, choices)}"
+    return f"unknown {what} {shown(value)} (choose from {', '.join(choices)}){did_you_mean(value, choices)}"
 
 
 def choice(values: Sequence[str], what: str | None = None, aliases: dict[str, str] | None = None) -> click.Choice:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmb.api.errors import LlmbError
+from llmb.api.errors import LlmbError, describe, first_line
 from llmb.api.settings import env_flag
 from llmb.cli import click_types as bounds
 from llmb.spec import vocab as names
@@ -63,15 +63,14 @@ def handle_errors(func: Callable) -> Callable:
             if env_flag("LLMB_DEBUG"):
                 raise
             where = f": {exc.filename}" if exc.filename is not None else ""
-            said = exc.strerror or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            said = exc.strerror or first_line(exc) or type(exc).__name__
             term.error(f"{said}{where}")
             sys.exit(1)
         except Exception as exc:
             # An unexpected failure (a plugin's kernel, a backend's dtype error): still one line, exit 1.
             if env_flag("LLMB_DEBUG"):
                 raise
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            term.error(f"{type(exc).__name__}: {first_line}", (" (LLMB_DEBUG=1 shows the traceback)", ""))
+            term.error(describe(exc), (" (LLMB_DEBUG=1 shows the traceback)", ""))
             sys.exit(1)
 
     return wrapper

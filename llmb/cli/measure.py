@@ -42,7 +42,7 @@ from llmb.terminal.progress import Pace
 )
 @click.option(
     "--square",
-    type=click.IntRange(1, 2**16),
+    type=bounds.IntRange(1, 2**16),
     default=None,
     help="Side of the square GEMM (default: doubled from 256 until one matmul lasts 50 ms, at most 8192).",
 )
@@ -130,7 +130,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
 @click.option("--sizes", default=None, help="Message sizes in bytes, e.g. 1K,1M,64M (default 1K to 64M by x16).")
 @click.option("--iters", default=20, show_default=True, type=bounds.COUNT, help="Timed all-reduces per size.")
 @click.option(
-    "--warmup", default=5, show_default=True, type=click.IntRange(0, 10**6), help="Untimed all-reduces per size."
+    "--warmup", default=5, show_default=True, type=bounds.IntRange(0, 10**6), help="Untimed all-reduces per size."
 )
 @click.option(
     "--dtype",

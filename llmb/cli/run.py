@@ -72,7 +72,7 @@ from llmb.spec import vocab as names
 )
 @click.option(
     "--replay-steps",
-    type=int,
+    type=bounds.REPLAY_STEPS,
     default=names.DEFAULT_REPLAY_STEPS,
     show_default=True,
     help="Steps of the headline window replayed on the CPU in FP32 before the record is written (0: none, "
@@ -80,7 +80,7 @@ from llmb.spec import vocab as names
 )
 @click.option(
     "--replay-whole",
-    type=click.FloatRange(0, 1),
+    type=bounds.SHARE,
     default=names.DEFAULT_REPLAY_WHOLE,
     show_default=True,
     help="Probability that the judge replays the whole headline window instead (drawn after the window answered "
@@ -88,7 +88,7 @@ from llmb.spec import vocab as names
 )
 @click.option(
     "--replay-budget",
-    type=click.FloatRange(0, 1),
+    type=bounds.SHARE,
     default=names.DEFAULT_REPLAY_BUDGET,
     show_default=True,
     help="Share of the run's wall time the judge's replay may take when the whole window is not drawn: past "

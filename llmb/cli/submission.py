@@ -104,7 +104,7 @@ def package_submission(
 )
 @click.option(
     "--replay-steps",
-    type=click.IntRange(min=1),
+    type=bounds.IntRange(1, 10**6),
     default=names.DEFAULT_REPLAY_STEPS,
     show_default=True,
     help="Steps of each headline window that --replay replays at least; deeper where the run's own replay went "
@@ -141,7 +141,7 @@ def verify_command(path: Path, accept_debug: bool, replay: bool, replay_steps: i
     help="How far a headline may exceed the reproduced median (0.05: 5%) before it is refuted.",
 )
 @click.option(
-    "--runs", type=click.IntRange(min=1), default=3, show_default=True, help="Reproduction runs per headline."
+    "--runs", type=bounds.IntRange(1, 1000), default=3, show_default=True, help="Reproduction runs per headline."
 )
 @handle_errors
 def reproduce_command(path: Path, tolerance: float, runs: int) -> None:

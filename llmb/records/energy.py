@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from llmb.api.backend import Backend, EnergyCounter
+from llmb.api.errors import describe
 
 # No single device sold draws more on average (a GB200 superchip: about 2.7 kW): a plugin that claims a higher limit,
 # or none, is held to this one.
@@ -25,10 +26,6 @@ LIMIT_SLACK = 1.5
 RAPL_ROOT = Path("/sys/class/powercap")
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-
-
 class Meter:
     """The backend's counter for one device, asked once, read by the trainer at each window's edges."""
 
@@ -36,7 +33,7 @@ class Meter:
         try:
             offered = backend.energy_counter(device)
         except Exception as exc:  # a plugin's failure costs the run its energy figure, never the run
-            offered = f"the backend's energy counter failed: {_first_line(exc)}"
+            offered = f"the backend's energy counter failed: {describe(exc)}"
         self.counter = offered if isinstance(offered, EnergyCounter) else None
         self.reason = None if self.counter is not None else str(offered)
 
@@ -47,7 +44,7 @@ class Meter:
         try:
             return float(self.counter.read())
         except Exception as exc:
-            self.counter, self.reason = None, f"the energy counter failed during the run: {_first_line(exc)}"
+            self.counter, self.reason = None, f"the energy counter failed during the run: {describe(exc)}"
             return None
 
     def describe(self) -> dict:
@@ -148,7 +145,7 @@ def rapl_counter(root: Path = RAPL_ROOT) -> EnergyCounter | str:
     except PermissionError:
         return "RAPL permission denied: energy_uj is readable by root only on this host (Linux 5.10 and later)"
     except (OSError, ValueError) as exc:
-        return f"RAPL unreadable: {_first_line(exc)}"
+        return f"RAPL unreadable: {describe(exc)}"
     names = ", ".join(name for name, _ in packages)
     return EnergyCounter(counter.read, f"RAPL {names}: the whole CPU socket, every process on it")
 

@@ -37,6 +37,15 @@ class ReplayDraw(Typed):
     budget_share: float | None = None  # absent in records written before the replay had a budget
     run_seconds: float | None = None
 
+    def check(self, path: str) -> None:
+        # A probability and a share no run's options can give (llmb run refuses them) are no draw.
+        for name in ("whole_window_probability", "budget_share"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 1:
+                raise RecordError(f"{_join(path, name)}: {value!r} is not a share from 0 to 1")
+        if self.floor_steps < 0:
+            raise RecordError(f"{_join(path, 'floor_steps')}: {self.floor_steps} (0 or more)")
+
 
 @dataclass(kw_only=True)
 class SamePrecision(Typed):

@@ -37,6 +37,7 @@ from llmb.records.parts import (
 )
 from llmb.spec.presets import PRESETS
 from llmb.spec.shape import ModelConfig
+from llmb.spec.vocab import SEED_MAX
 
 # The records
 
@@ -139,6 +140,8 @@ class Result(Record):
         for name in self.COUNTS:
             if getattr(self, name) < 1:
                 raise RecordError(f"{_join(path, name)}: {getattr(self, name)} (at least 1)")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise RecordError(f"{_join(path, 'seed')}: {self.seed} (a seed llmb runs with is 0 to {SEED_MAX})")
         for name in ("warmup_steps", "parameters", "model_flops_per_token"):
             if getattr(self, name) < 0:
                 raise RecordError(f"{_join(path, name)}: {getattr(self, name)} (0 or more)")

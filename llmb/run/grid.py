@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import UsageError, shown
 from llmb.records import envelope
 from llmb.records.codec import SEARCH_SUMMARY_SCHEMA
 from llmb.records.result_files import read_result, write_json_atomic
@@ -33,7 +33,7 @@ def parse_search(items: tuple[str, ...] | list[str], fixed: dict) -> dict[str, l
         key, sep, values = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise UsageError(f"--search {item!r}: expected KEY=V1,V2 (a plugin setting and the values to try)")
+            raise UsageError(f"--search {shown(item)}: expected KEY=V1,V2 (a plugin setting and the values to try)")
         if key in grid:
             raise UsageError(f"--search {key}: given twice")
         if key in fixed:
@@ -41,7 +41,7 @@ def parse_search(items: tuple[str, ...] | list[str], fixed: dict) -> dict[str, l
         chosen = [v.strip() for v in values.split(",")]
         bad = [v for v in chosen if not _VALUE.match(v)]  # an empty item (none,,default) included
         if bad:
-            raise UsageError(f"--search {key}: expected comma-separated values like none,default (got {values!r})")
+            raise UsageError(f"--search {key}: expected comma-separated values like none,default (got {shown(values)})")
         grid[key] = list(dict.fromkeys(chosen))
     return grid
 

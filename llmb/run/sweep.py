@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from llmb.api.errors import LlmbError, UsageError
+from llmb.api.errors import LlmbError, UsageError, shown
 from llmb.api.settings import recorded
 from llmb.audit import precision
 from llmb.records import (
@@ -315,9 +315,9 @@ def parse_batch_sizes(text: str) -> list[int] | None:
         # An empty item (1,,4) is a typo, not a size to leave out: it fails like any other.
         sizes = sorted({int(part) for part in text.split(",")})
     except ValueError:
-        raise UsageError(f"--batch-sizes expects auto or a list like 1,2,4, got {text!r}") from None
+        raise UsageError(f"--batch-sizes expects auto or a list like 1,2,4, got {shown(text)}") from None
     if not sizes or sizes[0] < 1 or sizes[-1] > MAX_BATCH_SIZE:
-        raise UsageError(f"--batch-sizes must be integers from 1 to {MAX_BATCH_SIZE}, got {text!r}")
+        raise UsageError(f"--batch-sizes must be integers from 1 to {MAX_BATCH_SIZE}, got {shown(text)}")
     return sizes
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import tomllib
 
-from llmb.api.errors import LlmbError, UsageError
+from llmb.api.errors import LlmbError, UsageError, describe
 from llmb.bundle import reader as bundle_io
 from llmb.records import Result, group_runs, headline
 from llmb.records import files as record_files
@@ -93,8 +93,7 @@ def shipped_plugin_path(root: Path, distribution: str, site: Path) -> list[str]:
         if not isinstance(project, dict) or not isinstance(points, dict):
             raise ValueError("[project] and its llmb entry points are no tables")
     except (ValueError, AttributeError) as exc:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise LlmbError(f"{distribution}'s shipped pyproject.toml does not read ({first})") from None
+        raise LlmbError(f"{distribution}'s shipped pyproject.toml does not read ({describe(exc)})") from None
     if not points:
         raise LlmbError(f"{distribution}'s shipped pyproject.toml declares no llmb entry point")
     version = str(project.get("version", "0"))

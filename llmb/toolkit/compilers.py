@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch import nn
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import UsageError, describe
 
 INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune")
 THUNDER = "thunder"
@@ -39,10 +39,9 @@ def thunder_unavailable() -> str | None:
             version = importlib.metadata.version("lightning-thunder")
         except importlib.metadata.PackageNotFoundError:
             version = "?"
-        first = (str(exc).strip().splitlines() or [""])[0]
         return (
             f"lightning-thunder {version} does not import with torch {torch.__version__} "
-            f"({type(exc).__name__}: {first}); it runs with torch 2.9.0 (tox -e thunder)"
+            f"({describe(exc)}); it runs with torch 2.9.0 (tox -e thunder)"
         )
     return None
 

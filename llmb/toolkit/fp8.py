@@ -23,7 +23,7 @@ import warnings
 import torch
 from torch import nn
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import UsageError, describe
 
 RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 # torchtitan's default: the output projection stays in high precision (its error feeds the loss directly).
@@ -54,8 +54,7 @@ def torchao_unavailable() -> str | None:
     try:
         _import_float8()
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        return f"torchao.float8 does not import with torch {torch.__version__}: {type(exc).__name__}: {first}"
+        return f"torchao.float8 does not import with torch {torch.__version__}: {describe(exc)}"
     return None
 
 

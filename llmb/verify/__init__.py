@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmb.api.errors import describe
 from llmb.bundle import reader as bundle_io
 from llmb.bundle.reader import DEFAULT_LIMITS, Limits, Refused
 from llmb.verify.bundle import Bundle, ResultFiles, Row, headline_view  # noqa: F401 - verify's public names
@@ -79,7 +80,7 @@ def check_bundle(
             check(bundle)
         except Exception as exc:  # malformed content in a place a check did not foresee: a failing row, no crash
             bundle.rows.append(
-                Row(check.__name__.removeprefix("check_").replace("_", " "), False, f"malformed: {exc!r}")
+                Row(check.__name__.removeprefix("check_").replace("_", " "), False, f"malformed: {describe(exc)}")
             )
     return bundle
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from llmb.api.errors import describe
 from llmb.bundle import reader as bundle_io
 from llmb.bundle.reader import Limits
 from llmb.records import (
@@ -127,7 +128,7 @@ def per_result(b: Bundle, check: str, problems_of: Callable[[Bundle, str, dict],
         try:
             found = problems_of(b, path, record)
         except Exception as exc:  # a field of the wrong type deep inside a record
-            found = [f"malformed ({exc!r})"]
+            found = [f"malformed ({describe(exc)})"]
         for problem in found:
             paths_of.setdefault(problem, []).append(path)
     problems = [

@@ -1,0 +1,124 @@
+"""Values no run can take, fixed by class: every numeric or fixed-choice option of every command refuses a value
+longer than any it takes without echoing it whole, every float option refuses NaN (a range alone lets it in: every
+comparison with NaN is false), so does a plugin's float setting; a record claiming a seed or a replay draw no run can
+give is refused; and a verify row says an unforeseen exception as its type and first line, not as Python's repr."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from llmb.api import settings
+from llmb.api.errors import LONGEST_SHOWN, describe, shown
+from llmb.cli import cli
+from llmb.cli import click_types as bounds
+from llmb.records import RecordError, Result
+from llmb.spec.vocab import SEED_MAX
+from tests.records_factory import make_result
+
+LONG = "9" * 10_000
+
+
+def _options(types: tuple[type, ...]) -> list[tuple[str, str]]:
+    """(command, option) for every option of every llmb command whose type is one of `types`."""
+    found = []
+    for name, command in sorted(cli.commands.items()):
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(param.type, types) and not param.is_flag:
+                found.append((name, max(param.opts, key=len)))
+    return found
+
+
+def test_every_numeric_option_is_one_of_llmbs_bounded_types():
+    """A bare click.IntRange, FloatRange, INT or FLOAT lets in what llmb's types refuse (NaN, an echoed megabyte)."""
+    bare = [
+        (name, max(p.opts, key=len), type(p.type).__name__)
+        for name, command in cli.commands.items()
+        for p in command.params
+        if isinstance(p, click.Option)
+        and isinstance(p.type, (click.types._NumberParamTypeBase, click.Choice))
+        and not isinstance(p.type, (bounds.IntRange, bounds.FiniteFloatRange, bounds.Choice))
+    ]
+    assert not bare, bare
+
+
+@pytest.mark.parametrize("command,option", _options((click.types._NumberParamTypeBase, click.Choice)))
+def test_an_over_long_value_is_a_usage_error_that_never_echoes_it_whole(command, option):
+    result = CliRunner().invoke(cli, [command, option, LONG])
+    assert result.exit_code == 2, result.output
+    assert "10000 characters" in result.output and LONG[: LONGEST_SHOWN + 1] not in result.output
+    assert len(result.output) < 1000, result.output
+
+
+@pytest.mark.parametrize("command,option", _options((click.FloatRange,)))
+@pytest.mark.parametrize("value", ["nan", "NaN", "-nan"])
+def test_every_float_option_refuses_nan(command, option, value):
+    result = CliRunner().invoke(cli, [command, option, value])
+    assert result.exit_code == 2 and "finite" in result.output, result.output
+
+
+def test_the_float_options_include_the_replay_draw():
+    assert ("run", "--replay-whole") in _options((click.FloatRange,))
+    assert ("run", "--replay-budget") in _options((click.FloatRange,))
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-Infinity"])
+def test_a_plugin_float_setting_refuses_what_no_setting_means(raw):
+    declared = [settings.Setting("ratio", float, 0.5, "a share")]
+    with pytest.raises(settings.UsageError, match="finite"):
+        settings.resolve_settings("p", declared, {"ratio": raw})
+    assert settings.resolve_settings("p", declared, {"ratio": "0.25"})["ratio"] == 0.25
+
+
+def _result_dict(**changes) -> dict:
+    data = json.loads(json.dumps(make_result().to_dict()))
+    data.update(changes)
+    return data
+
+
+@pytest.mark.parametrize("seed", [-1, SEED_MAX + 1, 2**64])
+def test_a_record_with_a_seed_no_run_takes_is_refused(seed):
+    with pytest.raises(RecordError, match="seed"):
+        Result.from_dict(_result_dict(seed=seed))
+    assert Result.from_dict(_result_dict(seed=SEED_MAX)).seed == SEED_MAX
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        {"whole_window_probability": float("nan")},
+        {"whole_window_probability": 1.5},
+        {"budget_share": -0.1},
+        {"floor_steps": -1},
+    ],
+)
+def test_a_record_with_a_replay_draw_no_run_gives_is_refused(draw):
+    data = _result_dict()
+    good = {"floor_steps": 2, "whole_window_probability": 0.25, "whole": False, "budget_share": 0.1}
+    data["evidence"]["replay"]["drawn"] = good
+    Result.from_dict(json.loads(json.dumps(data)))  # the good draw reads
+    data["evidence"]["replay"]["drawn"] = {**good, **draw}
+    with pytest.raises(RecordError, match="drawn"):
+        Result.from_dict(data)
+
+
+def test_an_exception_is_said_as_its_type_and_first_line():
+    assert describe(KeyError("steps")) == "KeyError: 'steps'"
+    assert describe(ValueError("first\nforged: line")) == "ValueError: first"
+    assert describe(RuntimeError()) == "RuntimeError"
+    assert shown("a\nb") == "'a\\nb'" and shown(LONG).endswith("(10000 characters)")
+
+
+def test_a_verify_row_says_an_unforeseen_failure_without_pythons_repr(tmp_path, monkeypatch):
+    from llmb import verify
+
+    def check_boom(bundle):
+        raise TypeError("'<' not supported\nforged row")
+
+    monkeypatch.setattr(verify, "CHECKS", [check_boom])
+    rows = verify.verify_folder(tmp_path)
+    last = rows[-1]
+    assert (last.check, last.passed, last.detail) == ("boom", False, "malformed: TypeError: '<' not supported")
