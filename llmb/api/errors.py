@@ -14,9 +14,19 @@ def shown(value: object) -> str:
     return text if len(text) <= LONGEST_SHOWN else f"{text[:LONGEST_SHOWN]}... ({len(str(value))} characters)"
 
 
+def message(exc: BaseException) -> str:
+    """str(exc), where it can be read: a plugin's exception whose __str__ raises is said as unreadable, never let
+    through to end the command that reports it."""
+    try:
+        text = str(exc)
+    except Exception as inner:  # noqa: BLE001 - any failure of outside code's __str__
+        return f"(its message could not be read: {type(inner).__name__})"
+    return text if isinstance(text, str) else ""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message, first line only (a traceback or a forged line never follows it): '' where it has none."""
-    return (str(exc).strip().splitlines() or [""])[0]
+    return (message(exc).strip().splitlines() or [""])[0]
 
 
 def describe(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmb.api.errors import LlmbError, describe, first_line
+from llmb.api.errors import LlmbError, describe, first_line, message
 from llmb.api.settings import env_flag
 from llmb.cli import click_types as bounds
 from llmb.spec import vocab as names
@@ -50,7 +50,7 @@ def handle_errors(func: Callable) -> Callable:
             if env_flag("LLMB_DEBUG") and exc.__cause__ is not None:
                 # A plugin's own exception (PluginError wraps it): its traceback is what the plugin's author needs.
                 traceback.print_exception(exc.__cause__)
-            term.error(str(exc))
+            term.error(message(exc))
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             term.say(("interrupted", "bold red"), stderr=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from llmb.api.errors import LlmbError
+from llmb.api.errors import LlmbError, describe
 from llmb.audit import guard, precision
 from llmb.audit.dispatch import DtypeRecorder
 from llmb.model import count_parameters
@@ -151,6 +151,5 @@ def unpack(data: object, requested: str) -> dict:
         found["device"] = DeviceRef.from_dict(found["device"])
         found["mode"] = str(found["mode"])
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise LlmbError(f"the plugin's process sent no valid trace ({type(exc).__name__}: {first})") from None
+        raise LlmbError(f"the plugin's process sent no valid trace ({describe(exc)[:200]})") from None
     return found

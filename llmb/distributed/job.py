@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from llmb.api.errors import LlmbError, UsageError
+from llmb.api.errors import LlmbError, UsageError, describe, first_line, message
 from llmb.audit.evidence import MODEL_SCOPE, PARTIAL_SCOPE
 from llmb.distributed import cluster
 from llmb.registry.plugins import call
@@ -103,9 +103,9 @@ def errors_name_the_rank():
             if lost is not None:
                 raise lost from exc
         if isinstance(exc, LlmbError):
-            kind, text = (UsageError if isinstance(exc, UsageError) else LlmbError), str(exc)
+            kind, text = (UsageError if isinstance(exc, UsageError) else LlmbError), message(exc)
         else:
-            kind, text = LlmbError, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+            kind, text = LlmbError, describe(exc)
         raise kind(f"rank {world.rank}: {text}") from exc
 
 
@@ -370,10 +370,10 @@ class Heartbeat:
 
 def peer_loss(world: World, exc: BaseException) -> LlmbError | None:
     """When this rank's error came from a peer that stopped answering, an error naming that peer."""
-    if not dist.is_initialized() or Heartbeat._current is None or not _PEER_LOST.search(str(exc)):
+    if not dist.is_initialized() or Heartbeat._current is None or not _PEER_LOST.search(message(exc)):
         return None
     silent = Heartbeat.silent_peers()
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first_line(exc) or type(exc).__name__
     if silent is None:
         node = 0
         return LlmbError(

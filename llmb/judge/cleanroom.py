@@ -31,7 +31,7 @@ import threading
 import time
 from multiprocessing.connection import Listener
 
-from llmb.api.errors import LlmbError
+from llmb.api.errors import LlmbError, describe, message
 from llmb.api.settings import env_flag
 from llmb.audit import evidence
 from llmb.judge.initial import InitialModels
@@ -107,7 +107,7 @@ class Judge:
                 except (EOFError, OSError):
                     break
                 except Exception as exc:  # not plain data, or not a message of llmb's: the worker is not llmb's
-                    detail = str(exc) if isinstance(exc, RefusedMessage) else f"{type(exc).__name__}: {exc}"
+                    detail = message(exc) if isinstance(exc, RefusedMessage) else describe(exc)
                     self.error = ("LlmbError", f"the worker process sent what llmb never sends ({detail})")
                     break
                 if done:

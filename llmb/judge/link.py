@@ -3,7 +3,7 @@ judge's key reaches a job's ranks, and how an error crosses the link as one line
 
 from __future__ import annotations
 
-from llmb.api.errors import LlmbError, UsageError
+from llmb.api.errors import LlmbError, UsageError, describe, message
 
 KEY_ENV = "LLMB_JUDGE_KEY"  # how the judge's key reaches a job's ranks (llmb.run.rank_worker)
 # The kinds of error the worker names, and the exception each is raised as in the judge.
@@ -13,10 +13,9 @@ ERRORS = {"UsageError": UsageError, "LlmbError": LlmbError}
 def error_line(exc: BaseException) -> tuple[str, str]:
     """An exception as (its kind, one line): what the link carries of a failure."""
     if isinstance(exc, UsageError):
-        return "UsageError", str(exc)
+        return "UsageError", message(exc)
     if isinstance(exc, LlmbError):
-        return "LlmbError", str(exc)
+        return "LlmbError", message(exc)
     if isinstance(exc, KeyboardInterrupt):
         return "LlmbError", "interrupted"
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return "LlmbError", f"{type(exc).__name__}: {first}"
+    return "LlmbError", describe(exc)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from llmb.api.errors import first_line
 from llmb.audit.window import WindowAudit
 from llmb.run.device import free_cached_memory, is_out_of_memory
 from llmb.training.loop import Trainer
@@ -34,7 +35,7 @@ def audit_within_memory(window: WindowAudit, trainer: Trainer, device: torch.dev
         except Exception as exc:
             if not alone or not is_out_of_memory(exc):
                 raise
-            what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            what = first_line(exc) or type(exc).__name__
         free_cached_memory(device)  # the failed step's tensors went with the exception
         if rows == 1:
             window.problems.append(

@@ -6,7 +6,7 @@ import gc
 
 import torch
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import UsageError, message
 
 
 def parse_device(spec: str) -> torch.device:
@@ -47,7 +47,7 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
     while exc is not None:
         if isinstance(exc, torch.OutOfMemoryError):
             return True
-        text = str(exc).lower()
+        text = message(exc).lower()
         if isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text):
             return True
         exc = exc.__cause__

@@ -14,7 +14,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from llmb.api.errors import UsageError, shown
+from llmb.api.errors import UsageError, describe, shown
 from llmb.records import envelope
 from llmb.records.codec import SEARCH_SUMMARY_SCHEMA
 from llmb.records.result_files import read_result, write_json_atomic
@@ -81,7 +81,7 @@ def search(options, grid: dict[str, list[str]], display=None) -> dict:
         except (sweeps.Interrupted, UsageError):
             raise
         except Exception as exc:  # one combination that cannot run (a compiler missing) does not stop the others
-            entry["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            entry["error"] = describe(exc)
             result = None
         if result is not None:
             entry["precisions"] = {

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from llmb.api.backend import Backend, overridden
-from llmb.api.errors import UsageError
+from llmb.api.errors import UsageError, describe
 from llmb.audit import precision as precisions
 from llmb.records import ROOFLINE_SCHEMA
 from llmb.registry import plugins
@@ -173,7 +173,7 @@ def float8_gemm_unavailable(device: torch.device) -> str | None:
         a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
         _product(a, a.t())()
     except (RuntimeError, NotImplementedError) as exc:
-        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        return describe(exc)
     return None
 
 

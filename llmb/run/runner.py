@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from llmb import __version__, records
-from llmb.api.errors import LlmbError
+from llmb.api.errors import LlmbError, first_line
 from llmb.api.protocols import RunProgress, WindowJudge
 from llmb.audit import census, evidence, guard, precision
 from llmb.audit.evidence import synthetic_batch
@@ -58,7 +58,7 @@ def run(options: RunOptions, progress: RunProgress | None = None, judge: WindowJ
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise LlmbError(
-                    f"out of memory at batch size {options.batch_size} on {device}: {str(exc).splitlines()[0]}"
+                    f"out of memory at batch size {options.batch_size} on {device}: {first_line(exc)}"
                 ) from exc
             raise
         finally:
