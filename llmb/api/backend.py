@@ -154,20 +154,24 @@ class Backend:
         """Reset the device's peak-memory counter before the measured steps."""
 
     def peak_memory_bytes(self, device: torch.device) -> int | None:
-        """The device's peak allocated memory in bytes since the last reset, or None when unknown."""
+        """The device's peak allocated memory in bytes since the last reset, or None when unknown (anything but an
+        integer of 0 or more or None is recorded as unknown, and the run is invalid for it)."""
         return None
 
     def energy_counter(self, device: torch.device) -> EnergyCounter | str:
         """The device's energy counter, read at both edges of each measured window, or a sentence saying why there is
-        none (the record keeps it)."""
+        none (the record keeps it). An average power over the measured windows below 1 W or above the device's limit
+        (1.5x ``limit_watts``, at most 3 kW) gives no figure and makes the run invalid."""
         return f"backend {self.name!r} offers no energy counter"
 
     def device_name(self, device: torch.device) -> str:
-        """The device's marketing name (e.g. "NVIDIA H100 80GB HBM3")."""
+        """The device's marketing name (e.g. "NVIDIA H100 80GB HBM3"): text, kept on one line to 200 characters
+        (anything but non-empty text is recorded as "unknown", and the run is invalid for it)."""
         return platform.processor() or device.type
 
     def device_count(self, device: torch.device) -> int:
-        """How many devices of this type the host has."""
+        """How many devices of this type the host has (anything but an integer of 1 or more is recorded as unknown, and
+        the run is invalid for it)."""
         return 1
 
     def device_memory_bytes(self, device: torch.device) -> int | None:
@@ -188,7 +192,10 @@ class Backend:
 
     def run_facts(self, device: torch.device) -> dict:
         """Facts to record with the run: vendor library versions, driver, runtime. Read once the last window and its
-        audit are done, before llmb measures the roofline beside the run."""
+        audit are done, before llmb measures the roofline beside the run. Kept as a record can hold them
+        (llmb.records.files.as_record_value: text capped at 4096 characters, 16 levels, 1000 items per list or
+        object; NaN, infinities and integers past 1023 bits as text); anything but an object (or None) is recorded
+        as none, and the run is invalid for it."""
         return {}
 
     def distributed_backend(self, device: torch.device) -> str | None:

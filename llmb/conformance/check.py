@@ -85,6 +85,7 @@ from llmb.records import Conformance, DeviceRef, PluginRef, Precision
 from llmb.records.result_files import write_json_atomic
 from llmb.registry.plugins import call, get_backend, resolve_settings
 from llmb.run import clean_worker
+from llmb.run.plugin_returns import PluginReturns
 from llmb.run.runner import RunOptions, Session, check_request, is_out_of_memory, prepare, resolve
 from llmb.spec.fingerprint import model_fingerprint
 from llmb.spec.presets import PRESETS
@@ -182,7 +183,7 @@ def candidate(options: RunOptions) -> dict:
         with _restored_global_state():  # in process (LLMB_IN_PROCESS=1), the reference comes after it
             session = prepare(options, chosen, torch_device, resolved)
             mode = session.recipe.mode
-            name = call(session.backend.device_name, torch_device)
+            name = PluginReturns(chosen.name).name("device_name", call(session.backend.device_name, torch_device))
             found = trace(session, options.steps)
             del session
             gc.collect()  # the trainer and its optimizer hold each other (the step hook): free the model now

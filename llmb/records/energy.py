@@ -16,10 +16,14 @@ from pathlib import Path
 
 from llmb.api.backend import Backend, EnergyCounter
 from llmb.api.errors import describe
+from llmb.records.files import as_record_value, text_of
 
 # No single device sold draws more on average (a GB200 superchip: about 2.7 kW): a plugin that claims a higher limit,
 # or none, is held to this one.
 CEILING_WATTS = 3000.0
+# Nor does any device train this model on less than a watt (a phone's NPU draws more): a counter that says it did
+# would make tokens per joule whatever it likes (a counter advancing 1e-9 J a read gave 6.4e10 tokens/J).
+FLOOR_WATTS = 1.0
 # A window's average power may pass the device's enforced limit briefly (boost, the counter's update period), never
 # by half again.
 LIMIT_SLACK = 1.5
@@ -51,8 +55,11 @@ class Meter:
         """What the record says about the counter before the judge adds the figures."""
         if self.counter is None:
             return {"reason": self.reason}
-        limit = self.counter.limit_watts
-        return {"scope": str(self.counter.scope), "limit_watts": float(limit) if limit else None}
+        limit = _number(self.counter.limit_watts)  # the plugin's: text, NaN or an object is no limit
+        return {
+            "scope": as_record_value(text_of(self.counter.scope), 200),
+            "limit_watts": limit if math.isfinite(limit) and limit > 0 else None,
+        }
 
 
 def _number(value) -> float:
@@ -95,6 +102,12 @@ def summarise(
         problems.append(
             f"energy: {watts:.1f} W average over the measured windows, above the plausible {ceiling:.1f} W for one "
             "device"
+        )
+        return {**section, "reason": "no plausible energy figure"}, problems
+    if watts < FLOOR_WATTS:
+        problems.append(
+            f"energy: {watts:.3g} W average over the measured windows, below the {FLOOR_WATTS:.0f} W any device "
+            "training the model draws"
         )
         return {**section, "reason": "no plausible energy figure"}, problems
     section.update(

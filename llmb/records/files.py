@@ -107,6 +107,53 @@ def depth_problem(value: Any) -> str | None:
     return None
 
 
+# What a record keeps of a value from outside (a plugin's facts, its device's name): far below what a reader refuses,
+# so that a record llmb writes always reads back (a 70 MB fact, a fact nested 70 deep, a 1,329-bit integer or a lone
+# surrogate each made `llmb run` write a result that every reader of results then refused).
+VALUE_TEXT_LIMIT = 4096
+VALUE_DEPTH_LIMIT = 16
+VALUE_ITEMS_LIMIT = 1000
+_INT_BITS = 1023  # the reader's limit above (depth_problem): a larger integer is kept as its text
+
+
+def as_record_value(value: Any, text_limit: int = VALUE_TEXT_LIMIT, _depth: int = 0) -> Any:
+    """`value` as a record keeps it: JSON's own types, every text Unicode (a lone surrogate replaced) and capped at
+    `text_limit` characters, NaN and the infinities and integers past 1023 bits as their text, containers cut at
+    VALUE_ITEMS_LIMIT items and VALUE_DEPTH_LIMIT levels (deeper as text), anything else as its text."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if value.bit_length() <= _INT_BITS else _capped(hex(value), text_limit)
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else str(value)
+    if isinstance(value, str):
+        return _capped(value, text_limit)
+    if isinstance(value, (dict, list, tuple)) and _depth < VALUE_DEPTH_LIMIT:
+        items = list(value.items() if isinstance(value, dict) else enumerate(value))
+        kept = [(k, as_record_value(v, text_limit, _depth + 1)) for k, v in items[:VALUE_ITEMS_LIMIT]]
+        if isinstance(value, dict):
+            out = {str(as_record_value(k if isinstance(k, str) else text_of(k), 200)): v for k, v in kept}
+            return out | ({"...": f"{len(items) - VALUE_ITEMS_LIMIT} more items"} if len(items) > len(kept) else {})
+        return [v for _, v in kept] + (
+            [f"... {len(items) - VALUE_ITEMS_LIMIT} more items"] if len(items) > len(kept) else []
+        )
+    return _capped(text_of(value), text_limit)
+
+
+def text_of(value: Any) -> str:
+    """str(value), where outside code's __str__ (or a structure too deep to print) lets it be read."""
+    try:
+        text = str(value)
+    except Exception:  # noqa: BLE001 - any failure of outside code
+        return f"<a {type(value).__name__} that could not be read>"
+    return text if isinstance(text, str) else f"<a {type(value).__name__}>"
+
+
+def _capped(text: str, limit: int) -> str:
+    text = _SURROGATE.sub("\ufffd", text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def loads(text: str | bytes) -> Any:
     """JSON text as a value, refused (Unreadable) when it is not JSON or is too deep or too large in a number."""
     try:

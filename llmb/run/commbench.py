@@ -20,6 +20,7 @@ from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
 from llmb.registry import plugins
 from llmb.registry.plugins import call, resolve_settings, select_backend
 from llmb.run.device import check_device_present, parse_device
+from llmb.run.plugin_returns import PluginReturns
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS
 from llmb.terminal import console as term
 
@@ -133,7 +134,9 @@ def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
             settings=settings,
             defaults=settings,
         ),
-        device=DeviceRef(type=device.type, name=call(devices.device_name, device)),
+        device=DeviceRef(
+            type=device.type, name=PluginReturns(plugin.name).name("device_name", call(devices.device_name, device))
+        ),
         backend=backend,
         world_size=n,
         nodes=world.nodes,
@@ -164,7 +167,7 @@ def default_nproc(options: CommOptions) -> int:
     backend = select_backend(options.plugin).backend
     types = list(call(backend.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
-    return max(2, int(call(backend.device_count, device) or 1))
+    return max(2, PluginReturns(backend.name).count("device_count", call(backend.device_count, device)) or 1)
 
 
 def table(record: Commbench):

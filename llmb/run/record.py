@@ -16,9 +16,11 @@ from llmb.api.settings import recorded
 from llmb.audit import guard, precision
 from llmb.model import ModelConfig
 from llmb.records import Result, loss_band
+from llmb.records.files import as_record_value
 from llmb.registry.plugins import call, resolve_settings
 from llmb.run import roofline
 from llmb.run.options import layout
+from llmb.run.plugin_returns import PluginReturns
 from llmb.spec import flops
 from llmb.spec import peak_table as peaks
 from llmb.spec.presets import official_reasons
@@ -79,11 +81,13 @@ def build_record(
     flops_per_token = flops.model_flops_per_token(config, parameters)
     tflops = flops.achieved_tflops(tokens_per_second / job["world_size"], flops_per_token)
     backend = plugin.backend
-    device_name = str(call(backend.device_name, device))
+    returned = PluginReturns(plugin.name)  # a value of the wrong type is unknown, and the run invalid for it
+    device_name = returned.name("device_name", call(backend.device_name, device))
+    device_count = returned.count("device_count", call(backend.device_count, device))
     measured_peak = matmul.peak_flops if matmul else None
     peak = choose_peak(plugin.name, backend, device, device_name, effective, measured_peak)
     mfu = flops.mfu(tflops, peak.flops)
-    invalid = [*invalid, *peak.problems, *peaks.mfu_problems(mfu)]
+    invalid = [*invalid, *returned.problems, *peak.problems, *peaks.mfu_problems(mfu)]
     debug = official_reasons(config)
     optimizer = trainer.optimizer
     return Result(
@@ -106,15 +110,15 @@ def build_record(
             name=plugin.name,
             version=plugin.version,
             distribution=plugin.distribution,
-            settings=recorded(settings),  # a secret setting's value is never recorded
-            defaults=recorded(resolve_settings(backend, {})),
-            precisions=list(call(backend.precisions)),
+            settings=as_record_value(recorded(settings)),  # a secret setting's value is never recorded
+            defaults=as_record_value(recorded(resolve_settings(backend, {}))),
+            precisions=[str(as_record_value(p, 64)) for p in call(backend.precisions)],
         ),
         device=records.DeviceRef(
             type=device.type,
             spec=str(device),
             name=device_name,
-            count=int(call(backend.device_count, device)),
+            count=device_count,
             memory_bytes=_memory_bytes(call(backend.device_memory_bytes, device)),
         ),
         software=records.Software(
@@ -197,11 +201,13 @@ def _memory_bytes(value) -> int | None:
     return value
 
 
-def run_facts(backend, device) -> dict:
-    """The run's facts: the backend's (as JSON values), and the vendor-library replacements the guard accepted. Read
-    when the last window and its audit are done, before llmb's own measurements beside the run (the roofline), so
-    a fact that counts work (torch-xla's graphs compiled) counts the run's, not the roofline's sizing."""
-    return _facts(call(backend.run_facts, device)) | _vendor_facts()
+def run_facts(backend, device, returned: PluginReturns | None = None) -> dict:
+    """The run's facts: the backend's (as the record can hold them; `returned` says where they were no object), and
+    the vendor-library replacements the guard accepted. Read when the last window and its audit are done, before
+    llmb's own measurements beside the run (the roofline), so a fact that counts work (torch-xla's graphs compiled)
+    counts the run's, not the roofline's sizing."""
+    returned = returned or PluginReturns(getattr(backend, "name", "?"))
+    return returned.facts("run_facts", call(backend.run_facts, device)) | _vendor_facts()
 
 
 def _vendor_facts() -> dict:
@@ -209,11 +215,3 @@ def _vendor_facts() -> dict:
     library: the harness's fact, written over any plugin fact of the same name."""
     accepted = guard.vendor_changes()
     return {"vendor_library_replacements": accepted} if accepted else {}
-
-
-def _facts(facts: dict | None) -> dict:
-    """A backend's run facts as JSON values (anything else as its text)."""
-    return {
-        str(k): (v if isinstance(v, (bool, int, float, str, type(None), list, dict)) else str(v))
-        for k, v in (facts or {}).items()
-    }

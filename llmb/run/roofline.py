@@ -23,6 +23,7 @@ from llmb.registry import plugins
 from llmb.registry.plugins import call, resolve_settings, select_backend
 from llmb.registry.state import with_state
 from llmb.run.device import check_device_present, parse_device
+from llmb.run.plugin_returns import PluginReturns
 from llmb.spec.shape import ModelConfig
 
 SCHEMA = ROOFLINE_SCHEMA  # each roofline entry names its kind
@@ -203,7 +204,8 @@ def measure(backend: Backend, device: torch.device, precision: str, gemms: list[
     """The roofline for one precision in the backend state the caller set (a run's own, or `prepare_backend`)."""
     if precision not in RUN_MATMUL_DTYPE:
         raise ValueError(f"no matmul dtype for precision {precision!r}")
-    result = Roofline(precision, str(device), str(call(backend.device_name, device)), repeats)
+    name = PluginReturns(getattr(backend, "name", "?")).name("device_name", call(backend.device_name, device))
+    result = Roofline(precision, str(device), name, repeats)
     for gemm in gemms:
         result.rates.append(measure_gemm(backend, device, gemm, RUN_MATMUL_DTYPE[precision], repeats))
     return result

@@ -38,6 +38,7 @@ from llmb.run.options import (  # noqa: F401  (check_*: the request's checks, im
     parallel_strategy,
     resolve,
 )
+from llmb.run.plugin_returns import PluginReturns
 from llmb.run.record import build_record, loss_problems, run_facts
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.training.loop import Trainer, build_optimizer, median_measurement, optimizer_problems
@@ -279,8 +280,8 @@ def _run(
     # The training's peak, read before the audit step: that step runs eager under the dispatch recorder, and took
     # more than the compiled loop it follows (one H200, official shape, batch 64: FP8 42.1 GB against the loop's
     # 27.0, AMP 59.8 against 47.1; benchmarks/RESULTS.md section 25).
-    peak_memory = call(backend.peak_memory_bytes, device)
-    peak_memory = int(peak_memory) if peak_memory is not None else None
+    returned = PluginReturns(plugin.name)  # read after the windows: a wrong value is unknown, never the run's end
+    peak_memory = returned.byte_count("peak_memory_bytes", call(backend.peak_memory_bytes, device))
     # Untimed, after the last window (a dispatch mode de-optimises compiled graphs), on fewer rows where the window's
     # do not fit eager under the recorder.
     audit_within_memory(window, trainer, device, alone=session.world is None)
@@ -291,7 +292,7 @@ def _run(
     chosen = median_measurement(measurements)
     # Before the roofline, whose square GEMM is sized by how fast the device answers (a lazy device compiles a graph
     # per size tried): the facts are the run's.
-    facts = run_facts(backend, device)
+    facts = run_facts(backend, device, returned)
     # The roofline in the run's own backend state, at its own GEMM shapes, after the measured window; on rank 0
     # alone, since the ranks of one host would share its time.
     matmul = None
@@ -300,6 +301,7 @@ def _run(
         matmul = roofline.for_run(backend, device, audit["effective"], options.config, options.batch_size)
         progress.advance()
 
+    invalid += returned.problems
     invalid += loss_problems(options.config, initial_loss, measurements)
     if trainer.scaler is None and trainer.optimizer_steps != trainer.harness_steps:
         invalid.append(

@@ -182,8 +182,9 @@ def warning(*parts: object) -> None:
 
 
 def table(title: object = None, *, show_header: bool = True, **kwargs) -> Table:
-    """A table whose title is external text; add columns with ``column()`` so that nothing is cut."""
-    caption = title if isinstance(title, Text) or title is None else text(title)
+    """A table whose title is external text on one line (a device name's line break cannot forge a line of its
+    own); add columns with ``column()`` so that nothing is cut."""
+    caption = title if isinstance(title, Text) or title is None else line(title)
     return Table(title=caption, title_justify="left", show_header=show_header, **kwargs)
 
 
