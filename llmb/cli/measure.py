@@ -21,6 +21,7 @@ from llmb.cli.common import (
     known_plugin,
     model_options,
     plugin_options,
+    plugin_prints_to_stderr,
 )
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
@@ -63,7 +64,8 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
     if out:
         check_out_file(out)  # before anything is measured: a refusal after it would lose the measurement
 
-    kind = roofline.device_for(plugin, device).type
+    with plugin_prints_to_stderr():  # selecting the backend imports the plugin: its module's code runs
+        kind = roofline.device_for(plugin, device).type
     if "preset" not in given_on_command_line():  # a shape that suits the device: minutes, not hours, on a CPU
         preset = names.PEAK_DEVICE_PRESETS.get(kind, preset)
         term.say(
@@ -78,17 +80,18 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         if not as_json:  # --json's output is the JSON alone, for a script
             term.say(f"{result.precision} measured ({pace.finished} of {total}){pace.left()}", stderr=True)
 
-    results = roofline.peak(
-        plugin=plugin,
-        device=device,
-        precisions_wanted=[] if "all" in precisions else list(precisions),  # as run, sweep and check-plugin take it
-        config=build_config(preset, **shape),
-        batch_size=batch_size,
-        settings=parse_options(options),
-        square=square,
-        repeats=repeats,
-        measured=measured,
-    )
+    with plugin_prints_to_stderr():  # the measurement runs in this process, through the plugin's methods
+        results = roofline.peak(
+            plugin=plugin,
+            device=device,
+            precisions_wanted=[] if "all" in precisions else list(precisions),  # as run, sweep and check-plugin
+            config=build_config(preset, **shape),
+            batch_size=batch_size,
+            settings=parse_options(options),
+            square=square,
+            repeats=repeats,
+            measured=measured,
+        )
     data = {
         **envelope(ROOFLINE_SCHEMA),
         "preset": preset,

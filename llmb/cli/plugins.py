@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import click
+from rich.table import Table
 from rich.text import Text
 
 from llmb.api.settings import parse_options
 from llmb.cli import click_types as bounds
-from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options
+from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options, plugin_prints_to_stderr
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
 from llmb.terminal.progress import Pace
@@ -25,29 +26,44 @@ def plugins_command(as_json: bool) -> None:
     libraries."""
     from llmb.registry import plugins  # lazy: loading the backends imports torch
 
-    described = [plugins.describe(r) for r in plugins.all_registrations().values()]
+    with plugin_prints_to_stderr():  # every plugin is imported and asked: its prints must not mix into the JSON
+        described = [plugins.describe(r) for r in plugins.all_registrations().values()]
     for name, error in plugins.load_errors.items():
         term.warning(f"plugin {name!r} failed to load: {error}")
+    for b in described:  # a method that failed is the plugin's to fix: said, and its backend still listed
+        for error in b["errors"].values():
+            term.warning(error)
     if as_json:
         click.echo(json.dumps(described, indent=2))
         return
     # One small table per backend: the method and setting lists are too long for columns of one wide table.
     for b in described:
-        hardware = "present" if b["hardware_available"] else "absent"
-        title = f"{b['name']}  (plugin {b['plugin']}: {b['distribution']} {b['version']}, hardware {hardware})"
-        table = term.table(title, show_header=False)
-        term.column(table, "", style="bold")
-        term.column(table, "", prose=True)  # folds long values (URLs) instead of cutting them; wraps the help
-        term.row(table, "devices", ", ".join(b["device_types"]))
-        term.row(table, "precisions", ", ".join(b["precisions"]))
-        term.row(table, "methods overridden", ", ".join(b["methods_overridden"]) or "none")
-        settings = Text("\n").join(setting_line(s) for s in b["settings"])
-        term.row(table, "settings", settings if b["settings"] else "none")
-        peaks = "\n".join(f"{device}: {source}" for device, source in b["peak_sources"].items())
-        term.row(table, "peak sources", peaks or "none (no MFU)")
+        console.print(backend_table(b))
+
+
+def backend_table(b: dict) -> Table:
+    """One backend's table; the entry of a method that failed says why instead of a value."""
+    hardware = {True: "present", False: "absent"}.get(b["hardware_available"], "unknown")
+    title = f"{b['name']}  (plugin {b['plugin']}: {b['distribution']} {b['version']}, hardware {hardware})"
+    table = term.table(title, show_header=False)
+    term.column(table, "", style="bold")
+    term.column(table, "", prose=True)  # folds long values (URLs) instead of cutting them; wraps the help
+    failed = b["errors"]
+    settings, peaks = b["settings"] or [], b["peak_sources"] or {}
+    rows = {
+        "devices": ("device_types", ", ".join(b["device_types"] or [])),
+        "precisions": ("precisions", ", ".join(b["precisions"] or [])),
+        "methods overridden": ("", ", ".join(b["methods_overridden"]) or "none"),
+        "settings": ("settings", Text("\n").join(setting_line(s) for s in settings) if settings else "none"),
+        "peak sources": ("peak_sources", "\n".join(f"{d}: {source}" for d, source in peaks.items()) or "none (no MFU)"),
         # What the guard accepts process-wide replacements of torch from (a pinned official release of each)
-        term.row(table, "vendor libraries", ", ".join(b["vendor_libraries"]) or "none")
-        console.print(table)
+        "vendor libraries": ("vendor_libraries", ", ".join(b["vendor_libraries"] or []) or "none"),
+    }
+    if "available" in failed:
+        rows["hardware"] = ("available", "")
+    for label, (method, shown) in rows.items():
+        term.row(table, label, term.text(failed[method], "red") if method in failed else shown)
+    return table
 
 
 def setting_line(s: dict) -> Text:

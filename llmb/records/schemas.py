@@ -290,7 +290,8 @@ class Commbench(Record):
     torch: str
 
 
-SWEEP_STATUSES = ("ok", "oom", "crash", "timeout", "invalid")
+# "refused": the trial's `llmb run` exited 2, refusing that point (the sweep's own options are checked before any).
+SWEEP_STATUSES = ("ok", "oom", "crash", "timeout", "invalid", "refused")
 SWEEP_LOG_NAME = "sweep.jsonl"
 SWEEP_SUMMARY_NAME = "sweep-summary.json"  # written beside the log as each precision's search ends
 

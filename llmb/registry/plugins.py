@@ -10,6 +10,8 @@ plugin from package metadata without importing any.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -20,14 +22,16 @@ from typing import Any, TypeVar
 import pluggy
 
 from llmb.api import hookspecs
-from llmb.api.backend import Backend, overridden
-from llmb.api.errors import LlmbError, PluginError, UsageError
-from llmb.api.settings import did_you_mean
+from llmb.api.backend import Backend, overridden, public_methods
+from llmb.api.errors import LlmbError, PluginError, UsageError, message
+from llmb.api.errors import describe as one_line
+from llmb.api.settings import Setting, did_you_mean
 from llmb.api.settings import resolve_settings as resolve
 from llmb.audit import vendor_libraries
 from llmb.registry import state as run_state
 from llmb.spec.version import __version__
 from llmb.spec.vocab import FIRST_PARTY_PLUGINS
+from llmb.terminal import console as term
 
 GROUP = "llmb"
 BUILTIN = {"cpu": "llmb.default_plugins.cpu"}
@@ -112,7 +116,7 @@ def load(names: Iterable[str] | None = None) -> None:
         try:
             module = EntryPoint(info.name, info.value, GROUP).load()
         except Exception as exc:
-            load_errors[info.name] = f"{type(exc).__name__}: {exc}"
+            load_errors[info.name] = one_line(exc)
             continue
         _infos[info.name] = info
         pm.register(module, name=info.name)
@@ -136,7 +140,7 @@ def registrations() -> dict[str, Registration]:
             for backend in mine:
                 _check_registration(backend, plugin, found)
         except Exception as exc:
-            load_errors[plugin] = f"{type(exc).__name__}: {exc}"
+            load_errors[plugin] = one_line(exc)
             continue
         for backend in mine:
             found[backend.name] = Registration(backend, info)
@@ -228,11 +232,30 @@ def select_backend(name: str | None) -> Registration:
 
 
 def first_available(found: dict[str, Registration]) -> str:
-    """Auto-selection's rule over loaded backends: the first non-built-in one with its hardware present, else cpu."""
+    """Auto-selection's rule over loaded backends: the first non-built-in one with its hardware present, else cpu.
+    A plugin that cannot say is taken as absent, with one warning line naming it."""
+    chosen, unanswered = _choose(found)
+    for reason in unanswered:
+        term.warning(reason)
+    return chosen
+
+
+def _choose(found: dict[str, Registration]) -> tuple[str, list[str]]:
+    """The backend auto-selection takes, and one line for each plugin whose available() raised or returned no bool
+    (taken as absent: one broken plugin must not stop a run the others, cpu at least, can make)."""
+    unanswered = []
     for backend_name, registration in found.items():
-        if registration.plugin.name not in BUILTIN and call(registration.backend.available):
-            return backend_name
-    return "cpu"
+        if registration.plugin.name in BUILTIN:
+            continue
+        try:
+            present = call(registration.backend.available)
+        except LlmbError as exc:
+            said = charged(registration.backend, "available", exc)
+            unanswered.append(f"plugin {registration.plugin.name!r} taken as without hardware: {said}")
+            continue
+        if present:
+            return backend_name, unanswered
+    return "cpu", unanswered
 
 
 def _in_memory_plugins() -> list[str]:
@@ -240,7 +263,15 @@ def _in_memory_plugins() -> list[str]:
     return [name for name, _ in pm.list_name_plugin() if name and name not in BUILTIN and name not in _infos]
 
 
-PROBE = "from llmb.registry import plugins; print(plugins.first_available(plugins.all_registrations()))"
+PROBE = "from llmb.registry import plugins; plugins.probe()"
+
+
+def probe() -> None:
+    """The throwaway process's work: its last stdout line is the choice and the plugins taken as without hardware,
+    as JSON. What the plugins print goes to stderr, so no plugin's line can pass for the choice."""
+    with contextlib.redirect_stdout(sys.stderr):
+        chosen, unanswered = _choose(all_registrations())
+    print(json.dumps({"chosen": chosen, "unanswered": unanswered}))
 
 
 def _probe_in_a_fresh_process() -> str:
@@ -248,11 +279,26 @@ def _probe_in_a_fresh_process() -> str:
         proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LlmbError(f"auto-selecting a plugin failed ({type(exc).__name__}); name one with --plugin") from None
-    chosen = (proc.stdout.strip().splitlines() or [""])[-1]
-    if proc.returncode != 0 or not chosen:
+    answer = _probe_answer(proc.stdout) if proc.returncode == 0 else None
+    if answer is None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise LlmbError(f"auto-selecting a plugin failed ({last}); name one with --plugin")
+    chosen, unanswered = answer
+    for reason in unanswered:  # said here: the probe's stderr is not shown
+        term.warning(reason)
     return chosen
+
+
+def _probe_answer(stdout: str) -> tuple[str, list[str]] | None:
+    """The probe's choice and warnings from its last stdout line; None where that line is not the probe's answer."""
+    try:
+        answer = json.loads((stdout.strip().splitlines() or [""])[-1])
+        chosen, unanswered = answer["chosen"], answer["unanswered"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(chosen, str) or not chosen or not isinstance(unanswered, list):
+        return None
+    return chosen, [str(reason) for reason in unanswered]
 
 
 T = TypeVar("T")
@@ -260,15 +306,78 @@ T = TypeVar("T")
 
 def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call a backend's method, with this run's state where the method names a ``state`` parameter
-    (llmb.registry.state.with_state); a failure leaves as one error naming the backend and the method. (The timed
-    loop calls its few methods directly: the harness's errors still name the run, and the window stays lean.)"""
+    (llmb.registry.state.with_state); a failure, or a value of the wrong type from a method whose type llmb relies on
+    (RETURNS), leaves as one error naming the backend and the method. (The timed loop calls its few methods
+    directly: the harness's errors still name the run, and the window stays lean.)"""
+    backend = getattr(getattr(method, "__self__", None), "name", "?")
+    name = _method_name(method)
     try:
-        return run_state.with_state(method)(*args, **kwargs)
+        returned = run_state.with_state(method)(*args, **kwargs)
     except LlmbError:
         raise
     except Exception as exc:
-        backend = getattr(method, "__self__", None)
-        raise PluginError(getattr(backend, "name", "?"), method.__name__, exc) from exc
+        raise PluginError(backend, name, exc) from exc
+    wrong = _wrong_return(name, returned)
+    if wrong is not None:
+        raise PluginError(backend, name, TypeError(wrong))
+    return returned
+
+
+def _method_name(method: Callable) -> str:
+    """The contract's name for a backend's method: a lambda or an unwrapped decorator on the plugin's class has
+    another __name__, and the check of what it returns must not pass it by."""
+    function = getattr(method, "__func__", None)
+    cls = type(getattr(method, "__self__", None))
+    if function is not None:
+        for name in public_methods():
+            if getattr(cls, name, None) is function:
+                return name
+    return getattr(method, "__name__", "?")
+
+
+def charged(backend: Backend, method: str, exc: BaseException) -> str:
+    """One line charging a failure to the backend's method: call()'s own error says it already; an llmb error the
+    plugin raised itself is given the backend's and the method's names."""
+    if isinstance(exc, PluginError):
+        return message(exc)
+    return f"backend {backend.name!r} failed in {method}: {one_line(exc)}"
+
+
+@dataclass(frozen=True)
+class _Returns:
+    """What a method must return: one of these types, and where it holds values (a list's items, a dict's keys and
+    values), each of this type."""
+
+    said: str
+    types: tuple[type, ...]
+    member: type | None = None
+
+
+# The declarations every command reads (`llmb plugins`, options, settings, the guard): what each must return, checked
+# once, where llmb calls the plugin, so a wrong type is the plugin's error and never a TypeError deep in llmb's code.
+RETURNS: dict[str, _Returns] = {
+    "device_types": _Returns("a list of str", (list, tuple), str),
+    "precisions": _Returns("a list of str", (list, tuple), str),
+    "vendor_libraries": _Returns("a list of str", (list, tuple), str),
+    "settings": _Returns("a list of llmb.Setting", (list, tuple), Setting),
+    "peak_sources": _Returns("a dict of str to str", (dict,), str),
+    "available": _Returns("a bool", (bool,)),
+}
+
+
+def _wrong_return(method: str, value: Any) -> str | None:
+    """What is wrong with a method's returned value, in one line (types only, never the plugin's text); None where
+    it fits or llmb sets no type for the method."""
+    expected = RETURNS.get(method)
+    if expected is None:
+        return None
+    if not isinstance(value, expected.types):
+        return f"returned {type(value).__name__}, not {expected.said}"
+    if expected.member is None:
+        return None
+    members = [part for pair in value.items() for part in pair] if isinstance(value, dict) else list(value)
+    odd = [type(member).__name__ for member in members if not isinstance(member, expected.member)]
+    return f"returned a {type(value).__name__} holding {odd[0]}, not {expected.said}" if odd else None
 
 
 def setup(backend: Backend, device: Any, precision: str, settings: Any) -> Any:
@@ -293,18 +402,32 @@ def resolve_settings(backend: Backend, given: dict[str, str]) -> Any:
 
 def describe(registration: Registration) -> dict:
     """What `llmb plugins` shows of a backend: origin, devices, precisions, methods overridden, settings, peaks, and
-    the vendor libraries it names as replacing torch process-wide (the only ones the guard accepts such code from)."""
+    the vendor libraries it names as replacing torch process-wide (the only ones the guard accepts such code from).
+    A method that fails or returns the wrong type leaves its entry None, and ``errors`` says why by method name (one
+    line each): the rest of the backend, and every other backend, is still described."""
     backend = registration.backend
+    errors: dict[str, str] = {}
+
+    def asked(method: str, shaped: Callable[[Any], Any]) -> Any:
+        try:
+            value = shaped(call(getattr(backend, method)))
+            json.dumps(value, allow_nan=False)  # what it holds (a setting's default) is listed as JSON too
+        except Exception as exc:  # noqa: BLE001 - the plugin's answer, however it fails, is the plugin's error
+            errors[method] = charged(backend, method, exc)
+            return None
+        return value
+
     return {
         "name": backend.name,
         "plugin": registration.plugin.name,
         "distribution": registration.plugin.distribution,
         "version": registration.plugin.version,
-        "device_types": list(call(backend.device_types)),
-        "precisions": list(call(backend.precisions)),
-        "hardware_available": bool(call(backend.available)),
+        "device_types": asked("device_types", list),
+        "precisions": asked("precisions", list),
+        "hardware_available": asked("available", bool),
         "methods_overridden": overridden(backend),
-        "settings": [s.describe() for s in call(backend.settings)],
-        "peak_sources": dict(call(backend.peak_sources)),
-        "vendor_libraries": [str(name) for name in call(backend.vendor_libraries)],
+        "settings": asked("settings", lambda settings: [s.describe() for s in settings]),
+        "peak_sources": asked("peak_sources", dict),
+        "vendor_libraries": asked("vendor_libraries", list),
+        "errors": errors,
     }

@@ -386,7 +386,8 @@ def failure_table(points: list[Point]) -> Table | None:
         Column("status", "Failure"),
         Column("detail", "Detail"),
     ]
-    return Table("failures", "Failed trials", columns, rows, "From sweep logs: oom, crash, timeout or invalid.")
+    note = "From sweep logs: oom, crash, timeout, invalid or refused."
+    return Table("failures", "Failed trials", columns, rows, note)
 
 
 def build_tables(points: list[Point], baseline: str | None = None, reference: bool = False) -> list[Table]:

@@ -141,14 +141,15 @@ def _die_with_parent() -> None:
 
 def expand_all(runs: list, link: Link | None) -> list:
     """`--precision all` becomes one run per precision the plugin supports (asked here, in the worker)."""
-    from llmb.registry.plugins import select_backend  # lazy: the plugins load in the worker's process, after it started
+    from llmb.registry.plugins import call, select_backend  # lazy: plugins load in the worker, once it started
 
     expanded = []
     for options in runs:
         if options.precision != ALL_PRECISIONS:
             expanded.append(options)
             continue
-        wanted, unsupported = expand_precision(options.precision, select_backend(options.plugin).backend.precisions())
+        supported = call(select_backend(options.plugin).backend.precisions)  # its type checked, as everywhere
+        wanted, unsupported = expand_precision(options.precision, supported)
         for name in unsupported if link is not None else []:
             link.send("note", f"{name}: unsupported by this plugin")
         expanded += [replace(options, precision=name) for name in wanted]

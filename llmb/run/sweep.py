@@ -1,7 +1,7 @@
 """Batch-size sweeps: every trial a `llmb run` subprocess, every finished point logged at once, resumable.
 
-The automatic search doubles the batch from 1 until a trial fails (out of memory, crash, timeout, invalid) or the
-throughput stops growing, then bisects between the last two sizes. Its next step is a pure function of the points
+The automatic search doubles the batch from 1 until a trial fails (out of memory, crash, timeout, invalid, refused) or
+the throughput stops growing, then bisects between the last two sizes. Its next step is a pure function of the points
 found so far, so a sweep resumed from its log takes the same decisions and reruns nothing finished.
 """
 
@@ -30,6 +30,7 @@ from llmb.records import (
 from llmb.records import SWEEP_LOG_NAME as LOG_NAME
 from llmb.records import SweepTrial as Trial
 from llmb.records.result_files import check_writable, read_result, write_json_atomic
+from llmb.registry.plugins import call
 from llmb.run import runner, sysinfo
 
 # The sweep's parts, each in its own module (callers import them from there).
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
 
 def precisions_to_sweep(plugin, requested: str) -> tuple[list[str], list[str]]:
     """(precisions to sweep, precisions the plugin does not support) for a --precision value."""
-    return names.expand_precision(requested, plugin.backend.precisions())
+    return names.expand_precision(requested, call(plugin.backend.precisions))
 
 
 def emulated_note(device: torch.device, names: list[str]) -> str | None:
@@ -212,6 +213,13 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
             current[:] = [precision_name, batch]
             display.trial(precision_name, batch, phase, index + 1)
             found = run_trial(options, precision_name, batch, phase, index)
+            if found.status == "refused" and not log.trials:
+                # The sweep's first trial refused, nothing measured yet: the request itself is the likelier cause
+                # (a device the sweep cannot check without taking it, e.g. --device cuda:7 on one GPU), so the
+                # sweep stops with the run's reason and loses nothing. A later refusal is that point's.
+                raise UsageError(
+                    f"{precision_name} batch {batch}: llmb run refused the sweep's first trial: {found.detail}"
+                )
             log.add(found)
             display.finished(found, reused=False)
         else:

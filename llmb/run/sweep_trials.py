@@ -110,6 +110,10 @@ def classify(returncode: int | None, stderr: str, record: dict | None, timeout: 
         return "oom", _last_line(stderr)
     if returncode < 0:
         return "crash", f"killed by {signal.Signals(-returncode).name}"
+    if returncode == UsageError.exit_code:
+        # The sweep checked its own options before the first trial, so this is the plugin (or llmb) refusing this
+        # point, a batch too large for it say: a failed point like any other, not the end of the sweep.
+        return "refused", _last_line(stderr)
     return "crash", f"exit {returncode}: {_last_line(stderr)}"
 
 
@@ -147,8 +151,6 @@ def run_trial(options: SweepOptions, precision_name: str, batch: int, phase: str
         except ValueError as exc:  # a result that does not read as one (RecordError names the field)
             record, returncode, stderr = None, 1, f"{stderr}\nunreadable result: {exc}"
         status, detail = classify(returncode, stderr, record, options.trial_timeout)
-        if returncode == 2:
-            raise UsageError(f"{precision_name} batch {batch}: llmb run refused the trial: {_last_line(stderr)}")
         trial = Trial(precision_name, batch, phase, index, status, seconds=round(seconds, 3), detail=detail)
         if record is not None:
             # Moved before the log line: a kill in between leaves a measured result that the log does not claim.
