@@ -10,6 +10,7 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
+from records_factory import make_result
 
 from llmb.api import settings
 from llmb.api.errors import LONGEST_SHOWN, describe, shown
@@ -17,7 +18,6 @@ from llmb.cli import cli
 from llmb.cli import click_types as bounds
 from llmb.records import RecordError, Result
 from llmb.spec.vocab import SEED_MAX
-from tests.records_factory import make_result
 
 LONG = "9" * 10_000
 
