@@ -43,11 +43,11 @@ from llmb.terminal import console as term
 @handle_errors
 def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
     """Tables and plots from result files, sweep directories and submission bundles."""
-    from llmb.records.result_files import check_out_file
+    from llmb.records.result_files import check_writable
     from llmb.report import report  # lazy: the report imports the records and matplotlib
 
-    if out is not None:  # before the results are read: a file the write would refuse is a usage error, said first
-        check_out_file(out)
+    if out is not None:  # before the results are read: a folder that takes no file is a usage error, not a traceback
+        check_writable(out.parent, f"--out {out}: its folder")
 
     def warn(line: str) -> None:
         term.say("skipped: ", line, stderr=True)
