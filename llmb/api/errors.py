@@ -14,14 +14,19 @@ def shown(value: object) -> str:
     return text if len(text) <= LONGEST_SHOWN else f"{text[:LONGEST_SHOWN]}... ({len(str(value))} characters)"
 
 
-def message(exc: BaseException) -> str:
-    """str(exc), where it can be read: a plugin's exception whose __str__ raises is said as unreadable, never let
-    through to end the command that reports it."""
+def text_of(value: object) -> str:
+    """str(value), where outside code's __str__ (or a structure too deep to print) lets it be read; else a line
+    saying it could not be, never the failure itself ending the command that shows it."""
     try:
-        text = str(exc)
+        text = str(value)
     except Exception as inner:  # noqa: BLE001 - any failure of outside code's __str__
-        return f"(its message could not be read: {type(inner).__name__})"
-    return text if isinstance(text, str) else ""
+        return f"(a {type(value).__name__} whose text could not be read: {type(inner).__name__})"
+    return text if isinstance(text, str) else f"(a {type(value).__name__})"
+
+
+def message(exc: BaseException) -> str:
+    """An exception's message (text_of: one whose __str__ raises is said as unreadable)."""
+    return text_of(exc)
 
 
 def first_line(exc: BaseException) -> str:

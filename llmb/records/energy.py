@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 
 from llmb.api.backend import Backend, EnergyCounter
-from llmb.api.errors import describe
-from llmb.records.files import as_record_value, text_of
+from llmb.api.errors import describe, text_of
+from llmb.records.files import as_record_value
 
 # No single device sold draws more on average (a GB200 superchip: about 2.7 kW): a plugin that claims a higher limit,
 # or none, is held to this one.

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from llmb.api.errors import text_of
 from llmb.records import RECORD_LIMIT, RecordError, codec
 from llmb.terminal.console import clean
 
@@ -138,15 +139,6 @@ def as_record_value(value: Any, text_limit: int = VALUE_TEXT_LIMIT, _depth: int 
             [f"... {len(items) - VALUE_ITEMS_LIMIT} more items"] if len(items) > len(kept) else []
         )
     return _capped(text_of(value), text_limit)
-
-
-def text_of(value: Any) -> str:
-    """str(value), where outside code's __str__ (or a structure too deep to print) lets it be read."""
-    try:
-        text = str(value)
-    except Exception:  # noqa: BLE001 - any failure of outside code
-        return f"<a {type(value).__name__} that could not be read>"
-    return text if isinstance(text, str) else f"<a {type(value).__name__}>"
 
 
 def _capped(text: str, limit: int) -> str:
