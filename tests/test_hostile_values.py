@@ -110,6 +110,8 @@ def test_an_exception_is_said_as_its_type_and_first_line():
     assert describe(ValueError("first\nforged: line")) == "ValueError: first"
     assert describe(RuntimeError()) == "RuntimeError"
     assert shown("a\nb") == "'a\\nb'" and shown(LONG).endswith("(10000 characters)")
+    # An int past Python's 4300-digit str() limit (a plugin's return, a parsed JSON number) is said, not raised.
+    assert "could not be read" in shown(10**5000) and shown(10**70).endswith("(71 characters)")
 
 
 def test_a_verify_row_says_an_unforeseen_failure_without_pythons_repr(tmp_path, monkeypatch):

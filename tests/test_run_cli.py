@@ -233,16 +233,22 @@ def stalled_in_bf16(tmp_path):
 
 def test_precision_all_saves_each_precision_before_the_next_runs(tmp_path):
     """A run stopped by a signal during BF16 (a job's time limit) has already kept FP32: each record is judged and
-    saved while the worker waits, not at the end of the whole run."""
+    saved while the worker waits, not at the end of the whole run. The run says in one line why it ended (SIGTERM
+    used to end it where it stood, exit 143 with nothing said) and its worker does not outlive it."""
     import signal
 
-    proc, out, _ = stalled_in_bf16(tmp_path)
+    proc, out, workers = stalled_in_bf16(tmp_path)
     try:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     finally:
         proc.kill()
-        proc.communicate()
+        _, stderr = proc.communicate()
+    assert proc.returncode == 143, stderr[-2000:]
+    assert stderr.decode().strip().splitlines()[-1] == "stopped by SIGTERM" and b"Traceback" not in stderr
+    for pid in workers:
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "State:\tZ" in status.read_text(), f"worker {pid} still running"
     (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
     assert record["precision"]["requested"] == "FP32" and record["tokens_per_second"] > 0
     assert record["evidence"]["replay"]["passed"] is True

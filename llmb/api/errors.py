@@ -3,6 +3,11 @@ in one line."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
 # The longest value a message repeats whole: no number, name or choice llmb takes is longer.
 LONGEST_SHOWN = 64
 
@@ -10,8 +15,9 @@ LONGEST_SHOWN = 64
 def shown(value: object) -> str:
     """A value from outside as a message repeats it: quoted (a string's repr, so a line break is \\n), whole where
     short, else its start and its length (a megabyte given as a batch size is not echoed back)."""
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= LONGEST_SHOWN else f"{text[:LONGEST_SHOWN]}... ({len(str(value))} characters)"
+    text = repr(value) if isinstance(value, str) else text_of(value)  # an int of 5,000 digits has no str()
+    length = len(value) if isinstance(value, str) else len(text)
+    return text if len(text) <= LONGEST_SHOWN else f"{text[:LONGEST_SHOWN]}... ({length} characters)"
 
 
 def text_of(value: object) -> str:
@@ -58,3 +64,27 @@ class PluginError(LlmbError):
     def __init__(self, backend: str, method: str, error: BaseException) -> None:
         self.backend, self.method, self.error = backend, method, error
         super().__init__(f"backend {backend!r} failed in {method}: {describe(error)}")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler's time limit, `kill`), raised where the process is, as Ctrl-C's KeyboardInterrupt is."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated in the main thread for the duration: the process unwinds instead of dying where it
+    stands, so every `finally` on the way out runs (a worker process is stopped, a file being written is removed, what
+    was finished stays) and the command can say in one line why it ended. Elsewhere than the main thread, where no
+    handler can be set, SIGTERM is left as it is."""
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

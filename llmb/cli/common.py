@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmb.api.errors import LlmbError, describe, first_line, message
+from llmb.api.errors import LlmbError, Terminated, describe, first_line, message, sigterm_raises
 from llmb.api.settings import env_flag
 from llmb.cli import click_types as bounds
 from llmb.spec import vocab as names
@@ -47,7 +47,8 @@ def handle_errors(func: Callable) -> Callable:
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            returned = func(*args, **kwargs)
+            with sigterm_raises():
+                returned = func(*args, **kwargs)
             sys.stdout.flush()  # here, not at exit: a reader that stopped (`| head`) is caught below, not printed
             return returned
         except BrokenPipeError:
@@ -62,6 +63,9 @@ def handle_errors(func: Callable) -> Callable:
                 traceback.print_exception(exc.__cause__)
             term.error(message(exc))
             sys.exit(exc.exit_code)
+        except Terminated:
+            term.say(("stopped by SIGTERM", "bold red"), stderr=True)
+            sys.exit(143)  # 128 + SIGTERM, as a shell reports a process the signal ended
         except KeyboardInterrupt:
             term.say(("interrupted", "bold red"), stderr=True)
             sys.exit(130)

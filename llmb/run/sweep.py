@@ -11,14 +11,13 @@ import contextlib
 import fcntl
 import os
 import shutil
-import signal
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from llmb.api.errors import LlmbError, UsageError, shown
+from llmb.api.errors import LlmbError, Terminated, UsageError, shown, sigterm_raises
 from llmb.api.settings import recorded
 from llmb.audit import precision
 from llmb.records import (
@@ -227,12 +226,12 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         return found
 
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_raises():  # SIGTERM stops the sweep as Ctrl-C does: the running trial is killed, the log kept
             for name in names:
                 summary["precisions"][name] = _sweep_precision(options, name, point, display)
                 write_json_atomic(options.out / SUMMARY_NAME, summary)
     except KeyboardInterrupt as exc:
-        code = 143 if isinstance(exc, _Terminated) else 130
+        code = 143 if isinstance(exc, Terminated) else 130
         where = f" at {current[0]} batch {current[1]}" if current[0] else ""
         raise Interrupted(
             f"sweep interrupted{where}; {len(log.trials)} finished points kept in {log.path} (continue with --resume)",
@@ -291,28 +290,6 @@ def _sweep_precision(options: SweepOptions, name: str, point, display: Display) 
 
 def _brief(trial: Trial) -> dict:
     return {k: v for k, v in trial.to_dict().items() if k not in ("precision", "phase") and v not in (None, "")}
-
-
-class _Terminated(KeyboardInterrupt):
-    pass
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM stops the sweep the way Ctrl-C does: the running trial is killed, the log is kept."""
-
-    def handler(signum, frame):
-        raise _Terminated()
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave SIGTERM alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def parse_batch_sizes(text: str) -> list[int] | None:
