@@ -24,6 +24,25 @@ from llmb.run import sweep, sweep_trials
 # Outside text as a plugin may send it: markup, an escape sequence, and a line that reads as llmb's own.
 HOSTILE = "x[/]y[bold red]z[/]\x1b[2J\nerror: forged line"
 
+# Settings whose declaration is unsound (found by probing, 2026-11-27: each passed until a run used it, then failed
+# with a TypeError naming neither the plugin nor its method, or was listed and could never be given).
+MALFORMED_SETTINGS = [
+    Setting(7, str, "a", "a name that is no str"),
+    Setting("", str, "a", "an empty name"),
+    Setting("a b=c", str, "a", "a name -O cannot give"),
+    Setting("m", "str", "a", "a type given as text"),
+    Setting("m", list, [], "a type -O cannot parse"),
+    Setting("m", str, "a", None),
+    Setting("m", str, "a", "h", "abc"),  # choices as one string: its letters
+    Setting("m", str, "a", "h", ()),
+    Setting("m", str, "a", "h", (object(),)),
+    Setting("m", int, "x", "a default of another type"),
+    Setting("m", int, True, "a bool is no int setting's value"),
+    Setting("m", float, math.inf, "a default no JSON holds"),
+    Setting("m", str, "z", "a default not among the choices", ("a", "b")),
+    Setting("m", str, "a", "h", secret="no"),
+]
+
 # (method, a value of the wrong type for it): the declarations every command reads.
 WRONG = [
     ("device_types", None),
@@ -45,6 +64,9 @@ WRONG = [
     ("available", math.nan),
     ("available", 1),
     ("available", "yes"),
+    # A list of Settings, each of which -O, `llmb plugins` or a record cannot use: every field is checked.
+    *[("settings", [declared]) for declared in MALFORMED_SETTINGS],
+    ("settings", [Setting("mode", str, "a", "h"), Setting("Mode", int, 1, "h")]),  # one name to -O (any case)
 ]
 # Where `llmb plugins --json` puts each method's answer.
 FIELD = {"available": "hardware_available"}
@@ -69,6 +91,16 @@ def test_a_declaration_of_the_wrong_type_is_the_plugins_error_naming_its_method(
     assert (info.value.backend, info.value.method) == ("wrong", method)
     assert str(info.value).startswith(f"backend 'wrong' failed in {method}: TypeError: returned ")
     assert "\n" not in str(info.value)
+
+
+def test_sound_settings_pass_the_check():
+    declared = [
+        Setting("compile", str, "none", "how", choices=("none", "default")),
+        Setting("ratio", float, 1, "an int is a float's value"),
+        Setting("threads", int, None, "no default: the plugin's own"),
+        Setting("xla.flag-2", bool, False, "dots and dashes"),
+    ]
+    assert call(answering("settings", declared).settings) == declared
 
 
 def test_the_check_knows_a_method_by_its_place_on_the_class_not_its_name():

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -64,6 +65,35 @@ class Setting:
     def hidden(self) -> bool:
         return self.secret or is_secret(self.name)
 
+    def problem(self) -> str | None:
+        """What makes this declaration one llmb cannot offer as -O, in one line (types and names, never the plugin's
+        help or values); None where it is sound. Every command reads a plugin's settings through this check
+        (llmb.registry.plugins.call), so a malformed one is the plugin's error naming its method, never a TypeError
+        deep in a run."""
+        if not isinstance(self.name, str) or not SETTING_NAME.fullmatch(self.name):
+            said = shown(self.name) if isinstance(self.name, str) else f"of type {type(self.name).__name__}"
+            return f"a setting's name is {said}, not one -O can give ({NAME_RULE})"
+        where = f"setting {self.name!r}"
+        if self.type not in SETTING_TYPES:
+            said = self.type.__name__ if isinstance(self.type, type) else f"a {type(self.type).__name__} value"
+            return f"{where} has type {said}, not one of the classes str, int, float or bool"
+        if not isinstance(self.help, str):
+            return f"{where} has help of type {type(self.help).__name__}, not str"
+        if not isinstance(self.secret, bool):
+            return f"{where} has secret of type {type(self.secret).__name__}, not bool"
+        if self.default is not None and not _of_type(self.default, self.type):
+            return f"{where} has a default of type {type(self.default).__name__}, not {self.type.__name__}"
+        if self.choices is None:
+            return None
+        if not isinstance(self.choices, (tuple, list)) or not self.choices:
+            return f"{where} has choices of type {type(self.choices).__name__}, not a non-empty tuple"
+        odd = [type(c).__name__ for c in self.choices if not _of_type(c, self.type)]
+        if odd:
+            return f"{where} has a choice of type {odd[0]}, not {self.type.__name__}"
+        if self.default is not None and self.default not in self.choices:
+            return f"{where} has a default that is not one of its choices"
+        return None
+
     def parse(self, raw: str) -> Any:
         if self.type is bool:
             return parse_bool(raw)
@@ -91,6 +121,36 @@ class Setting:
             "choices": list(self.choices) if self.choices else None,
             "secret": self.hidden,
         }
+
+
+# What a setting's name may be: what `-O name=value` can give, JSON and a table show as it is.
+SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+NAME_RULE = "a letter or _, then letters, digits, _, . or -, 64 at most"
+SETTING_TYPES = (str, int, float, bool)
+
+
+def _of_type(value: object, kind: type) -> bool:
+    """Whether a default or a choice is a value of the setting's type: bool is no int here (though Python's is), an
+    int is a float's value, and a float is a finite one (JSON holds no NaN)."""
+    if isinstance(value, bool) or kind is bool:
+        return isinstance(value, bool) and kind is bool
+    if kind is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def declaration_problem(declared: Iterable[Setting]) -> str | None:
+    """What is wrong with a backend's settings as a whole, in one line: the first setting's own problem, or two
+    names -O cannot tell apart (names match in any case); None where they are sound."""
+    seen: dict[str, str] = {}
+    for setting in declared:
+        problem = setting.problem()
+        if problem is not None:
+            return problem
+        if setting.name.lower() in seen:
+            return f"settings {seen[setting.name.lower()]!r} and {setting.name!r} have one name in -O (any case)"
+        seen[setting.name.lower()] = setting.name
+    return None
 
 
 def option(default: Any, help: str, *, choices: Iterable[Any] | None = None, secret: bool = False) -> Any:

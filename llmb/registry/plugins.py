@@ -25,7 +25,7 @@ from llmb.api import hookspecs
 from llmb.api.backend import Backend, overridden, public_methods
 from llmb.api.errors import LlmbError, PluginError, UsageError, message
 from llmb.api.errors import describe as one_line
-from llmb.api.settings import Setting, did_you_mean
+from llmb.api.settings import Setting, declaration_problem, did_you_mean
 from llmb.api.settings import resolve_settings as resolve
 from llmb.audit import vendor_libraries
 from llmb.registry import state as run_state
@@ -377,7 +377,12 @@ def _wrong_return(method: str, value: Any) -> str | None:
         return None
     members = [part for pair in value.items() for part in pair] if isinstance(value, dict) else list(value)
     odd = [type(member).__name__ for member in members if not isinstance(member, expected.member)]
-    return f"returned a {type(value).__name__} holding {odd[0]}, not {expected.said}" if odd else None
+    if odd:
+        return f"returned a {type(value).__name__} holding {odd[0]}, not {expected.said}"
+    if method == "settings":  # each declaration sound too: a name -O can give, a type and values llmb can parse
+        problem = declaration_problem(value)
+        return f"returned a setting llmb cannot offer: {problem}" if problem else None
+    return None
 
 
 def setup(backend: Backend, device: Any, precision: str, settings: Any) -> Any:
