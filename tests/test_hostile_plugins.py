@@ -254,14 +254,51 @@ def register_backends(register):
 """
 
 
-def test_a_plugin_printing_as_it_loads_leaves_plugins_json_parseable(tmp_path):
-    site = install_plugin(tmp_path, "chatty", CHATTY_PLUGIN)
+# The same from below Python: straight to file descriptor 1, and C's printf with no newline (held in C stdio's buffer,
+# which a pipe flushes only at exit: after llmb's JSON, where it broke the parse of its last line).
+CHATTY_C_PLUGIN = """
+import ctypes
+import os
+
+from llmb import Backend, hookimpl
+
+os.write(1, b"PRINTED to descriptor 1 as the module is imported\\n")
+
+
+class Chatty(Backend):
+    name = "chatty"
+
+    def available(self):
+        ctypes.CDLL(None).printf(b"PRINTED by C's printf, no newline")
+        return True
+
+
+@hookimpl
+def register_backends(register):
+    register(Chatty())
+"""
+
+
+@pytest.mark.parametrize("source", [CHATTY_PLUGIN, CHATTY_C_PLUGIN], ids=["python", "c"])
+def test_a_plugin_printing_as_it_loads_leaves_plugins_json_parseable(tmp_path, source):
+    site = install_plugin(tmp_path, "chatty", source)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
     command = [sys.executable, "-m", "llmb", "plugins", "--json"]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "chatty" in {b["name"] for b in json.loads(proc.stdout)}
-    assert "PRINTED as the module is imported" in proc.stderr and "PRINTED as it registers" in proc.stderr
+    printed = ["PRINTED as the module is imported", "PRINTED as it registers"] if source == CHATTY_PLUGIN else []
+    printed += ["PRINTED to descriptor 1", "PRINTED by C's printf"] if source == CHATTY_C_PLUGIN else []
+    assert all(line in proc.stderr for line in printed), proc.stderr[-2000:]
+
+
+def test_the_auto_selection_probe_answers_past_a_plugin_printing_from_c(tmp_path):
+    """The probe's answer is its last stdout line: a printf flushed at exit would have come after it."""
+    site = install_plugin(tmp_path, "chatty", CHATTY_C_PLUGIN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", plugins.PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert plugins._probe_answer(proc.stdout) is not None and "PRINTED" not in proc.stdout, proc.stdout[-2000:]
 
 
 def test_a_trial_llmb_run_refuses_is_a_refused_point():

@@ -7,12 +7,11 @@ it are imported inside the commands that train, so `llmb --help` and `llmb CMD -
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,15 +29,6 @@ if TYPE_CHECKING:  # annotations only: distributed imports torch
 
 console = term.out
 err_console = term.err
-
-
-@contextlib.contextmanager
-def plugin_prints_to_stderr() -> Iterator[None]:
-    """Around plugin code run in this process by a command whose stdout is data (`plugins --json`, `peak --json`):
-    what the plugin prints goes to stderr, so stdout carries llmb's output alone and a script's parse of it holds.
-    (Python's sys.stdout only: a C library writing to file descriptor 1 itself is not caught.)"""
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
 
 
 def handle_errors(func: Callable) -> Callable:

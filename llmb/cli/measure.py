@@ -21,11 +21,11 @@ from llmb.cli.common import (
     known_plugin,
     model_options,
     plugin_options,
-    plugin_prints_to_stderr,
 )
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
 from llmb.terminal.progress import Pace
+from llmb.terminal.streams import stdout_to_stderr
 
 
 @click.command(name="peak")
@@ -64,7 +64,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
     if out:
         check_out_file(out)  # before anything is measured: a refusal after it would lose the measurement
 
-    with plugin_prints_to_stderr():  # selecting the backend imports the plugin: its module's code runs
+    with stdout_to_stderr():  # selecting the backend imports the plugin: its module's code runs
         kind = roofline.device_for(plugin, device).type
     if "preset" not in given_on_command_line():  # a shape that suits the device: minutes, not hours, on a CPU
         preset = names.PEAK_DEVICE_PRESETS.get(kind, preset)
@@ -80,7 +80,7 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
         if not as_json:  # --json's output is the JSON alone, for a script
             term.say(f"{result.precision} measured ({pace.finished} of {total}){pace.left()}", stderr=True)
 
-    with plugin_prints_to_stderr():  # the measurement runs in this process, through the plugin's methods
+    with stdout_to_stderr():  # the measurement runs in this process, through the plugin's methods
         results = roofline.peak(
             plugin=plugin,
             device=device,

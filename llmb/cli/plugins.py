@@ -12,10 +12,11 @@ from rich.text import Text
 
 from llmb.api.settings import parse_options
 from llmb.cli import click_types as bounds
-from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options, plugin_prints_to_stderr
+from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options
 from llmb.spec import vocab as names
 from llmb.terminal import console as term
 from llmb.terminal.progress import Pace
+from llmb.terminal.streams import stdout_to_stderr
 
 
 @click.command(name="plugins")
@@ -26,7 +27,7 @@ def plugins_command(as_json: bool) -> None:
     libraries."""
     from llmb.registry import plugins  # lazy: loading the backends imports torch
 
-    with plugin_prints_to_stderr():  # every plugin is imported and asked: its prints must not mix into the JSON
+    with stdout_to_stderr():  # every plugin is imported and asked: its prints must not mix into the JSON
         described = [plugins.describe(r) for r in plugins.all_registrations().values()]
     for name, error in plugins.load_errors.items():
         term.warning(f"plugin {name!r} failed to load: {error}")

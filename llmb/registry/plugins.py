@@ -10,7 +10,6 @@ plugin from package metadata without importing any.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from llmb.registry import state as run_state
 from llmb.spec.version import __version__
 from llmb.spec.vocab import FIRST_PARTY_PLUGINS
 from llmb.terminal import console as term
+from llmb.terminal.streams import stdout_to_stderr
 
 GROUP = "llmb"
 BUILTIN = {"cpu": "llmb.default_plugins.cpu"}
@@ -269,7 +269,7 @@ PROBE = "from llmb.registry import plugins; plugins.probe()"
 def probe() -> None:
     """The throwaway process's work: its last stdout line is the choice and the plugins taken as without hardware,
     as JSON. What the plugins print goes to stderr, so no plugin's line can pass for the choice."""
-    with contextlib.redirect_stdout(sys.stderr):
+    with stdout_to_stderr():
         chosen, unanswered = _choose(all_registrations())
     print(json.dumps({"chosen": chosen, "unanswered": unanswered}))
 
