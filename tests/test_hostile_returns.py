@@ -79,8 +79,8 @@ def _run(register_backend, tmp_path: Path, returns: dict) -> tuple[Result, dict]
 
 WRONG = {
     "device_name": [BadStr(), None, 42, "   "],
-    "device_count": [math.nan, -5, "2", True, 10**400],
-    "peak_memory_bytes": [math.nan, -5, "abc", BadStr(), 2**70],
+    "device_count": [math.nan, -5, "2", True, 10**400, 10**5000],  # 5000 digits: past Python's str() of an int
+    "peak_memory_bytes": [math.nan, -5, "abc", BadStr(), 2**70, 10**5000],
     "run_facts": ["not an object", BadStr(), [1, 2]],
 }
 

@@ -24,8 +24,10 @@ MAX_BYTES = 2**63 - 1
 
 def _said(value: Any) -> str:
     """A returned value in a problem's line: its type, and the value itself where it is a short plain one."""
-    if isinstance(value, (bool, int, float)) or value is None:
-        return repr(value) if len(repr(value)) <= 40 else f"a {value.bit_length()}-bit integer"
+    if type(value) is int and value.bit_length() > 128:  # repr() of one past 4300 digits raises
+        return f"a {value.bit_length()}-bit integer"
+    if type(value) in (bool, int, float) or value is None:  # these types exactly: a subclass's repr is its own code
+        return repr(value)
     if isinstance(value, str):
         return f"text of {len(value)} characters" if len(value) > 40 else repr(as_record_value(value))
     return f"a {type(value).__name__}"
