@@ -64,6 +64,9 @@ class Returning(CpuBackend):
     def energy_counter(self, device):
         return self.returns.get("energy_counter", super().energy_counter(device))
 
+    def device_memory_bytes(self, device):
+        return self.returns.get("device_memory_bytes", super().device_memory_bytes(device))
+
 
 def _run(register_backend, tmp_path: Path, returns: dict) -> tuple[Result, dict]:
     register_backend(Returning(returns))
@@ -82,6 +85,7 @@ WRONG = {
     "device_count": [math.nan, -5, "2", True, 10**400, 10**5000],  # 5000 digits: past Python's str() of an int
     "peak_memory_bytes": [math.nan, -5, "abc", BadStr(), 2**70, 10**5000],
     "run_facts": ["not an object", BadStr(), [1, 2]],
+    "device_memory_bytes": [math.nan, -5, "abc", 10**5000],
 }
 
 
@@ -129,6 +133,15 @@ def test_an_energy_counter_that_barely_moves_gives_no_figure_and_an_invalid_run(
     assert data["energy"].get("tokens_per_joule") is None
     assert any(f"below the {energy.FLOOR_WATTS:.0f} W" in r for r in record.invalid_reasons), record.invalid_reasons
     assert data["energy"].get("limit_watts") is None  # "abc" is no limit, and no longer ends the run
+
+
+@pytest.mark.parametrize(
+    "offered", [10**5000, None, BadStr(), "no counter\non this board"], ids=lambda v: type(v).__name__
+)
+def test_an_energy_counter_that_is_neither_counter_nor_reason_keeps_the_run(register_backend, tmp_path, offered):
+    record, data = _run(register_backend, tmp_path, {"energy_counter": offered})
+    assert record.tokens_per_second > 0 and data["energy"].get("tokens_per_joule") is None
+    assert isinstance(data["energy"]["reason"], str) and "exploded" not in data["energy"]["reason"]
 
 
 def test_a_plausible_counter_still_gives_its_figure():

@@ -175,7 +175,8 @@ class Backend:
         return 1
 
     def device_memory_bytes(self, device: torch.device) -> int | None:
-        """The device's total memory in bytes, or None (the host CPU: its memory is the system's, not a device's)."""
+        """The device's total memory in bytes, or None (the host CPU: its memory is the system's, not a device's);
+        anything but an integer of 0 or more or None is recorded as unknown, and the run is invalid for it."""
         return None
 
     def peak_flops(self, device: torch.device, precision: str) -> Peak | None:

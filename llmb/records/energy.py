@@ -39,7 +39,7 @@ class Meter:
         except Exception as exc:  # a plugin's failure costs the run its energy figure, never the run
             offered = f"the backend's energy counter failed: {describe(exc)}"
         self.counter = offered if isinstance(offered, EnergyCounter) else None
-        self.reason = None if self.counter is not None else str(offered)
+        self.reason = None if self.counter is not None else _reason(offered)
 
     def read(self) -> float | None:
         """The counter in joules, or None (no counter, or it failed: the reason says so from then on)."""
@@ -60,6 +60,14 @@ class Meter:
             "scope": as_record_value(text_of(self.counter.scope), 200),
             "limit_watts": limit if math.isfinite(limit) and limit > 0 else None,
         }
+
+
+def _reason(offered: object) -> str:
+    """Why there is no counter, as the record keeps it: the backend's reason (text), or what it gave instead of
+    either (an int of 5,000 digits has no str(): it once ended the run here, its windows measured and lost)."""
+    if isinstance(offered, str):
+        return as_record_value(offered, 500)
+    return f"the backend's energy_counter returned a {type(offered).__name__}, not an EnergyCounter or a reason"
 
 
 def _number(value) -> float:

@@ -84,6 +84,7 @@ def build_record(
     returned = PluginReturns(plugin.name)  # a value of the wrong type is unknown, and the run invalid for it
     device_name = returned.name("device_name", call(backend.device_name, device))
     device_count = returned.count("device_count", call(backend.device_count, device))
+    device_memory = returned.byte_count("device_memory_bytes", call(backend.device_memory_bytes, device)) or None
     measured_peak = matmul.peak_flops if matmul else None
     peak = choose_peak(plugin.name, backend, device, device_name, effective, measured_peak)
     mfu = flops.mfu(tflops, peak.flops)
@@ -119,7 +120,7 @@ def build_record(
             spec=str(device),
             name=device_name,
             count=device_count,
-            memory_bytes=_memory_bytes(call(backend.device_memory_bytes, device)),
+            memory_bytes=device_memory,  # 0 says no more than None does
         ),
         software=records.Software(
             python=platform.python_version(), torch=torch.__version__, platform=platform.platform()
@@ -192,13 +193,6 @@ def choose_peak(
     if declared is None:
         return peaks.choose(device_name, effective)
     return peaks.choose(device_name, effective, declared.flops, declared.source, measured)
-
-
-def _memory_bytes(value) -> int | None:
-    """A backend's device memory as a positive int of bytes; anything else is unknown."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value
 
 
 def run_facts(backend, device, returned: PluginReturns | None = None) -> dict:
