@@ -142,6 +142,31 @@ def test_plugins_lists_every_backend_beside_one_whose_method_failed(register_bac
     assert "fine  (plugin fine" in text and f"failed in {method}" in text, text
 
 
+# What a run asks as it sets up (not `llmb plugins`): a wrong type was a TypeError or AttributeError naming neither the
+# backend nor the method (found by returning 10**5000, a list and a dict from every method, 2026-11-27).
+SETUP_WRONG = [
+    ("optimizer_options", 10**5000),
+    ("optimizer_options", [("fused", True)]),
+    ("precision_facts", "BF16"),
+    ("precision_facts", [("mylib.fast_math", True)]),
+    ("new_event", 10**5000),
+    ("new_event", {"record": None}),
+]
+
+
+@pytest.mark.parametrize("method, value", SETUP_WRONG, ids=lambda v: v if isinstance(v, str) else type(v).__name__)
+def test_a_run_refuses_a_wrong_setup_answer_in_one_line_naming_the_method(register_backend, tmp_path, method, value):
+    def answer(self, *args):
+        return value
+
+    register_backend(type("Answering", (CpuBackend,), {"name": "wrong", method: answer})())
+    result = invoke("run", *TINY_CPU, "--plugin", "wrong", "--out", tmp_path)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: backend 'wrong' failed in {method}: TypeError: returned ")
+    assert result.output.strip().splitlines()[-1] == errors[0] and "Traceback" not in result.output
+
+
 def test_a_run_refuses_a_declaration_of_the_wrong_type_in_one_line(register_backend, tmp_path):
     register_backend(answering("precisions", None))
     result = invoke("run", *TINY_CPU, "--plugin", "wrong", "--out", tmp_path)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pluggy
 
 from llmb.api import hookspecs
-from llmb.api.backend import Backend, overridden, public_methods
+from llmb.api.backend import Backend, PrecisionFact, overridden, public_methods
 from llmb.api.errors import LlmbError, PluginError, UsageError, message
 from llmb.api.errors import describe as one_line
 from llmb.api.settings import Setting, declaration_problem, did_you_mean
@@ -362,6 +362,9 @@ RETURNS: dict[str, _Returns] = {
     "settings": _Returns("a list of llmb.Setting", (list, tuple), Setting),
     "peak_sources": _Returns("a dict of str to str", (dict,), str),
     "available": _Returns("a bool", (bool,)),
+    # Read as the run is set up: a wrong type was a TypeError naming neither backend nor method.
+    "optimizer_options": _Returns("a dict of AdamW options", (dict, type(None))),
+    "precision_facts": _Returns("a list of llmb.PrecisionFact", (list, tuple), PrecisionFact),
 }
 
 

@@ -10,10 +10,12 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from llmb.api.backend import Backend
+from llmb.api.errors import PluginError
 from llmb.api.protocols import WindowJudge
 from llmb.audit import evidence
 from llmb.audit.precision import Recipe
@@ -123,7 +125,7 @@ class Trainer:
         # Bound once, before any clock runs: the backend's step_end, with this run's state where it names one.
         self.step_end = with_state(backend.step_end)
         # Asked once: a backend without device events is timed on the host with a sync after each step.
-        self.has_events = backend.new_event(device) is not None
+        self.has_events = _checked_event(backend, backend.new_event(device)) is not None
         self.energy = energy.Meter(backend, device)
         # In a multi-process run, every rank waits for all the others at both window edges.
         self.barrier = barrier or (lambda: None)
@@ -262,3 +264,15 @@ class Trainer:
 def median_measurement(measurements: list[Measurement]) -> Measurement:
     """The run whose throughput is the median one (the slower middle for an even count): the headline rule."""
     return measurements[median_index([1 / m.window_seconds for m in measurements])]
+
+
+EVENT_METHODS = ("record", "synchronize", "elapsed_time")
+
+
+def _checked_event(backend: Backend, event: Any) -> Any:
+    """The backend's first event, checked before any window: one without the methods the timer calls is the
+    plugin's error naming new_event (it was an AttributeError inside the first window, naming neither)."""
+    if event is not None and not all(callable(getattr(event, name, None)) for name in EVENT_METHODS):
+        said = TypeError(f"returned {type(event).__name__}, not an event with {', '.join(EVENT_METHODS)} methods")
+        raise PluginError(getattr(backend, "name", "?"), "new_event", said)
+    return event
