@@ -97,14 +97,21 @@ def sweep(
     from llmb.run import sweep as sweeps
     from llmb.spec.presets import build_config
 
-    if resume and not (out / sweeps.LOG_NAME).is_file():
+    # A search keeps one sweep per combination in a sub-folder: it resumes from the first combination's log.
+    searched = grid.parse_search(search_items, parse_options(options))
+    logged_in = (grid.logged_folder(out, searched) if searched else out) or out
+    if resume and not (logged_in / sweeps.LOG_NAME).is_file():
         # Nothing to continue: starting a sweep here would run whatever the defaults are (the official shape, every
         # precision) where the user meant to resume one.
+        what = "search (no combination's sweep log)" if searched else f"sweep (no {sweeps.LOG_NAME})"
         raise UsageError(
-            f"--resume: {out} holds no sweep to continue (no {sweeps.LOG_NAME}); leave out --resume to start one there"
+            f"--resume: {out} holds no {what} to continue; leave out --resume to start one there"
+            + ("" if searched else " (a search resumes with its --search options given again)")
         )
     if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
-        logged = sweep_log.logged_options(out, given=given_on_command_line())
+        logged = sweep_log.logged_options(logged_in, given=given_on_command_line())
+        if searched and "options" in logged:  # the combination's own values are the search's, not fixed settings
+            logged["options"] = tuple(o for o in logged["options"] if o.partition("=")[0] not in searched)
         plugin, device = logged.get("plugin", plugin), logged.get("device", device)
         mode, preset = logged.get("mode", mode), logged.get("preset", preset)
         steps, warmup_steps = logged.get("steps", steps), logged.get("warmup_steps", warmup_steps)
@@ -135,7 +142,7 @@ def sweep(
         trial_timeout=trial_timeout,
         resume=resume,
     )
-    searched = grid.parse_search(search_items, run_options.settings)
+    searched = grid.parse_search(search_items, run_options.settings)  # again: the log's -O settings may clash
     if searched:
         with sweep_display.LiveDisplay(err_console) as display:
             found = grid.search(sweep_options, searched, display)

@@ -57,6 +57,13 @@ def folder_name(combination: dict[str, str]) -> str:
     return ",".join(f"{key}={value}" for key, value in combination.items())
 
 
+def logged_folder(out: Path, grid: dict[str, list[str]]) -> Path | None:
+    """For --resume: the first combination's sub-folder of ``out`` that holds a sweep log (the search's own options
+    are in its header: a search keeps no log of its own), None where none does yet."""
+    folders = (out / folder_name(combo) for combo in combinations(grid))
+    return next((folder for folder in folders if (folder / sweeps.LOG_NAME).is_file()), None)
+
+
 def search(options, grid: dict[str, list[str]], display=None) -> dict:
     """One sweep per combination in its own sub-folder of options.out; the search summary written beside them."""
     out = Path(options.out)
@@ -71,6 +78,7 @@ def search(options, grid: dict[str, list[str]], display=None) -> dict:
         "combinations": [],
         "best": {},
     }
+    refusals: list[sweeps.FirstTrialRefused] = []
     for combo in combos:
         sub = replace(
             options, run=replace(options.run, settings={**options.run.settings, **combo}), out=out / folder_name(combo)
@@ -78,6 +86,11 @@ def search(options, grid: dict[str, list[str]], display=None) -> dict:
         entry = {"settings": combo, "folder": folder_name(combo)}
         try:
             result = sweeps.sweep(sub, display)
+        except sweeps.FirstTrialRefused as exc:
+            # A refusal of one combination's first trial is most likely its settings (a compile mode this device
+            # lacks): it ends that combination only, its one-line reason in the summary; --resume tries it again.
+            entry["error"], result = f"refused: {exc}", None
+            refusals.append(exc)
         except (sweeps.Interrupted, UsageError):
             raise
         except Exception as exc:  # one combination that cannot run (a compiler missing) does not stop the others
@@ -91,6 +104,10 @@ def search(options, grid: dict[str, list[str]], display=None) -> dict:
         summary["combinations"].append(entry)
         summary["best"] = best_by_precision(out, summary["combinations"])
         write_json_atomic(out / SEARCH_SUMMARY_NAME, summary)  # after every combination: nothing finished is lost
+    if len(refusals) == len(combos):
+        # Every combination refused before measuring anything: the request they share (the device, say) is the
+        # cause, and the search fails with the first one's reason, as a single sweep does.
+        raise refusals[0]
     return summary
 
 

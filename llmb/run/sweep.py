@@ -41,6 +41,7 @@ from llmb.run.sweep_options import (
     PLATEAU_GAIN,
     REFINE_POINTS,
     SUMMARY_NAME,
+    FirstTrialRefused,
     Interrupted,
     SweepOptions,
 )
@@ -216,7 +217,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
                 # The sweep's first trial refused, nothing measured yet: the request itself is the likelier cause
                 # (a device the sweep cannot check without taking it, e.g. --device cuda:7 on one GPU), so the
                 # sweep stops with the run's reason and loses nothing. A later refusal is that point's.
-                raise UsageError(
+                raise FirstTrialRefused(
                     f"{precision_name} batch {batch}: llmb run refused the sweep's first trial: {found.detail}"
                 )
             log.add(found)

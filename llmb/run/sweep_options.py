@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llmb.api.errors import LlmbError
+from llmb.api.errors import LlmbError, UsageError
 from llmb.records import (
     SWEEP_SUMMARY_NAME,
 )
@@ -36,6 +36,11 @@ class Interrupted(LlmbError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class FirstTrialRefused(UsageError):
+    """`llmb run` refused a sweep's first trial, nothing measured yet: the sweep's own request is the likelier cause.
+    A --search tells it apart from its other usage errors: it ends that combination's sweep only."""
 
 
 @dataclass
