@@ -365,6 +365,9 @@ RETURNS: dict[str, _Returns] = {
     # Read as the run is set up: a wrong type was a TypeError naming neither backend nor method.
     "optimizer_options": _Returns("a dict of AdamW options", (dict, type(None))),
     "precision_facts": _Returns("a list of llmb.PrecisionFact", (list, tuple), PrecisionFact),
+    # The process group's name, handed to torch.distributed (None: torch's default for the device): any other type
+    # once left as torch's "Backend constructor parameter must be string-ish", naming neither plugin nor method.
+    "distributed_backend": _Returns("a str or None", (str, type(None))),
 }
 
 

@@ -1,0 +1,45 @@
+"""Faults and hostile plugins in the commands earlier probes left out: commbench, hung plugins, files that change
+while a command reads them."""
+
+import os
+import subprocess
+import sys
+
+from conftest import install_plugin
+
+# A plugin whose process group is named by an object that is no str: handed to torch.distributed as it was.
+ODD_GROUP_PLUGIN = """
+from llmb import CpuBackend, hookimpl
+
+
+class OddGroup(CpuBackend):
+    name = "oddgroup"
+
+    def available(self):
+        return False
+
+    def distributed_backend(self, device):
+        return 7
+
+
+@hookimpl
+def register_backends(register):
+    register(OddGroup())
+"""
+
+
+def plugin_env(site) -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+
+
+def test_a_process_group_of_the_wrong_type_is_the_plugins_one_line_error(tmp_path):
+    """It was torch's "ValueError: Backend constructor parameter must be string-ish" from a rank, naming neither the
+    plugin nor its method."""
+    site = install_plugin(tmp_path, "oddgroup", ODD_GROUP_PLUGIN)
+    command = [sys.executable, "-m", "llmb", "commbench", "--plugin", "oddgroup", "--device", "cpu"]
+    command += ["--nproc-per-node", "2", "--sizes", "1K", "--iters", "1", "--warmup", "0"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=plugin_env(site), timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert "backend 'oddgroup' failed in distributed_backend" in line and "not a str or None" in line, line
