@@ -43,3 +43,19 @@ def test_a_process_group_of_the_wrong_type_is_the_plugins_one_line_error(tmp_pat
     assert "Traceback" not in proc.stderr
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert "backend 'oddgroup' failed in distributed_backend" in line and "not a str or None" in line, line
+
+
+def test_a_sweep_log_that_is_no_file_is_skipped_naming_it_once(tmp_path):
+    """A log replaced by a FIFO (or gone) while `llmb report` read its folder was skipped as "X: X: not a readable
+    sweep log (X: a FIFO, not a regular file)": the path three times in one line."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    os.mkfifo(sweep / "sweep.jsonl")
+    out = tmp_path / "report.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmb", "report", str(sweep), "--out", str(out)], capture_output=True, text=True
+    )
+    (line,) = [line for line in proc.stderr.splitlines() if "sweep.jsonl" in line]  # nothing else there: an error
+    assert line.count(str(sweep / "sweep.jsonl")) == 1, line
+    assert f"{sweep / 'sweep.jsonl'}: not a readable sweep log (a FIFO, not a regular file)" in line, line
+    assert "Traceback" not in proc.stderr

@@ -334,8 +334,8 @@ def read_sweep_log(path, limit: int = RECORD_LIMIT, skipped: list[str] | None = 
     try:
         # A FIFO or a giant file is refused, never waited on.
         text = record_files.read_regular(path, limit).decode("utf-8")
-    except ValueError as exc:  # not a plain file, too large, not UTF-8
-        raise RecordError(f"{path}: not a readable sweep log ({exc})") from None
+    except ValueError as exc:  # not a plain file, too large, not UTF-8 (IrregularFile names the file: the why kept)
+        raise RecordError(f"{path}: not a readable sweep log ({str(exc).removeprefix(f'{path}: ')})") from None
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
     header: dict = {}

@@ -135,8 +135,10 @@ def load(paths: list[Path]) -> Inputs:
                 if foreign:  # no llmb record, or a version this llmb does not read: named, never dropped unsaid
                     raise record_files.Unreadable(foreign)
                 record = record_files.parse(Result, data) if schema in RESULT_SCHEMAS else None
-            except ValueError as exc:  # Unreadable says why; RecordError: a log that is no sweep log
-                inputs.skipped.append(record_files.skipped_line(file, exc))
+            except ValueError as exc:  # Unreadable says why; RecordError (a log that is no sweep log) names its file
+                inputs.skipped.append(
+                    str(exc) if isinstance(exc, RecordError) else record_files.skipped_line(file, exc)
+                )
                 continue
             if record is not None:
                 if record.run_id in records:  # one run read twice (a copy): the first read is kept, the copy named
