@@ -7,6 +7,10 @@ import sys
 
 from conftest import install_plugin
 
+from llmb.judge import cleanroom
+from llmb.run import runner
+from llmb.spec.presets import PRESETS
+
 # A plugin whose process group is named by an object that is no str: handed to torch.distributed as it was.
 ODD_GROUP_PLUGIN = """
 from llmb import CpuBackend, hookimpl
@@ -59,3 +63,22 @@ def test_a_sweep_log_that_is_no_file_is_skipped_naming_it_once(tmp_path):
     assert line.count(str(sweep / "sweep.jsonl")) == 1, line
     assert f"{sweep / 'sweep.jsonl'}: not a readable sweep log (a FIFO, not a regular file)" in line, line
     assert "Traceback" not in proc.stderr
+
+
+def test_a_run_says_it_is_setting_up_before_the_plugins_setup_runs():
+    """The progress draws on events only: before the first warmup step it drew nothing, so a plugin hanging in its
+    setup or post-processing left a blank terminal until Ctrl-C (which still ends it: tests/test_run_cli.py)."""
+    seen: list[str] = []
+
+    class Phases:
+        def phase(self, name: str, total: int) -> None:
+            seen.append(name)
+
+        def advance(self) -> None: ...
+
+    options = runner.RunOptions(
+        config=PRESETS["tiny"], preset="tiny", plugin="cpu", device="cpu", precision="FP32", steps=2, warmup_steps=1
+    )
+    records, error = cleanroom.run_clean_keeping([options], progress=Phases())
+    assert error is None and len(records) == 1
+    assert seen[:2] == ["setup", "warmup"], seen

@@ -232,6 +232,9 @@ def _run(
     progress: RunProgress,
     judge: WindowJudge | None = None,
 ) -> Result:
+    # Shown before the plugin's setup and post-processing run: a plugin that hangs there leaves the user a line that
+    # says where the run is, not a blank terminal (the display draws on events only, never by a timer).
+    progress.phase("setup", 1)
     session = prepare(options, plugin, device, settings, judge)
     trainer, backend, invalid = session.trainer, session.backend, session.invalid
     # Every window starts from the initial weights and a fresh AdamW state, so it replays from the seed alone.
