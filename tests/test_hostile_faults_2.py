@@ -82,3 +82,36 @@ def test_a_run_says_it_is_setting_up_before_the_plugins_setup_runs():
     records, error = cleanroom.run_clean_keeping([options], progress=Phases())
     assert error is None and len(records) == 1
     assert seen[:2] == ["setup", "warmup"], seen
+
+
+# A plugin that claims a million devices: commbench's default process count is the plugin's device count.
+MANY_DEVICES_PLUGIN = """
+from llmb import CpuBackend, hookimpl
+
+
+class Many(CpuBackend):
+    name = "many"
+
+    def available(self):
+        return False
+
+    def device_count(self, device):
+        return 10**6
+
+
+@hookimpl
+def register_backends(register):
+    register(Many())
+"""
+
+
+def test_a_plugin_claiming_more_devices_than_a_node_runs_is_its_one_line_error(tmp_path):
+    """commbench once started a process per claimed device until the host ran out of file descriptors."""
+    site = install_plugin(tmp_path, "many", MANY_DEVICES_PLUGIN)
+    command = [sys.executable, "-m", "llmb", "commbench", "--plugin", "many", "--device", "cpu", "--sizes", "1K"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=plugin_env(site), timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        "error: backend 'many' failed in device_count: ValueError: returned 1000000, more than one node starts (at "
+        "most 4096); give --nproc-per-node"
+    ]

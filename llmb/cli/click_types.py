@@ -47,7 +47,7 @@ SEED = IntRange(0, names.SEED_MAX)
 SECONDS = FiniteFloatRange(0, 7 * 24 * 3600, min_open=True)
 SHARE = FiniteFloatRange(0, 1)  # a probability or a share of a run's wall time
 REPLAY_STEPS = IntRange(0, 10**6)  # 0: no replay (and no valid result)
-PROCESSES = IntRange(1, 4096)
+PROCESSES = IntRange(1, names.MAX_PROCESSES_PER_NODE)
 NODES = IntRange(1, 100_000)
 NODE_RANK = IntRange(0, 99_999)
 PORT = IntRange(1, 65_535)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from llmb.api.errors import LlmbError, UsageError
+from llmb.api.errors import LlmbError, PluginError, UsageError
 from llmb.distributed import job as distributed
 from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
 from llmb.registry import plugins
 from llmb.registry.plugins import call, resolve_settings, select_backend
 from llmb.run.device import check_device_present, parse_device
 from llmb.run.plugin_returns import PluginReturns
-from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS
+from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS, MAX_PROCESSES_PER_NODE
 from llmb.terminal import console as term
 
 # 1 KiB to 64 MiB by x16: latency-bound to bandwidth-bound (nccl-tests sweeps 8 B to 128 MiB by x2).
@@ -167,7 +167,18 @@ def default_nproc(options: CommOptions) -> int:
     backend = select_backend(options.plugin).backend
     types = list(call(backend.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
-    return max(2, PluginReturns(backend.name).count("device_count", call(backend.device_count, device)) or 1)
+    count = PluginReturns(backend.name).count("device_count", call(backend.device_count, device)) or 1
+    if count > MAX_PROCESSES_PER_NODE:
+        # Once taken as it was: 10**6 started processes until the host ran out of file descriptors ("error: Too many
+        # open files"), naming neither the plugin nor the option that sets the count.
+        raise PluginError(
+            backend.name,
+            "device_count",
+            ValueError(
+                f"returned {count}, more than one node starts (at most {MAX_PROCESSES_PER_NODE}); give --nproc-per-node"
+            ),
+        )
+    return max(2, count)
 
 
 def table(record: Commbench):

@@ -31,6 +31,9 @@ COMM_DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "in
 # How long a collective may wait for a peer before the group fails it: long enough for a slow first step (compile),
 # short enough that a rank lost without its process dying (a hung device, a lost node) fails the run, not hangs it.
 DEFAULT_TIMEOUT_SECONDS = 600
+# The most processes one node starts (--nproc-per-node's bound): a plugin's device count, taken as commbench's default,
+# is held to it too, so a plugin that claims a million devices cannot have llmb start a process for each.
+MAX_PROCESSES_PER_NODE = 4096
 # The largest seed a run takes: torch.manual_seed takes a 64-bit integer, and llmb's seeds are never negative.
 SEED_MAX = 2**63 - 1
 # Judged windows the clean room replays from the seed (llmb.audit.evidence).
