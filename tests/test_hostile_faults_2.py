@@ -4,10 +4,12 @@ while a command reads them."""
 import os
 import subprocess
 import sys
+import threading
 
 from conftest import install_plugin
 
 from llmb.judge import cleanroom
+from llmb.records import files as record_files
 from llmb.run import runner
 from llmb.spec.presets import PRESETS
 
@@ -115,3 +117,29 @@ def test_a_plugin_claiming_more_devices_than_a_node_runs_is_its_one_line_error(t
         "error: backend 'many' failed in device_count: ValueError: returned 1000000, more than one node starts (at "
         "most 4096); give --nproc-per-node"
     ]
+
+
+def test_a_folder_that_vanishes_while_a_reader_walks_is_passed_by(tmp_path):
+    """The readers' walk (records.files.under: llmb report, package-submission, features, reproduce) was Path.rglob,
+    which raised FileNotFoundError where a sub-folder went between its listing and its walk: package-submission ended
+    as "error: No such file or directory: <path>" while a sweep beside it tidied up. Here sub-folders come and go
+    while the folder is walked; every walk lists the results that stay, and none fails."""
+    for i in range(5):
+        (tmp_path / f"r{i}.json").write_text("{}")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for i in range(5):
+                (tmp_path / f"gone{i}.json").mkdir(exist_ok=True)
+            for i in range(5):
+                (tmp_path / f"gone{i}.json").rmdir()
+
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        walks = [record_files.under(tmp_path, "*.json") for _ in range(2000)]  # before: about one walk in seven failed
+    finally:
+        stop.set()
+        thread.join()
+    assert all(walk == [tmp_path / f"r{i}.json" for i in range(5)] for walk in walks)

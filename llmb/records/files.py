@@ -14,6 +14,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -219,13 +220,15 @@ def under(directory: Path, *patterns: str) -> list[Path]:
     of ``patterns`` but those on a hidden path, which hold a sweep's scratch (a trial in flight) and the temporary
     files of atomic writes. A folder named x.json is searched like any folder, not read; anything else found (a
     FIFO, a link to a folder, which is never followed) is for ``read_object`` to name."""
-    found = {p for pattern in patterns for p in Path(directory).rglob(pattern)}
-    return sorted(
-        f
-        for f in found
-        if not any(part.startswith(".") for part in f.relative_to(directory).parts)
-        and not (f.is_dir() and not f.is_symlink())
-    )
+    # os.walk, not Path.rglob: a sub-folder that vanishes or is replaced while the folder is walked (a sweep writing
+    # beside the reader, a user tidying up) is passed by, where rglob raised FileNotFoundError out of every reader.
+    # Neither follows a link to a folder; hidden folders are not entered (nothing under them is read).
+    found = []
+    for root, folders, names in os.walk(directory):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        links = [name for name in folders if (Path(root) / name).is_symlink()]  # a folder found is walked, not read
+        found += [Path(root) / name for name in links + names if any(fnmatchcase(name, p) for p in patterns)]
+    return sorted(f for f in found if not f.name.startswith("."))
 
 
 def skipped_line(path: Path | str, why: object) -> str:
