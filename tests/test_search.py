@@ -111,7 +111,8 @@ def test_resume_without_a_search_to_continue_is_one_line(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: --resume: ") and "no combination" in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: --resume: ") and "holds no search to continue" in line
 
 
 # A plugin that refuses its AdamW loop without the fused kernel: one searched value it cannot run.

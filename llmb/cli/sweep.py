@@ -103,9 +103,9 @@ def sweep(
     if resume and not (logged_in / sweeps.LOG_NAME).is_file():
         # Nothing to continue: starting a sweep here would run whatever the defaults are (the official shape, every
         # precision) where the user meant to resume one.
-        what = "search (no combination's sweep log)" if searched else f"sweep (no {sweeps.LOG_NAME})"
+        what = "search to continue in its combinations' folders" if searched else "sweep to continue"
         raise UsageError(
-            f"--resume: {out} holds no {what} to continue; leave out --resume to start one there"
+            f"--resume: {out} holds no {what} (no {sweeps.LOG_NAME}); leave out --resume to start one there"
             + ("" if searched else " (a search resumes with its --search options given again)")
         )
     if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
