@@ -129,10 +129,12 @@ class Judge:
                 self.windows[-1].answer = message[1] if isinstance(message[1], dict) else {}
         elif kind == "seal":
             # The digests of the window just closed; they come after its clock stopped, and only once.
+            arrived = time.perf_counter()  # how long after the close: work before the seal is no clock's
             window = self.windows[-1] if self.windows else None
             sealed = isinstance(message[1], dict) and window is not None and window.closed is not None
             if sealed and "digest_end" not in window.answer:
                 window.answer.update({k: message[1][k] for k in SEALED_KEYS if k in message[1]})
+                window.sealed = arrived
         elif kind == "setup":
             if self.preparation is not None:
                 self.preparation.setup(str(message[1]) if len(message) > 1 else "")

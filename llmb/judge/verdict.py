@@ -15,7 +15,7 @@ from llmb.spec import flops
 from llmb.spec import peak_table as peaks
 from llmb.spec.presets import official_reasons
 from llmb.spec.shape import ModelConfig
-from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW
+from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW, SEAL_SLACK_SECONDS, SEAL_STEPS
 
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
 # judge's. Slack for the two clock reads' own granularity.
@@ -38,10 +38,16 @@ class JudgedWindow:
     opened: float
     closed: float | None = None
     answer: dict = field(default_factory=dict)
+    # When its seal (the digests) arrived: work done between the close and the seal is work no clock timed.
+    sealed: float | None = None
 
     @property
     def seconds(self) -> float:
         return (self.closed or math.nan) - self.opened
+
+    @property
+    def seal_seconds(self) -> float:
+        return (self.sealed or math.nan) - (self.closed or math.nan)
 
 
 class AskedRuns:
@@ -218,6 +224,7 @@ def finish(
         )
     for index, window in enumerate(closed):
         invalid += nesting_problems(index, window)
+        invalid += seal_problems(index, window, int(record["steps"]))
     invalid += record_problems(record, closed)
     # What the sealed digests cover is the job's layout's to say (the judge's tp and pp), not the seal's: a seal that
     # called a one-process run's digests "rank 0's part" would have its whole-window replay skip them.
@@ -262,6 +269,7 @@ def finish(
             window_seconds=seconds[headline],
             repeat_window_seconds=seconds,
             clock="judge",
+            seal_seconds=[w.seal_seconds for w in closed] if all(w.sealed is not None for w in closed) else None,
         )
         record["timing"] = timing
         record.update(headline_figures(record, seconds[headline]))
@@ -377,6 +385,23 @@ def nesting_problems(index: int, window: JudgedWindow) -> list[str]:
             f"clock's {window.opened:.6f} to {window.closed:.6f} (its clock is not the host's)"
         ]
     return []
+
+
+def seal_problems(index: int, window: JudgedWindow, steps: int) -> list[str]:
+    """The seal must follow the close by no more than its digests and the last step's backward and update take
+    (SEAL_STEPS of the window's mean steps): the digests come after the judge's clock stopped, so a plugin that ran
+    the forwards in the window and the backwards and AdamW's updates before the seal would otherwise answer for work
+    no clock timed, its digests exact (tests/redteam/test_redteam_after_the_clock.py)."""
+    if window.sealed is None or window.closed is None or steps <= 0:
+        return []  # no seal: no digests, which the replay refuses on its own
+    allowed = SEAL_STEPS * window.seconds / steps + SEAL_SLACK_SECONDS
+    if window.seal_seconds <= allowed:
+        return []
+    return [
+        f"judge: window {index + 1}'s seal came {window.seal_seconds:.3f} s after its clock stopped, more than the "
+        f"{allowed:.3f} s its digests and last step may take ({SEAL_STEPS} of its {steps} steps' mean "
+        f"{window.seconds / steps:.3f} s, plus {SEAL_SLACK_SECONDS} s): work done after the clock is not the window's"
+    ]
 
 
 def record_problems(record: dict, closed: list[JudgedWindow]) -> list[str]:

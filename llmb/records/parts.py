@@ -164,6 +164,9 @@ class Timing(Typed):
     clock: str | None = None
     worker_window_seconds: float | None = None
     worker_repeat_window_seconds: list[float] | None = None
+    # Per window, the judge's seconds from its close to its seal (the digests), where every window was sealed:
+    # work done after the clock stopped shows there (llmb.judge.verdict.seal_problems bounds it).
+    seal_seconds: list[float] | None = None
     # The warmup steps, each between two syncs, and their cost beyond steady-state steps (tracing, compilation).
     warmup_step_seconds: list[float] = field(default_factory=list)
     compile_seconds: float | None = None

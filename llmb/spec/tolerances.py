@@ -133,6 +133,16 @@ def replay_tolerance_for(effective: str, mode: str, master_fp32: bool = False) -
 # plus the digest and the pipe: honest tiny-preset windows (0.06 s) measured 0.41-0.47 of the window in step times.
 MIN_STEP_SHARE_OF_WINDOW = 0.2
 
+# What may lie between a window's close and its seal (the digests, sent after the judge's clock stopped): the digests
+# themselves and the last step's backward and update, which a plugin may finish after the clock (docs/integrity.md,
+# section 2). The digests are float64 sums over every parameter and AdamW's first moments, measured on the 2-core
+# EPYC (loaded) at 0.04-0.1 s on the tiny preset (1-3.4 of its steps, the per-parameter calls' overhead) and 1.3-3.0 s
+# on the small one (1.8-3.1 of its steps, FP32 and pure BF16). A seal later than SEAL_STEPS of the window's mean
+# steps plus SEAL_SLACK_SECONDS (a loaded host's scheduling, the link, a job's gather of its digests) held work the
+# window claimed and the clock never saw.
+SEAL_STEPS = 4
+SEAL_SLACK_SECONDS = 0.5
+
 
 @dataclass(frozen=True)
 class SamePrecisionTolerance:
