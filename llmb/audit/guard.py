@@ -27,6 +27,7 @@ close (docs/integrity.md, "residual risks").
 
 from __future__ import annotations
 
+import collections
 import importlib
 import pkgutil
 import sys
@@ -319,3 +320,22 @@ def problems(when: str) -> list[str]:
     if _baseline is None:
         return [f"{when}: no identity baseline was captured before the plugins were imported"]
     return [f"identity {when}: {change}" for change in compare(_baseline)]
+
+
+def optimizer_problems(optimizer: object) -> list[str]:
+    """What was changed on the harness's optimizer instance, where the watch of its classes cannot see: a method set
+    on the instance shadows the class's (`optimizer.step = ...`: the harness's loop calls the instance's), a
+    replaced `state` mapping runs code on every read of AdamW's state (the moment digest's, after the clock), and a
+    step pre-hook of the instance changes the gradients AdamW receives. AdamW's post-hooks are the harness's (the
+    loop counts the real steps with one) and not judged here (tests/redteam/test_redteam_optimizer_instance.py)."""
+    found = []
+    members = {name for cls in type(optimizer).__mro__ for name in vars(cls)}
+    shadowed = sorted(name for name in vars(optimizer) if name in members)
+    if shadowed:
+        found.append(f"the optimizer instance replaces its class's {', '.join(shadowed)}")
+    state = vars(optimizer).get("state")
+    if type(state) is not collections.defaultdict:
+        found.append(f"the optimizer's state is a {type(state).__module__}.{type(state).__qualname__}, not torch's")
+    if vars(optimizer).get("_optimizer_step_pre_hooks"):
+        found.append("the optimizer instance has step pre-hooks")
+    return found

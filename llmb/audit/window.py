@@ -169,6 +169,8 @@ class WindowAudit:
             if stuck:
                 self.problems.append(f"window: {len(stuck)} parameters did not change (first: {stuck[0]})")
         self.problems += guard.problems("after the window")
+        # Again at the close: a plugin's hook may change the optimizer instance after post-processing was judged.
+        self.problems += [f"window: {p}" for p in guard.optimizer_problems(self.optimizer)]
 
     def dispatch(self) -> dict | None:
         return self.recorder.record.to_dict() if self.recorder is not None else None

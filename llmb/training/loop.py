@@ -17,7 +17,7 @@ import torch
 from llmb.api.backend import Backend
 from llmb.api.errors import PluginError
 from llmb.api.protocols import WindowJudge
-from llmb.audit import evidence
+from llmb.audit import evidence, guard
 from llmb.audit.precision import Recipe
 from llmb.records import energy, median_index
 from llmb.registry.state import with_state
@@ -52,6 +52,7 @@ def optimizer_problems(optimizer: torch.optim.Optimizer, model: torch.nn.Module)
     if type(optimizer) is not torch.optim.AdamW:
         problems.append(f"optimizer is {type(optimizer).__module__}.{type(optimizer).__qualname__}, not AdamW")
         return problems
+    problems += guard.optimizer_problems(optimizer)
     for index, group in enumerate(optimizer.param_groups):
         expected = dict(ADAMW_HYPERPARAMETERS, weight_decay=ADAMW_HYPERPARAMETERS["weight_decay"] if index == 0 else 0)
         for key, value in expected.items():
