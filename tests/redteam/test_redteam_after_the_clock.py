@@ -4,9 +4,11 @@ The digests of what a window trained reach the judge in a second message, the se
 (docs/integrity.md, section 2). This plugin runs only the forwards inside the window (their losses are the ones
 it answers with, computed without a graph), and every backward and AdamW update of the window in the moments
 between the close and the seal: it hooks the optimizer instance's `state`, which the moment digest reads after the
-clock. Its digests are then exactly the honest window's, and in pure BF16 (weights that barely move under lr 1e-5)
-its losses of unchanged weights stay inside the replay's tolerances: the whole-window replay passes. Stage: run;
-reason: "judge: window 1's seal came ... after its clock stopped" (llmb.judge.verdict.seal_problems)."""
+clock (a route llmb.audit.guard.optimizer_problems now names too; the seal's time catches the class whatever the
+route: a thread, a tensor subclass the digests read). Its digests are then exactly the honest window's, and in pure
+BF16 (weights that barely move under lr 1e-5) its losses of unchanged weights stay inside the replay's tolerances:
+the whole-window replay passes. Stage: run; reason: "judge: window 1's seal came ... after its clock stopped"
+(llmb.judge.verdict.seal_problems)."""
 
 from redteam_kit import install, reasons, run
 
