@@ -54,7 +54,12 @@ def headline_view(r: Result) -> Result:
     """A result as the headline rule and summary.md read it, without its bulk (evidence, per-step and per-rank
     figures, facts, host): what verify holds of every result at once to find the headlines."""
     timing = replace(
-        r.timing, step_seconds=[], repeat_window_seconds=[], worker_repeat_window_seconds=None, warmup_step_seconds=[]
+        r.timing,
+        step_seconds=[],
+        repeat_window_seconds=[],
+        worker_repeat_window_seconds=None,
+        seal_seconds=None,
+        warmup_step_seconds=[],
     )
     return replace(
         r,

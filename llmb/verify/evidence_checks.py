@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterable
 
 from llmb.spec.presets import PRESETS
+from llmb.spec.tolerances import SEAL_SLACK_SECONDS, SEAL_STEPS
 
 
 def _windows(record: dict) -> list[dict]:
@@ -46,6 +47,17 @@ def evidence_problems(record: dict) -> list[str]:
             problems.append(f"window {index + 1}: the worker's {worker!r} s exceeds the judge's {clean!r} s")
     timing = record.get("timing") or {}
     judged = [w.get("clean_window_seconds") for w in windows]
+    # The judge's seal times, where the record has them (older ones do not): held to the judge's own bound
+    # (llmb.judge.verdict.seal_problems), so a record whose reason was dropped does not verify.
+    seals = timing.get("seal_seconds") if isinstance(timing.get("seal_seconds"), list) else []
+    steps = record.get("steps")
+    for index, (seal, clean) in enumerate(zip(seals, judged, strict=False)):  # extra entries: no window
+        if _number(seal) and _number(clean) and isinstance(steps, int) and steps > 0:
+            allowed = SEAL_STEPS * clean / steps + SEAL_SLACK_SECONDS
+            if seal > allowed:
+                problems.append(
+                    f"window {index + 1}: its seal came {seal:.3f} s after its clock stopped (at most {allowed:.3f} s)"
+                )
     if timing.get("repeat_window_seconds") != judged:
         problems.append("the repeat windows are not the judged ones")
     headline = (record.get("evidence") or {}).get("headline_window")

@@ -75,3 +75,25 @@ def test_backward_and_updates_moved_after_the_clock_make_the_seal_late(tmp_path)
     assert reasons(record, "judge: window 1's seal came"), record["invalid_reasons"]
     seal = record["timing"]["seal_seconds"][0]
     assert seal > 2 * record["timing"]["window_seconds"] / STEPS, record["timing"]
+
+
+def test_a_bundle_whose_late_seal_lost_its_reason_does_not_verify():
+    """A forger who drops the judge's reason keeps a record whose own seal time breaks the bound: verify says so."""
+    from llmb.verify.evidence_checks import evidence_problems
+
+    losses = [10.33] * STEPS
+    record = {
+        "judge": {"clean_room": True},
+        "repeats": 1,
+        "steps": STEPS,
+        "loss": {"first": losses[0], "last": losses[-1]},
+        "timing": {"window_seconds": 0.6, "repeat_window_seconds": [0.6], "seal_seconds": [4.4]},
+        "evidence": {
+            "windows": [{"losses": losses, "clean_window_seconds": 0.6, "worker_window_seconds": 0.59}],
+            "headline_window": 0,
+            "replay": {"passed": True},
+        },
+    }
+    assert evidence_problems(record) == ["window 1: its seal came 4.400 s after its clock stopped (at most 0.800 s)"]
+    record["timing"]["seal_seconds"] = [0.1]
+    assert evidence_problems(record) == []
