@@ -140,7 +140,7 @@ def test_bad_plugin_fails_the_check_it_broke(plugin, broken, register_backend):
     assert "fingerprint" not in failed
     text = details(record)
     if plugin is ReplaceStep:
-        assert "replaced on the optimizer instance" in text["optimizer"]
+        assert "the optimizer instance replaces its class's step" in text["optimizer"]
         assert text["optimizer-steps"] == f"AdamW.step() ran 0 times for {STEPS} harness steps"
     if plugin is RaiseLearningRate:
         assert "optimizer lr is 0.001, fixed value is 1e-05" in text["optimizer"]
