@@ -330,7 +330,13 @@ def optimizer_problems(optimizer: object) -> list[str]:
     loop counts the real steps with one) and not judged here (tests/redteam/test_redteam_optimizer_instance.py)."""
     found = []
     members = {name for cls in type(optimizer).__mro__ for name in vars(cls)}
-    shadowed = sorted(name for name in vars(optimizer) if name in members)
+    # A known, intact vendor library may set them (IPEX's `ipex.optimize` binds its own step, zero_grad and
+    # load_state_dict to the instance for its BF16 master weights), as it may replace torch's functions.
+    shadowed = sorted(
+        name
+        for name, value in vars(optimizer).items()
+        if name in members and vendor_libraries.owner_of_object(getattr(value, "__func__", value)) is None
+    )
     if shadowed:
         found.append(f"the optimizer instance replaces its class's {', '.join(shadowed)}")
     state = vars(optimizer).get("state")
