@@ -111,6 +111,11 @@ def install_plugin(parent: Path, name: str, source: str, version: str = "0.1") -
     return site
 
 
+def plugin_env(site: Path) -> dict:
+    """The environment of a subprocess that finds the plugin `install_plugin` laid out in `site` before any other."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+
+
 def oomtest_env(site: Path) -> dict:
     paths = [str(site), str(TESTS), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 
-from conftest import install_plugin
+from conftest import install_plugin, plugin_env
 
 from llmb.judge import cleanroom
 from llmb.records import files as record_files
@@ -32,10 +32,6 @@ class OddGroup(CpuBackend):
 def register_backends(register):
     register(OddGroup())
 """
-
-
-def plugin_env(site) -> dict:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
 
 
 def test_a_process_group_of_the_wrong_type_is_the_plugins_one_line_error(tmp_path):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY, TINY_CPU, install_plugin, invoke
+from conftest import TINY, TINY_CPU, install_plugin, invoke, plugin_env
 
 from llmb import Backend, CpuBackend, Setting
 from llmb.api.errors import PluginError, UsageError
@@ -307,7 +307,7 @@ def register_backends(register):
 @pytest.mark.parametrize("source", [CHATTY_PLUGIN, CHATTY_C_PLUGIN], ids=["python", "c"])
 def test_a_plugin_printing_as_it_loads_leaves_plugins_json_parseable(tmp_path, source):
     site = install_plugin(tmp_path, "chatty", source)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    env = plugin_env(site)
     command = [sys.executable, "-m", "llmb", "plugins", "--json"]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -320,7 +320,7 @@ def test_a_plugin_printing_as_it_loads_leaves_plugins_json_parseable(tmp_path, s
 def test_the_auto_selection_probe_answers_past_a_plugin_printing_from_c(tmp_path):
     """The probe's answer is its last stdout line: a printf flushed at exit would have come after it."""
     site = install_plugin(tmp_path, "chatty", CHATTY_C_PLUGIN)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    env = plugin_env(site)
     proc = subprocess.run([sys.executable, "-c", plugins.PROBE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert plugins._probe_answer(proc.stdout) is not None and "PRINTED" not in proc.stdout, proc.stdout[-2000:]
@@ -363,7 +363,7 @@ def picky_sweep(tmp_path, batch_sizes: str, *extra: str) -> subprocess.Completed
     site = tmp_path / "site-picky"
     if not site.exists():
         install_plugin(tmp_path, "picky", PICKY_PLUGIN)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    env = plugin_env(site)
     command = [sys.executable, "-m", "llmb", "sweep", "--plugin", "picky", "--device", "cpu", *TINY]
     command += ["--precision", "FP32", "--batch-sizes", batch_sizes, "--repeats", "0", "--out", str(tmp_path / "out")]
     return subprocess.run([*command, *extra], capture_output=True, text=True, env=env, timeout=600)

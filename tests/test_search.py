@@ -1,14 +1,13 @@
 """llmb sweep --search: the batch-size sweep over every combination of the searched plugin settings."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import TINY_SWEEP, install_plugin
+from conftest import TINY_SWEEP, install_plugin, plugin_env
 
 from llmb.api.errors import UsageError
 from llmb.run import grid
@@ -142,7 +141,7 @@ def choosy_search(tmp_path, values: str) -> subprocess.CompletedProcess:
     site = tmp_path / "site-choosy"
     if not site.exists():
         install_plugin(tmp_path, "choosy", CHOOSY_PLUGIN)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    env = plugin_env(site)
     command = search_command(tmp_path / "out", "--search", f"fused_adamw={values}")
     command[command.index("cpu", command.index("--plugin"))] = "choosy"
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
