@@ -15,7 +15,7 @@ from llmb.spec import flops
 from llmb.spec import peak_table as peaks
 from llmb.spec.presets import official_reasons
 from llmb.spec.shape import ModelConfig
-from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW, SEAL_SLACK_SECONDS, SEAL_STEPS
+from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW, SEAL_SLACK_SECONDS, SEAL_STEPS, seal_allowance
 
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
 # judge's. Slack for the two clock reads' own granularity.
@@ -394,7 +394,7 @@ def seal_problems(index: int, window: JudgedWindow, steps: int) -> list[str]:
     no clock timed, its digests exact (tests/redteam/test_redteam_after_the_clock.py)."""
     if window.sealed is None or window.closed is None or steps <= 0:
         return []  # no seal: no digests, which the replay refuses on its own
-    allowed = SEAL_STEPS * window.seconds / steps + SEAL_SLACK_SECONDS
+    allowed = seal_allowance(window.seconds, steps)
     if window.seal_seconds <= allowed:
         return []
     return [

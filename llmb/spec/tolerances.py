@@ -144,6 +144,12 @@ SEAL_STEPS = 4
 SEAL_SLACK_SECONDS = 0.5
 
 
+def seal_allowance(window_seconds: float, steps: int) -> float:
+    """The seconds a window's seal may follow its close: SEAL_STEPS of its mean steps plus SEAL_SLACK_SECONDS (the
+    judge's bound, and verify's on a record)."""
+    return SEAL_STEPS * window_seconds / steps + SEAL_SLACK_SECONDS
+
+
 @dataclass(frozen=True)
 class SamePrecisionTolerance:
     """Largest relative errors of a pure 16-bit window against the judge's replay in the same 16-bit format."""

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable
 
 from llmb.spec.presets import PRESETS
-from llmb.spec.tolerances import SEAL_SLACK_SECONDS, SEAL_STEPS
+from llmb.spec.tolerances import seal_allowance
 
 
 def _windows(record: dict) -> list[dict]:
@@ -53,7 +53,7 @@ def evidence_problems(record: dict) -> list[str]:
     steps = record.get("steps")
     for index, (seal, clean) in enumerate(zip(seals, judged, strict=False)):  # extra entries: no window
         if _number(seal) and _number(clean) and isinstance(steps, int) and steps > 0:
-            allowed = SEAL_STEPS * clean / steps + SEAL_SLACK_SECONDS
+            allowed = seal_allowance(clean, steps)
             if seal > allowed:
                 problems.append(
                     f"window {index + 1}: its seal came {seal:.3f} s after its clock stopped (at most {allowed:.3f} s)"
