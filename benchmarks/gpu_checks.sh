@@ -13,6 +13,9 @@
 #      window (one run in four): 24.5 s of 65.3, 7.5 s of it the model onto the GPU.
 #   3. amp 8 FP16 and 4. compiled 8 TF32, each with --replay-whole 1: the FP16-AMP and TF32 drift rows (3e-4 and
 #      2e-4 per nat) over a long fall, only ever measured over 3 steps.
+#   5. compiled 8 BF16 (pure) with --replay-whole 1: the moments' projection onto the judge's random directions
+#      (`same-precision-moment-directions` among the replay's checks, tolerance 0.1; CPU: 0.0027-0.0059 compiled,
+#      RESULTS.md section 33), never measured on a GPU. Every record also says its seal's delay, timing.seal_seconds.
 # Wheels first (no network on the GPU host), on the machine that has it:
 #   pip wheel -q --no-deps --no-build-isolation -w .whl . plugins/cuda
 #   pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -48,4 +51,5 @@ point compiled 8 200 1 FP16
 point amp 64 280 0
 point amp 8 150 1 FP16
 point compiled 8 150 1 TF32
+point compiled 8 150 1 BF16
 snap; echo "total $(el)s"

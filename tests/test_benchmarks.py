@@ -372,3 +372,25 @@ def test_digest_columns_splits_a_digests_error_by_column_and_skips_what_is_no_re
     result = CliRunner().invoke(digest_columns.main, [str(garbage)])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "skipped:" in result.output and "no pure 16-bit whole window" in result.output
+
+
+def test_moment_directions_reads_stale_gradients_by_their_directions_not_their_size(monkeypatch):
+    """benchmarks/moment_directions.py: the eager twin replays at 0 on every statistic; the stale arm's moments, as
+    large as the honest ones, part further in their projection onto random directions than the honest compiled
+    arm's would (tiny preset, BF16, 4 steps; the compiled arm is left to the script: Inductor's compile is slow)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import moment_directions
+
+    from llmb.spec.presets import PRESETS
+
+    reference = moment_directions.train(PRESETS["tiny"], torch.bfloat16, "eager", 1, 4)
+    twin = moment_directions.errors(
+        moment_directions.train(PRESETS["tiny"], torch.bfloat16, "eager", 1, 4), reference, 5
+    )
+    stale = moment_directions.errors(
+        moment_directions.train(PRESETS["tiny"], torch.bfloat16, "stale", 1, 4), reference, 5
+    )
+    assert twin == {"squares": 0.0, "whole": 0.0, "directions": 0.0}
+    assert stale["directions"] > 0 and stale["whole"] > 0
+    # The projection estimates the whole tensors' error (within a factor of a few, four directions per parameter).
+    assert stale["whole"] / 4 < stale["directions"] < 4 * stale["whole"], stale

@@ -104,6 +104,79 @@ def test_a_record_made_before_the_moments_were_sealed_still_replays():
     assert replayed["passed"] and "replay-moments" not in [c["name"] for c in replayed["checks"]]
 
 
+def test_a_window_that_leaves_out_its_moments_projection_fails_where_its_judge_handed_a_key():
+    """The seal's key is the judge's, handed over after the clock (the record keeps it); a BF16 window sealed without
+    the projection onto its directions fails the whole-window replay, as one whose projection is another's."""
+    record = runner.run(
+        runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=3, warmup_steps=1,
+                          precision="BF16")
+    ).to_dict()  # fmt: skip
+    window = record["evidence"]["windows"][record["evidence"]["headline_window"]]
+    assert isinstance(window["seal_key"], int) and len(window["moments_projection"]) == len(window["moments_end"])
+    honest = {c["name"]: c for c in replay.replay_record(record, steps=3)["checks"]}
+    assert honest["same-precision-moment-directions"]["passed"], honest["same-precision-moment-directions"]
+    for forged in ([], [[-x for x in row] for row in window["moments_projection"]]):
+        window["moments_projection"] = forged
+        checks = {c["name"]: c for c in replay.replay_record(record, steps=3)["checks"]}
+        assert not checks["same-precision-moment-directions"]["passed"], forged[:1]
+    del window["seal_key"], window["moments_projection"]  # a record made before the key: nothing to compare
+    checks = {c["name"] for c in replay.replay_record(record, steps=3)["checks"]}
+    assert "same-precision-moment-directions" not in checks and "same-precision-moments" in checks
+
+
+class _Mesh:
+    """A device mesh's coordinate and sizes, as a DTensor's device_mesh answers them (no process group here)."""
+
+    def __init__(self, coordinate, sizes):
+        self.coordinate, self.sizes = coordinate, sizes
+
+    def get_coordinate(self):
+        return self.coordinate
+
+    def size(self, dim):
+        return self.sizes[dim]
+
+
+class _Shard:
+    """One rank's rows of a row-sharded tensor, with the DTensor attributes llmb.audit.evidence.project reads."""
+
+    def __init__(self, full, local, placements, mesh):
+        self.full, self.local, self.placements, self.device_mesh = full, local, placements, mesh
+        self.shape = full.shape
+
+    def dim(self):
+        return self.full.dim()
+
+    def numel(self):
+        return self.full.numel()
+
+    def detach(self):
+        return self
+
+    def to_local(self):
+        return self.local
+
+
+@pytest.mark.parametrize("shards, replicas", [(3, 1), (2, 2), (4, 1)])
+def test_a_row_sharded_tensors_projection_is_the_sum_of_its_shards(shards, replicas):
+    """FSDP2 shards by rows as torch.chunk does; each rank projects its own rows onto the same directions, and the
+    job's projection (summed over ranks, divided by HSDP's replicas) is the whole tensor's. A wrong row offset moves it
+    by O(1)."""
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    full = torch.randn(10, 3, 2)
+    whole = evidence.project(full, key=7, index=2)
+    total = torch.zeros_like(whole)
+    for replica in range(replicas):
+        for rank, local in enumerate(torch.chunk(full, shards)):
+            placements, mesh = (Shard(0),), _Mesh([rank], [shards])
+            if replicas > 1:
+                placements, mesh = (Replicate(), Shard(0)), _Mesh([replica, rank], [replicas, shards])
+            total += evidence.project(_Shard(full, local, placements, mesh), key=7, index=2)
+    torch.testing.assert_close(total / replicas, whole, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(evidence.project(full, key=8, index=2), whole)  # the key draws the directions
+
+
 @pytest.mark.parametrize("precision, steps", [("BF16", 60), ("FP16", 40)])
 def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_at_any_window_length(precision, steps):
     """The honest twin of the red team's step-skipping attacks on pure 16-bit runs. Its weights keep only part of

@@ -82,6 +82,88 @@ def digest(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.stack(rows)
 
 
+# How many random directions each parameter's AdamW first moments are projected onto (moment_projection).
+MOMENT_PROJECTIONS = 4
+
+
+@torch.no_grad()
+def moment_projection(parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, key: int) -> torch.Tensor:
+    """AdamW's first moments (exp_avg) projected onto MOMENT_PROJECTIONS random directions per parameter, drawn from
+    `key`, which the judge hands over only once the window's clock has stopped: one [n, MOMENT_PROJECTIONS] float64
+    tensor (empty before the first step).
+
+    What the sums of squares cannot see: moments of the right size pointing elsewhere. A window that reused step 1's
+    gradients for every later step keeps moments as large as the honest ones, and on some batches its squares part
+    by less than their tolerance; its moments' directions part by 0.34-0.60 where an honest compiled window's part by
+    0.005 (benchmarks/RESULTS.md section 33). Each direction is rank one, u v^T (u over the parameter's rows, v over
+    the rest), so a projection costs one pass over the moments and vectors of its rows' and columns' size, and adds
+    over the row shards of a sharded model as the digest's columns do. The key comes after the clock: a plugin
+    cannot shape its moments to directions it does not know."""
+    moments = [optimizer.state.get(p, {}).get("exp_avg") for p in parameters]
+    if not moments or any(not isinstance(m, torch.Tensor) for m in moments):
+        return torch.zeros(0, MOMENT_PROJECTIONS, dtype=torch.float64)
+    return torch.stack([project(m, key, index) for index, m in enumerate(moments)])
+
+
+@torch.no_grad()
+def moment_seal(
+    parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, key: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """moment_digest and moment_projection in one pass over the moments, each widened to float32 once: what the
+    worker seals after the clock, where every pass over the model's size is a cost the seal's bound must hold."""
+    moments = [optimizer.state.get(p, {}).get("exp_avg") for p in parameters]
+    if not moments or any(not isinstance(m, torch.Tensor) for m in moments):
+        return torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, MOMENT_PROJECTIONS, dtype=torch.float64)
+    digests, projections = [], []
+    for index, moment in enumerate(moments):
+        local = _local(moment.detach())
+        wide = local.float()
+        digests.append(torch.stack([local.sum(dtype=torch.float64), wide.square().sum(dtype=torch.float64)]))
+        projections.append(project(moment, key, index, wide))
+    return torch.stack(digests), torch.stack(projections)
+
+
+def project(tensor: torch.Tensor, key: int, index: int, wide: torch.Tensor | None = None) -> torch.Tensor:
+    """Parameter `index`'s projection onto its MOMENT_PROJECTIONS directions drawn from `key`: this rank's rows'
+    part of it where the tensor is sharded by rows (summed over the ranks, the whole tensor's). `wide`: this rank's
+    part already in float32, where the caller has it."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    columns = tensor.numel() // rows if rows else 0
+    u, v = projection_vectors(key, index, rows, columns)
+    # One float32 temporary of the tensor's size at most, as the digest's.
+    local = wide if wide is not None else _local(tensor.detach()).float()
+    local = local.reshape(local.shape[0] if local.dim() else 1, columns)
+    offset = row_offset(tensor)
+    u = u[offset : offset + local.shape[0]].to(local.device)
+    return ((local @ v.to(local.device)) * u).sum(0, dtype=torch.float64)
+
+
+def projection_vectors(key: int, index: int, rows: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rank-one directions of parameter `index` under `key`, from a seeded CPU generator (the same on every
+    device and every machine): u [rows, k] and v [columns, k], standard normal."""
+    name = f"llmb-moment-projection:{int(key)}:{int(index)}".encode()
+    generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(name).digest()[:8], "big") >> 1)
+    u = torch.randn(rows, MOMENT_PROJECTIONS, generator=generator)
+    v = torch.randn(columns, MOMENT_PROJECTIONS, generator=generator)
+    return u, v
+
+
+def row_offset(tensor: torch.Tensor) -> int:
+    """The first global row of this rank's shard of a tensor sharded by rows (FSDP2's Shard(0), torch.chunk's
+    split: every shard but the last ceil(rows / shards) rows); 0 for a plain or replicated tensor."""
+    placements, mesh = getattr(tensor, "placements", None), getattr(tensor, "device_mesh", None)
+    coordinate = mesh.get_coordinate() if mesh is not None and placements else None
+    if not coordinate:
+        return 0
+    offset, rows = 0, tensor.shape[0]
+    for dim, placement in enumerate(placements):
+        if placement.is_shard() and getattr(placement, "dim", None) == 0:
+            chunk = -(-rows // mesh.size(dim))
+            start = min(coordinate[dim] * chunk, rows)
+            offset, rows = offset + start, min(chunk, rows - start)
+    return offset
+
+
 def as_list(value: torch.Tensor) -> list[list[float]]:
     return [[float(x) for x in row] for row in value.detach().cpu().tolist()]
 
@@ -130,6 +212,9 @@ class Window:
     digest_end: list[list[float]]
     worker_seconds: float
     moments_end: list[list[float]] = field(default_factory=list)
+    # The judge's key of the moments' projection, handed over after the clock stopped, and the projection.
+    seal_key: int | None = None
+    moments_projection: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -140,6 +225,8 @@ class Window:
             "digest_start": self.digest_start,
             "digest_end": self.digest_end,
             "moments_end": self.moments_end,
+            "seal_key": self.seal_key,
+            "moments_projection": self.moments_projection,
         }
 
 

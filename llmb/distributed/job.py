@@ -470,27 +470,37 @@ class JobJudge:
         dist.broadcast_object_list(box, src=0)
         return int(box[0])
 
-    def close(self, answer: dict) -> None:
+    def close(self, answer: dict) -> int:
+        """The job's answer through rank 0; every rank gets the judge's seal key back."""
         parts = [None] * self.world.world_size
         dist.all_gather_object(parts, answer["losses"])
-        if self.world.rank != 0:
-            return
-        losses = [sum(part[k] for part in parts) / len(parts) for k in range(len(answer["losses"]))]
-        self.inner.close({**answer, "losses": losses})
+        box = [None]
+        if self.world.rank == 0:
+            losses = [sum(part[k] for part in parts) / len(parts) for k in range(len(answer["losses"]))]
+            box[0] = self.inner.close({**answer, "losses": losses})
+        dist.broadcast_object_list(box, src=0)
+        return int(box[0])
 
     def seal(self, evidence: dict) -> None:
         """The digests after the clock stopped: summed over the shards of a sharded model."""
         parts = [None] * self.world.world_size
-        digests = (evidence["digest_start"], evidence["digest_end"], evidence.get("moments_end") or [])
+        digests = (
+            evidence["digest_start"],
+            evidence["digest_end"],
+            evidence.get("moments_end") or [],
+            evidence.get("moments_projection") or [],
+        )
         dist.all_gather_object(parts, digests)
         if self.world.rank != 0:
             return
         if self.sharded:
-            start, end, moments = (_summed([p[k] for p in parts], self.replicas) for k in range(3))
+            # Each rank projects its own rows (llmb.audit.evidence.project): the projection adds over shards too.
+            start, end, moments, projection = (_summed([p[k] for p in parts], self.replicas) for k in range(4))
         else:
-            start, end, moments = digests
+            start, end, moments, projection = digests
         scope = PARTIAL_SCOPE if self.partial else MODEL_SCOPE
-        self.inner.seal({"digest_start": start, "digest_end": end, "moments_end": moments, "digest_scope": scope})
+        self.inner.seal({"digest_start": start, "digest_end": end, "moments_end": moments,
+                         "moments_projection": projection, "digest_scope": scope})  # fmt: skip
 
 
 def _summed(parts: list, replicas: int) -> list[list[float]]:

@@ -47,7 +47,7 @@ from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed
 from llmb.toolkit import host_memory
 
 # What a window's seal may add to its answer: the digests at its two edges, and what they cover (a job's).
-SEALED_KEYS = ("digest_start", "digest_end", "moments_end", "digest_scope")
+SEALED_KEYS = ("digest_start", "digest_end", "moments_end", "moments_projection", "digest_scope")
 # The worker side, named and imported only in the worker's own process: this one imports no plugin, and nothing
 # that runs one.
 WORKER_MODULE = "llmb.run.clean_worker"
@@ -124,9 +124,13 @@ class Judge:
             connection.send(("challenge", challenge))
         elif kind == "close":
             closed = time.perf_counter()
+            # The seal's key exists only once the clock has stopped: the directions of the moments' projection.
+            key = secrets.randbits(evidence.CHALLENGE_BITS)
             if self.windows and self.windows[-1].closed is None:
                 self.windows[-1].closed = closed
                 self.windows[-1].answer = message[1] if isinstance(message[1], dict) else {}
+                self.windows[-1].seal_key = key
+            connection.send(("seal_key", key))
         elif kind == "seal":
             # The digests of the window just closed; they come after its clock stopped, and only once.
             arrived = time.perf_counter()  # how long after the close: work before the seal is no clock's

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from llmb.audit.evidence import as_list, digest, digest_scope, global_batch, moment_digest
+from llmb.audit.evidence import as_list, digest, digest_scope, global_batch, moment_digest, moment_seal
 from llmb.audit.precision import apply_backend_recipe
 from llmb.judge.initial import InitialModels, synchronize
 from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, importable from the replay as before)
@@ -123,6 +123,7 @@ def replay(
     keep_initial: bool = False,
     budget_seconds: float | None = None,
     matmuls: str = "FP32",
+    seal_key: int | None = None,
 ) -> Replayed:
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
@@ -135,7 +136,8 @@ def replay(
     (affordable, from the steps it has timed), up to the whole window. `initial`: the judge's
     prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial` (another replay takes
     it after this one). `matmuls`: the FP32 matmuls' format on an accelerator, "FP32" (IEEE) or "TF32"
-    (reference_matmuls); the CPU's are IEEE."""
+    (reference_matmuls); the CPU's are IEEE. `seal_key`: the window's, for AdamW's moments projected onto its
+    directions after a whole window (moment_projection)."""
     device = device or torch.device("cpu")
     start = time.perf_counter()
     with _reference(device, matmuls) as ran:
@@ -174,10 +176,14 @@ def replay(
                 break
         whole = len(recorded) == window_steps
         end = as_list(digest(model.parameters())) if whole else None
-        moments = as_list(moment_digest(list(model.parameters()), optimizer)) if whole else None
+        moments = projection = None
+        if whole and seal_key is not None:  # as the worker sealed them (moment_seal)
+            moments, projection = (as_list(t) for t in moment_seal(list(model.parameters()), optimizer, seal_key))
+        elif whole:  # a record made before the judge handed over a key
+            moments = as_list(moment_digest(list(model.parameters()), optimizer))
         seconds = time.perf_counter() - start
         return Replayed(recorded, as_list(initial_digest), end, seconds, _peak_rss(), moments, str(device), built,
-                        prebuilt, initialised, ran, placement)  # fmt: skip
+                        prebuilt, initialised, ran, placement, projection)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -293,6 +299,7 @@ def replay_record(
         batch_size=rows,
         world_size=data_ranks,
         challenge=int(chosen["challenge"]),
+        seal_key=_key(chosen.get("seal_key")),
         losses=steps,
         window_steps=int(record["steps"]),
     )
@@ -360,6 +367,11 @@ def replay_record(
         **({"device_fallback": "; ".join(fallbacks)} if fallbacks else {}),
         "checks": [c.to_dict() for c in checks],
     }
+
+
+def _key(value) -> int | None:
+    """A window's seal key as the record holds it (None in records written before the judge handed one over)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def reference_matmuls(effective: str, target: torch.device) -> str:

@@ -78,6 +78,8 @@ class Replayed:
     matmuls: str = "FP32"  # the format its FP32 matmuls ran in: "TF32" on an accelerator where asked, else IEEE
     # of build_seconds: llmb.judge.initial.Placement, what the initial model's twin on the device took (None: no twin)
     placement: object | None = None
+    # AdamW's first moments after a whole window, projected onto the window's seal key (moment_projection).
+    moments_projection: list[list[float]] | None = None
 
 
 def relative_error(candidate: list[float], reference: list[float]) -> float:
@@ -297,16 +299,25 @@ def same_precision_checks(
     # Each digest's sums of squares only (SQUARES): the signed sums of zero-mean weights and gradients cancel, and an
     # honest compiled FP16 window's moment sums parted from torch's eager kernels' by 0.87 of their norm where their
     # squares parted by 0.014 (tiny preset, 50 steps; SAME_PRECISION_TOLERANCES).
-    for name, what, candidate, reference, tolerance in (
-        ("same-precision-digest", "parameter digest", window.get("digest_end"), same.digest_end, tol.digest),
-        ("same-precision-moments", "AdamW's first-moment digest", window.get("moments_end"), same.moments_end,
-         tol.moments),
-    ):  # fmt: skip
-        a, b = _column(candidate or [], SQUARES), _column(reference or [], SQUARES)
+    squares = " of its sums of squares"
+    compared = [
+        ("same-precision-digest", "parameter digest", _column(window.get("digest_end") or [], SQUARES),
+         _column(same.digest_end or [], SQUARES), tol.digest, squares),
+        ("same-precision-moments", "AdamW's first-moment digest", _column(window.get("moments_end") or [], SQUARES),
+         _column(same.moments_end or [], SQUARES), tol.moments, squares),
+    ]  # fmt: skip
+    if tol.directions is not None and same.moments_projection is not None:
+        # The moments projected onto the directions of the window's seal key, against the replay's projection onto
+        # the same directions: their relative error estimates the moments' own, direction and all
+        # (moment_projection), where the squares see only sizes. A window whose judge handed over a key answers with
+        # its projection; one that left it out fails.
+        what = "AdamW's first moments projected onto the judge's random directions"
+        compared.append(("same-precision-moment-directions", what, _flat(window.get("moments_projection") or []),
+                         _flat(same.moments_projection), tol.directions, ""))  # fmt: skip
+    for name, what, a, b, tolerance, of in compared:
         error = relative_error(a, b) if a is not None and b is not None else math.inf
         detail = (
-            f"{what} after {len(same.losses)} steps: relative error {error:.3g} of its sums of squares "
-            f"(tolerance {tolerance:g}, {label})"
+            f"{what} after {len(same.losses)} steps: relative error {error:.3g}{of} (tolerance {tolerance:g}, {label})"
         )
         if a is None:
             detail = f"the window records no {what} to compare with the {effective} replay's"

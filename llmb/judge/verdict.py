@@ -40,6 +40,8 @@ class JudgedWindow:
     answer: dict = field(default_factory=dict)
     # When its seal (the digests) arrived: work done between the close and the seal is work no clock timed.
     sealed: float | None = None
+    # The key the judge handed over at the close (llmb.audit.evidence.moment_projection): the judge's, never the seal's.
+    seal_key: int | None = None
 
     @property
     def seconds(self) -> float:
@@ -244,6 +246,8 @@ def finish(
             digest_end=list(w.answer.get("digest_end") or []),
             worker_seconds=_number(w.answer.get("worker_window_seconds")),
             moments_end=list(w.answer.get("moments_end") or []),
+            seal_key=w.seal_key,
+            moments_projection=list(w.answer.get("moments_projection") or []),
         ).to_dict()
         | {"digest_scope": scope}
         for w in closed

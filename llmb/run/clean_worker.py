@@ -47,8 +47,13 @@ class Link:
             raise LlmbError("the judge answered out of turn")
         return int(challenge)
 
-    def close(self, answer: dict) -> None:
+    def close(self, answer: dict) -> int:
+        """The window's answer; the judge stops its clock on it and answers with the seal's key."""
         self.connection.send(("close", answer))
+        kind, key = self.connection.recv()
+        if kind != "seal_key":
+            raise LlmbError("the judge answered out of turn")
+        return int(key)
 
     def seal(self, evidence: dict) -> None:
         """The window's digests, computed after the judge's clock stopped (llmb.training.loop.Trainer.measure)."""

@@ -399,6 +399,8 @@ def _run(
                     m.digest_end,
                     m.rank_window_seconds,
                     m.moments_end,
+                    m.seal_key,
+                    m.moments_projection,
                 ).to_dict()
                 for m in measurements
             ],

@@ -86,6 +86,9 @@ class Measurement:
     moments_end: list[list[float]] = field(default_factory=list)
     # The device's energy counter at the window's two edges in joules (llmb.records.energy), None without one.
     energy_joules: list[float] | None = None
+    # The judge's key at the close and AdamW's first moments projected onto its directions (moment_projection).
+    seal_key: int | None = None
+    moments_projection: list[list[float]] = field(default_factory=list)
 
 
 class LocalJudge:
@@ -101,7 +104,8 @@ class LocalJudge:
     def open(self, digest_start: list[list[float]]) -> int:
         return secrets.randbits(evidence.CHALLENGE_BITS)
 
-    def close(self, answer: dict) -> None: ...
+    def close(self, answer: dict) -> int:
+        return secrets.randbits(evidence.CHALLENGE_BITS)
 
     def seal(self, evidence: dict) -> None: ...
 
@@ -228,7 +232,7 @@ class Trainer:
         readings = [energy_start, energy_end] if energy_start is not None and energy_end is not None else None
         self.barrier()
         window = time.perf_counter() - start
-        self.judge.close(
+        seal_key = self.judge.close(
             {
                 "losses": step_losses,
                 "worker_start": start,
@@ -239,8 +243,16 @@ class Trainer:
         )
         # After every clock: the digest of what the window trained, for the replay and the window audit.
         digest_end = evidence.as_list(evidence.digest(parameters))
-        moments_end = evidence.as_list(evidence.moment_digest(parameters, self.optimizer))
-        self.judge.seal({"digest_start": digest_start, "digest_end": digest_end, "moments_end": moments_end})
+        moments, projected = evidence.moment_seal(parameters, self.optimizer, seal_key)
+        moments_end, projection = evidence.as_list(moments), evidence.as_list(projected)
+        self.judge.seal(
+            {
+                "digest_start": digest_start,
+                "digest_end": digest_end,
+                "moments_end": moments_end,
+                "moments_projection": projection,
+            }
+        )
         if events:
             step_seconds = [first.elapsed_time(last) / 1000.0 for first, last in events]
             method = "device-events"
@@ -259,6 +271,8 @@ class Trainer:
             digest_end,
             moments_end,
             readings,
+            seal_key,
+            projection,
         )
 
 

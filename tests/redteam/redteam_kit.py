@@ -183,3 +183,17 @@ def check_attack(attack: Attack, tmp_path: Path, *extra: str) -> tuple[subproces
 
 def reasons(record: dict, prefix: str) -> list[str]:
     return [r for r in record["invalid_reasons"] if r.startswith(prefix)]
+
+
+DIRECTIONS = "replay: AdamW's first moments projected onto the judge's random directions"
+
+
+def assert_caught_by_directions(proc: subprocess.CompletedProcess, record: dict | None) -> dict:
+    """A pure BF16 window drawn whole failed the moments' projection onto the judge's random directions (against the
+    BF16 replay); its replay section."""
+    assert record is not None, proc.stderr[-2000:]
+    replay = record["evidence"]["replay"]
+    assert replay["drawn"]["whole"] is True and replay["passed"] is False, replay
+    caught = reasons(record, DIRECTIONS)
+    assert caught and all(r.endswith("against a BF16 replay)") for r in caught), record["invalid_reasons"]
+    return replay

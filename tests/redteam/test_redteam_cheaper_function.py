@@ -4,12 +4,13 @@ replaced) with block-local attention, every token attending within its quarter o
 the attention's work. The dispatch record sees the same SDPA operator in FP32. Stage: run; reason: "replay: step 1:
 recorded loss", on every draw: the first steps are always replayed, and in FP32 the loss moves by ~2e-3 against 1e-6.
 
-What is not caught (docs/integrity.md, residual risks): in pure BF16 the same attention over halves of the sequence
-moves the first loss by 2.1e-3, inside the 3e-3 row, and AdamW's moments by 0.069 of their sums of squares against
-0.1 (the digests' error is a norm over the parameters, which the embedding and the head outweigh), so it passes the
-whole-window replay at the tiny shape."""
+In pure BF16 the same attention over halves of the sequence moves the first loss by 2.1e-3, inside the 3e-3 row,
+and AdamW's moments by 0.047-0.20 of their sums of squares against 0.1 (the digests' error is a norm over the
+parameters, which the embedding and the head outweigh), so it passed the whole-window replay at the tiny shape on
+some draws; projected onto the judge's random directions its moments part by 0.56-0.88 (2026-11-27): the
+whole-window replay catches it, the prefix replay does not (docs/integrity.md, residual risks)."""
 
-from redteam_kit import install, reasons, run
+from redteam_kit import assert_caught_by_directions, install, reasons, run
 
 BLOCK_LOCAL_INSTANCES = """
 import types
@@ -53,3 +54,11 @@ def test_block_local_attention_on_the_instances_fails_the_replay_of_the_first_st
     assert not reasons(record, "identity"), record["invalid_reasons"]  # no object replaced: the guard is silent
     assert record["precision"]["effective"] == "FP32"
     assert reasons(record, "replay: step 1: recorded loss"), record["invalid_reasons"]
+
+
+def test_block_local_attention_over_halves_in_pure_bf16_fails_the_moments_directions(tmp_path):
+    halves = BLOCK_LOCAL_INSTANCES.replace("length // 4", "length // 2")
+    site = install(tmp_path / "site", "halfattention", halves)
+    args = ["--plugin", "halfattention", "--precision", "BF16", "--batch-size", "4", "--steps", "5"]
+    args += ["--replay-whole", "1"]
+    assert_caught_by_directions(*run(site, tmp_path, *args))

@@ -10,7 +10,7 @@ with --replay-whole 0 --replay-budget 0), and a bundle of k runs sees it with pr
 (docs/integrity.md)."""
 
 import pytest
-from redteam_kit import install, reasons, run
+from redteam_kit import assert_caught_by_directions, install, reasons, run
 
 SKIP_FROM_STEP = """
 import os
@@ -258,14 +258,46 @@ def test_other_shapes_of_skipped_work_fail_the_whole_window_replay(tmp_path, nam
 def test_stale_gradients_under_pure_bf16_fail_the_replay_where_the_window_trains(tmp_path):
     """Class 2 under pure BF16 weights: the backward skipped from step 2, step 1's gradients reused. At the tiny shape
     its window barely trains, step 1's gradients are nearly every step's, and it passes (docs/integrity.md); where the
-    window trains it does not. The small preset over 20 steps: AdamW's moments 0.38 from the BF16 replay's, against
-    0.1. At the official width (2 layers, batch 1, 20 steps) the losses catch it too, from step 12 (0.0041 against
-    0.003; 0.028 at step 20), and pure FP16 from step 4 (benchmarks/RESULTS.md section 30)."""
+    window trains it does not. The small preset over 20 steps: the moments' sums of squares part from the BF16
+    replay's by 0.12-0.54 by the batch's draw (against 0.1: it passed on one CI run in about seven), their projection
+    onto the judge's directions, drawn after the clock, by 0.34-0.60 where an honest compiled window's parts by 0.006
+    (benchmarks/RESULTS.md section 33). At the official width (2 layers, batch 1, 20 steps) the losses catch it too,
+    from step 12 (0.0041 against 0.003; 0.028 at step 20), and pure FP16 from step 4 (section 30)."""
     site = install(tmp_path / "site", "stalebf16", STALE_GRADIENTS)
     args = ["--plugin", "stalebf16", "--precision", "BF16", "--preset", "small", "--steps", "20", "--replay-whole", "1"]
     proc, record = run(site, tmp_path, *args)
-    assert record is not None, proc.stderr[-2000:]
-    replay = record["evidence"]["replay"]
-    assert replay["drawn"]["whole"] is True and replay["passed"] is False, replay
-    caught = reasons(record, "replay: AdamW's first-moment digest after 20 steps")
-    assert caught and all(r.endswith("against a BF16 replay)") for r in caught), record["invalid_reasons"]
+    replay = assert_caught_by_directions(proc, record)
+    window = record["evidence"]["windows"][replay["window"]]
+    assert isinstance(window["seal_key"], int) and len(window["moments_projection"]) == len(window["moments_end"])
+
+
+FIRST_BATCH_ONLY = """
+_first = [None]
+
+
+def _process_model(model, optimizer, device, precision, settings):
+    forward = model.forward
+
+    def first_batch_only(input_ids, labels=None):
+        # Every training step on the first batch seen (the warmup's, known before any clock): the window's work could
+        # have been done before the judge's clock started.
+        if labels is None:
+            return forward(input_ids, labels)
+        if _first[0] is None:
+            _first[0] = input_ids.clone()
+        return forward(_first[0], _first[0])
+
+    model.forward = first_batch_only
+    return model
+"""
+
+
+def test_a_pure_bf16_window_trained_on_another_batch_fails_the_moments_directions(tmp_path):
+    """Class 1 under pure BF16 weights: every window step trains on the warmup's batch, not the challenge's. At the
+    untrained tiny model every batch's loss is near ln(vocab) (3.4e-4 from the replay's, inside 3e-3), and any batch
+    of the same size fills the moments' sums of squares alike (0.046-0.079 against 0.1): it passed the whole-window
+    replay (docs/integrity.md, residual risks, until 2026-11-27). The embedding's moments live on the rows of the
+    tokens seen, so projected onto the judge's directions they part by 1.1-1.8 (benchmarks/RESULTS.md section 33)."""
+    site = install(tmp_path / "site", "firstbatch", FIRST_BATCH_ONLY)
+    args = ["--plugin", "firstbatch", "--precision", "BF16", "--batch-size", "4", "--steps", "5", "--replay-whole", "1"]
+    assert_caught_by_directions(*run(site, tmp_path, *args))
