@@ -484,25 +484,17 @@ class JobJudge:
     def seal(self, evidence: dict) -> None:
         """The digests after the clock stopped: summed over the shards of a sharded model."""
         parts = [None] * self.world.world_size
-        digests = (
-            evidence["digest_start"],
-            evidence["digest_end"],
-            evidence.get("moments_end") or [],
-            evidence.get("moments_projection") or [],
-        )
+        keys = ("digest_start", "digest_end", "moments_end", "moments_projection")
+        digests = [evidence.get(key) or [] for key in keys]
         dist.all_gather_object(parts, digests)
         if self.world.rank != 0:
             return
         if self.sharded:
             # Each rank projects its own rows (llmb.audit.evidence.project): the projection adds over shards too.
-            start, end, moments, projection = (_summed([p[k] for p in parts], self.replicas) for k in range(4))
-        else:
-            start, end, moments, projection = digests
+            digests = [_summed([p[k] for p in parts], self.replicas) for k in range(len(keys))]
         scope = PARTIAL_SCOPE if self.partial else MODEL_SCOPE
-        self.inner.seal({"digest_start": start, "digest_end": end, "moments_end": moments,
-                         "moments_projection": projection, "digest_scope": scope})  # fmt: skip
+        self.inner.seal({**dict(zip(keys, digests, strict=True)), "digest_scope": scope})
 
 
 def _summed(parts: list, replicas: int) -> list[list[float]]:
-    rows = len(parts[0])
-    return [[sum(part[i][j] for part in parts) / replicas for j in range(len(parts[0][i]))] for i in range(rows)]
+    return [[sum(part[i][j] for part in parts) / replicas for j in range(len(row))] for i, row in enumerate(parts[0])]
