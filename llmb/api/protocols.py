@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 class WindowJudge(Protocol):
     """Opens and closes each measured window of a run: a challenge as the clock starts (the window's data seed),
     the worker's answer as it stops, answered with the seal's key (the directions AdamW's moments are projected onto,
-    llmb.audit.evidence.moment_projection), then the digests computed after the clock. ``clean`` says whether the judge
+    llmb.audit.evidence.moment_seal), then the digests computed after the clock. ``clean`` says whether the judge
     lives in a process that imported no plugin (only then can the run be valid). Before all that, ``setup`` says the
     run's backend is set up on its device (the judge may prepare its own work beside the rest of the setup) and
     ``ready`` returns once that work is done, so none of it runs beside a step the run times.

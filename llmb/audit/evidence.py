@@ -82,15 +82,18 @@ def digest(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-# How many random directions each parameter's AdamW first moments are projected onto (moment_projection).
+# How many random directions each parameter's AdamW first moments are projected onto (moment_seal).
 MOMENT_PROJECTIONS = 4
 
 
 @torch.no_grad()
-def moment_projection(parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, key: int) -> torch.Tensor:
-    """AdamW's first moments (exp_avg) projected onto MOMENT_PROJECTIONS random directions per parameter, drawn from
-    `key`, which the judge hands over only once the window's clock has stopped: one [n, MOMENT_PROJECTIONS] float64
-    tensor (empty before the first step).
+def moment_seal(
+    parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, key: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """moment_digest, and AdamW's first moments projected onto MOMENT_PROJECTIONS random directions per parameter
+    drawn from `key` (one [n, MOMENT_PROJECTIONS] float64 tensor), in one pass over the moments, each widened to
+    float32 once: what the worker seals after the clock, where every pass over the model's size is a cost the seal's
+    bound must hold. The judge hands `key` over only once the window's clock has stopped.
 
     What the sums of squares cannot see: moments of the right size pointing elsewhere. A window that reused step 1's
     gradients for every later step keeps moments as large as the honest ones, and on some batches its squares part
@@ -99,20 +102,8 @@ def moment_projection(parameters: list[torch.Tensor], optimizer: torch.optim.Opt
     the rest), so a projection costs one pass over the moments and vectors of its rows' and columns' size, and adds
     over the row shards of a sharded model as the digest's columns do. The key comes after the clock: a plugin
     cannot shape its moments to directions it does not know."""
-    moments = [optimizer.state.get(p, {}).get("exp_avg") for p in parameters]
-    if not moments or any(not isinstance(m, torch.Tensor) for m in moments):
-        return torch.zeros(0, MOMENT_PROJECTIONS, dtype=torch.float64)
-    return torch.stack([project(m, key, index) for index, m in enumerate(moments)])
-
-
-@torch.no_grad()
-def moment_seal(
-    parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, key: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """moment_digest and moment_projection in one pass over the moments, each widened to float32 once: what the
-    worker seals after the clock, where every pass over the model's size is a cost the seal's bound must hold."""
-    moments = [optimizer.state.get(p, {}).get("exp_avg") for p in parameters]
-    if not moments or any(not isinstance(m, torch.Tensor) for m in moments):
+    moments = _first_moments(parameters, optimizer)
+    if moments is None:
         return torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, MOMENT_PROJECTIONS, dtype=torch.float64)
     digests, projections = [], []
     for index, moment in enumerate(moments):
@@ -235,7 +226,14 @@ def moment_digest(parameters: list[torch.Tensor], optimizer: torch.optim.Optimiz
     """The digest of AdamW's first moments (exp_avg), in the parameters' order, as one [n, 2] tensor (empty before
     the first step). What moves in a pure 16-bit run even where its weights do not: under lr 1e-5 most BF16 weights
     keep their value, but exp_avg holds a tenth of every gradient, step after step."""
+    moments = _first_moments(parameters, optimizer)
+    return torch.zeros(0, 2, dtype=torch.float64) if moments is None else digest(moments)
+
+
+def _first_moments(parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> list[torch.Tensor] | None:
+    """AdamW's exp_avg of each parameter, in the parameters' order; None before the first step (or where one lacks
+    it)."""
     moments = [optimizer.state.get(p, {}).get("exp_avg") for p in parameters]
     if not moments or any(not isinstance(m, torch.Tensor) for m in moments):
-        return torch.zeros(0, 2, dtype=torch.float64)
-    return digest(moments)
+        return None
+    return moments

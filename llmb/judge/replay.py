@@ -137,7 +137,7 @@ def replay(
     prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial` (another replay takes
     it after this one). `matmuls`: the FP32 matmuls' format on an accelerator, "FP32" (IEEE) or "TF32"
     (reference_matmuls); the CPU's are IEEE. `seal_key`: the window's, for AdamW's moments projected onto its
-    directions after a whole window (moment_projection)."""
+    directions after a whole window (moment_seal)."""
     device = device or torch.device("cpu")
     start = time.perf_counter()
     with _reference(device, matmuls) as ran:

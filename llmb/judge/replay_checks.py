@@ -78,7 +78,7 @@ class Replayed:
     matmuls: str = "FP32"  # the format its FP32 matmuls ran in: "TF32" on an accelerator where asked, else IEEE
     # of build_seconds: llmb.judge.initial.Placement, what the initial model's twin on the device took (None: no twin)
     placement: object | None = None
-    # AdamW's first moments after a whole window, projected onto the window's seal key (moment_projection).
+    # AdamW's first moments after a whole window, projected onto the window's seal key (moment_seal).
     moments_projection: list[list[float]] | None = None
 
 
@@ -309,7 +309,7 @@ def same_precision_checks(
     if tol.directions is not None and same.moments_projection is not None:
         # The moments projected onto the directions of the window's seal key, against the replay's projection onto
         # the same directions: their relative error estimates the moments' own, direction and all
-        # (moment_projection), where the squares see only sizes. A window whose judge handed over a key answers with
+        # (moment_seal), where the squares see only sizes. A window whose judge handed over a key answers with
         # its projection; one that left it out fails.
         what = "AdamW's first moments projected onto the judge's random directions"
         compared.append(("same-precision-moment-directions", what, _flat(window.get("moments_projection") or []),

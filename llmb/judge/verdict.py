@@ -40,7 +40,7 @@ class JudgedWindow:
     answer: dict = field(default_factory=dict)
     # When its seal (the digests) arrived: work done between the close and the seal is work no clock timed.
     sealed: float | None = None
-    # The key the judge handed over at the close (llmb.audit.evidence.moment_projection): the judge's, never the seal's.
+    # The key the judge handed over at the close (llmb.audit.evidence.moment_seal): the judge's, never the seal's.
     seal_key: int | None = None
 
     @property

@@ -25,7 +25,7 @@ class EvidenceWindow(Typed):
     digest_scope: str | None = None  # "model", or a rank's shard; absent where the plugin's own process judged
     moments_end: list[list[float]] | None = None  # absent in records written before the moments were recorded
     # The judge's key, handed over after the clock stopped, and AdamW's first moments projected onto the directions it
-    # draws (llmb.audit.evidence.moment_projection); both absent in records written before the projection.
+    # draws (llmb.audit.evidence.moment_seal); both absent in records written before the projection.
     seal_key: int | None = None
     moments_projection: list[list[float]] | None = None
 

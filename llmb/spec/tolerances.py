@@ -159,7 +159,7 @@ class SamePrecisionTolerance:
     moments: float
     # How much further a later loss may part per nat the same-format replay's loss has fallen (drift_tolerance).
     loss_drift: float = 0.0
-    # AdamW's first moments projected onto the judge's random directions (moment_projection); None: not held to it.
+    # AdamW's first moments projected onto the judge's random directions (moment_seal); None: not held to it.
     directions: float | None = None
 
 
@@ -204,7 +204,7 @@ class SamePrecisionTolerance:
 # every later step (the red team's STALE_GRADIENTS, small preset, 20 steps) parted from the BF16 replay by 0.06 to
 # 0.54 of its squares by the batch's draw, so on about one draw in seven it passed 0.1 (CI, 2026-11-27). Projected
 # onto random directions drawn from a key the judge hands over after the clock (llmb.audit.evidence.
-# moment_projection), the same stale moments part by 0.34-0.60 where an honest Inductor-compiled BF16 window parts
+# moment_seal), the same stale moments part by 0.34-0.60 where an honest Inductor-compiled BF16 window parts
 # from eager by 0.0027-0.0059 (small and tiny presets, 4 batches each, and one `llmb run`; benchmarks/RESULTS.md
 # section 33): BF16's `directions`, 0.1, is 17x the worst honest. Pure FP16 is not held to it: its compiled windows
 # part from eager by 0.11-0.28 of their directions over 50 steps (kernels that round differently drive FP16 weights

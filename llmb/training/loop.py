@@ -86,7 +86,7 @@ class Measurement:
     moments_end: list[list[float]] = field(default_factory=list)
     # The device's energy counter at the window's two edges in joules (llmb.records.energy), None without one.
     energy_joules: list[float] | None = None
-    # The judge's key at the close and AdamW's first moments projected onto its directions (moment_projection).
+    # The judge's key at the close and AdamW's first moments projected onto its directions (moment_seal).
     seal_key: int | None = None
     moments_projection: list[list[float]] = field(default_factory=list)
 
