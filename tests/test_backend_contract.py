@@ -133,7 +133,7 @@ def test_the_window_judges_and_progress_displays_meet_their_protocols():
     import inspect
 
     from llmb.api.protocols import RunProgress, WindowJudge
-    from llmb.distributed.job import JobJudge
+    from llmb.distributed.job_judge import JobJudge
     from llmb.run.clean_worker import Link
     from llmb.run.options import Progress
     from llmb.terminal.progress import RichProgress

@@ -54,11 +54,10 @@ def test_every_module_of_the_package_is_watched_without_a_list(baseline, monkeyp
     entry_points = {name for name in on_disk if name.endswith(".__main__")}
     assert {"llmb.__main__", "llmb.records.__main__"} <= entry_points
     assert set(guard.llmb_module_names()) == on_disk - entry_points
-    from llmb.distributed import job as distributed
-    from llmb.distributed import mesh
+    from llmb.distributed import job_judge, mesh
     from llmb.judge import cleanroom, replay
 
-    judging = [(replay, "compare"), (mesh, "stage_layers"), (distributed, "JobJudge"), (cleanroom, "finish")]
+    judging = [(replay, "compare"), (mesh, "stage_layers"), (job_judge, "JobJudge"), (cleanroom, "finish")]
     for module, name in judging:
         monkeypatch.setattr(module, name, lambda *args, **kwargs: None)
         assert f"{module.__name__}.{name} was replaced" in "\n".join(guard.compare(baseline))

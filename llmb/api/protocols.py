@@ -16,7 +16,7 @@ class WindowJudge(Protocol):
     ``ready`` returns once that work is done, so none of it runs beside a step the run times.
 
     Implemented by llmb.training.loop.LocalJudge (the run's own process), llmb.run.clean_worker.Link (the worker's
-    end of the clean room's connection) and llmb.distributed.job.JobJudge (a job's ranks, as one)."""
+    end of the clean room's connection) and llmb.distributed.job_judge.JobJudge (a job's ranks, as one)."""
 
     clean: bool
 

@@ -20,6 +20,7 @@ from llmb.audit.evidence import synthetic_batch
 from llmb.audit.window import WindowAudit
 from llmb.distributed import job as distributed
 from llmb.distributed import mesh, ranks
+from llmb.distributed.job_judge import JobJudge
 from llmb.model import LlamaModel, count_parameters
 from llmb.records import Result, energy
 from llmb.records.result_files import write_result
@@ -146,7 +147,7 @@ def prepare(
     batch = synthetic_batch(config, rows, options.seed + coords.dp, device)
     barrier = distributed.barrier if world else None
     if world is not None:
-        judge = distributed.JobJudge(judge, world, plan)
+        judge = JobJudge(judge, world, plan)
 
     def window_batch(challenge: int) -> torch.Tensor:
         # A measured window's batch: drawn from the judge's challenge, per data-parallel rank as the warmup's.
