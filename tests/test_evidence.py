@@ -124,6 +124,37 @@ def test_a_window_that_leaves_out_its_moments_projection_fails_where_its_judge_h
     assert "same-precision-moment-directions" not in checks and "same-precision-moments" in checks
 
 
+@pytest.mark.parametrize("sixteen, dtype", [("BF16", "bfloat16"), ("FP16", "float16")])
+def test_an_amp_window_on_the_cpu_is_held_to_an_autocast_replay_by_the_yardstick_of_its_rounding(sixteen, dtype):
+    """An AMP window made on the CPU and drawn whole is replayed a second time, under autocast as the harness runs it
+    (FP16's losses scaled), and its moments' projection is held to a factor of that replay's own distance from the
+    FP32 replay's (autocast_checks): an eager window replays at 0, one whose projection is another's or missing fails,
+    and a record made before the key has neither the second replay nor the check."""
+    record = runner.run(
+        runner.RunOptions(config=TINY, preset="tiny", plugin="cpu", device="cpu", steps=3, warmup_steps=1,
+                          precision=sixteen, mode="amp")
+    ).to_dict()  # fmt: skip
+    window = record["evidence"]["windows"][record["evidence"]["headline_window"]]
+    replayed = replay.replay_record(record, steps=3)
+    assert replayed["passed"] and replayed["same_precision"]["autocast"] == dtype, replayed["checks"]
+    assert replayed["same_precision"]["dtype"] == "float32" and replayed["same_precision"]["steps"] == 3
+    check = {c["name"]: c for c in replayed["checks"]}["autocast-moment-directions"]
+    factor = tolerances.AUTOCAST_DIRECTIONS_FACTORS[sixteen]
+    assert (
+        check["measured"] == 0.0 and check["tolerance"] > 0 and f"{factor:g} x the autocast replay's" in check["detail"]
+    )
+    for forged in ([], [[-x for x in row] for row in window["moments_projection"]]):
+        window["moments_projection"] = forged
+        checks = {c["name"]: c for c in replay.replay_record(record, steps=3)["checks"]}
+        assert not checks["autocast-moment-directions"]["passed"], forged[:1]
+    del window["seal_key"], window["moments_projection"]
+    old = replay.replay_record(record, steps=3)
+    assert "same_precision" not in old and "autocast-moment-directions" not in {c["name"] for c in old["checks"]}
+    # Drawn short of the whole window: the FP32 replay's first steps alone, no second replay.
+    window["seal_key"] = 7
+    assert "same_precision" not in replay.replay_record(record, steps=2)
+
+
 class _Mesh:
     """A device mesh's coordinate and sizes, as a DTensor's device_mesh answers them (no process group here)."""
 

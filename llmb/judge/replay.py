@@ -35,6 +35,7 @@ from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, import
     ReplayCheck,
     Replayed,
     _flat,
+    autocast_checks,
     compare,
     failed,
     moment_tolerance,
@@ -43,11 +44,15 @@ from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, import
 )
 from llmb.model import LlamaModel, ModelConfig
 from llmb.spec.formats import DTYPE_NAME_FORMAT, RANK
+from llmb.spec.tolerances import row_mode
 from llmb.training.loop import build_optimizer
 
 # Pure 16-bit runs: the parameters' dtype of the replay in the run's own format (same_precision_checks), and how many
 # of the window's first steps are still replayed in FP32 beside it (the first loss is what says which precision ran).
 SIXTEEN_BIT_DTYPES = {"BF16": torch.bfloat16, "FP16": torch.float16}
+# Where an AMP window drawn whole is replayed a second time under autocast (autocast_checks): the CPU, whose yardstick
+# was measured (llmb.spec.tolerances.AUTOCAST_DIRECTIONS_FACTORS).
+AUTOCAST_YARDSTICK_DEVICE_TYPES = ("cpu",)
 SIXTEEN_BIT_BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in SIXTEEN_BIT_DTYPES.values()}  # the audit's
 SAME_PRECISION_FP32_STEPS = 2
 # Tokens per micro-batch of the replay (one whole sequence where a sequence is longer: one row at the official
@@ -124,6 +129,7 @@ def replay(
     budget_seconds: float | None = None,
     matmuls: str = "FP32",
     seal_key: int | None = None,
+    autocast: torch.dtype | None = None,
 ) -> Replayed:
     """Replay the first `losses` steps of a window in FP32 (on the CPU unless `device` is given: replay_device);
     the whole window (and its digest) when `losses` reaches `window_steps`. No plugin is involved: torch's own
@@ -137,7 +143,9 @@ def replay(
     prebuilt initial models (llmb.judge.initial), a copy of which is taken where `keep_initial` (another replay takes
     it after this one). `matmuls`: the FP32 matmuls' format on an accelerator, "FP32" (IEEE) or "TF32"
     (reference_matmuls); the CPU's are IEEE. `seal_key`: the window's, for AdamW's moments projected onto its
-    directions after a whole window (moment_seal)."""
+    directions after a whole window (moment_seal). `autocast`: FP32 weights trained under torch.autocast of this
+    16-bit dtype, as the harness runs AMP (FP16's losses scaled by torch's GradScaler): the yardstick of an AMP
+    window's moments (autocast_checks)."""
     device = device or torch.device("cpu")
     start = time.perf_counter()
     with _reference(device, matmuls) as ran:
@@ -153,6 +161,7 @@ def replay(
         # The run's implementation where the judge names it (replay_record); else per-tensor updates, which keep the
         # replay's peak memory low (foreach's lists hold a second copy of the moments' size).
         optimizer = build_optimizer(model, optimizer_options or {"foreach": False})
+        scaler = torch.amp.GradScaler(device.type) if autocast == torch.float16 else None  # as the harness's loop
         recorded: list[float] = []
         timed: list[float] = []  # seconds of each whole step (forward, backward, AdamW)
         for step in range(1, window_steps + 1):
@@ -164,11 +173,16 @@ def replay(
             began = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             if trained:
-                recorded.append(accumulated_loss(model, batch, backward=True, rows=rows))
-                optimizer.step()
+                recorded.append(accumulated_loss(model, batch, backward=True, rows=rows, autocast=autocast,
+                                                 scaler=scaler))  # fmt: skip
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
             else:
                 with torch.no_grad():
-                    recorded.append(accumulated_loss(model, batch, backward=False, rows=rows))
+                    recorded.append(accumulated_loss(model, batch, backward=False, rows=rows, autocast=autocast))
             seconds = time.perf_counter() - began  # the loss came to the host as a float: the device has finished
             if trained:
                 timed.append(seconds)
@@ -229,17 +243,27 @@ def micro_rows(config: ModelConfig, tokens: int = REPLAY_MICRO_TOKENS) -> int:
     return max(1, tokens // config.sequence_length)
 
 
-def accumulated_loss(model: LlamaModel, batch: torch.Tensor, backward: bool, rows: int | None = None) -> float:
+def accumulated_loss(
+    model: LlamaModel,
+    batch: torch.Tensor,
+    backward: bool,
+    rows: int | None = None,
+    autocast: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> float:
     """The whole batch's mean loss, computed micro-batch by micro-batch (`rows` each, default micro_rows); with
     `backward`, the whole batch's gradients accumulated in the parameters' .grad (equal to one backward of the whole
-    batch up to FP32 rounding: losses within 1e-6 relative, tests/test_fidelity.py)."""
+    batch up to FP32 rounding: losses within 1e-6 relative, tests/test_fidelity.py). `autocast`: each forward under
+    torch.autocast of that dtype; `scaler`: the backward of the loss it scales."""
     total = 0.0  # a Python float: the weighted sum in float64
     for micro in batch.split(rows or micro_rows(model.config)):
         # the logits dropped before the backward (llmb.training.loop.Trainer.loss_of)
-        loss = model(micro, labels=micro)[0]
+        amp = torch.autocast(batch.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+        with amp:
+            loss = model(micro, labels=micro)[0]
         weighted = loss * (micro.shape[0] / batch.shape[0])
         if backward:
-            weighted.backward()
+            (scaler.scale(weighted) if scaler is not None else weighted).backward()
         total += float(weighted.detach())
         del loss, weighted  # the micro-batch's graph goes before the next one is built
     return total
@@ -326,23 +350,32 @@ def replay_record(
     twice = not unreplayed and sixteen is not None and (steps >= arguments["window_steps"] or bool(budget_seconds))
     if unreplayed or twice:
         arguments["losses"] = min(SAME_PRECISION_FP32_STEPS, steps)
+    # An AMP window made on the CPU and drawn whole is replayed once more, under autocast (autocast_checks).
+    autocast = autocast_yardstick(effective, mode, fp32_master, device_type, target)
+    autocast = autocast if steps >= arguments["window_steps"] and arguments["seal_key"] is not None else None
     # The FP32 replay first; the budget bounds the whole of the judge's replaying, so a replay in the window's own
     # format gets what the FP32 one left of it.
-    replayed = _replay_on(target, fallbacks, **arguments, initial=initial, keep_initial=twice or target.type != "cpu",
+    keep = twice or autocast is not None or target.type != "cpu"
+    replayed = _replay_on(target, fallbacks, **arguments, initial=initial, keep_initial=keep,
                           budget_seconds=None if unreplayed or twice else budget_seconds)  # fmt: skip
     if twice:
         depth = max(steps, SAME_PRECISION_FP32_STEPS)
         left = budget_seconds - replayed.seconds if budget_seconds else None
         same = _replay_on(target, fallbacks, **{**arguments, "losses": depth, "matmuls": "FP32"}, dtype=sixteen,
                           initial=initial, keep_initial=target.type != "cpu", budget_seconds=left)  # fmt: skip
+    if autocast is not None and replayed.moments_projection is not None:
+        same = replay(**arguments, autocast=autocast, initial=initial, keep_initial=False)
     checks = compare(chosen, replayed, effective, mode, fp32_master, fused, scope, device_type)
-    if same is not None:
+    if same is not None and autocast is not None:
+        checks += autocast_checks(chosen, same, replayed, effective, scope)
+    elif same is not None:
         checks += same_precision_checks(chosen, same, effective, mode, scope, fused)
     ran = [r for r in (replayed, same) if r is not None]
     rss = [r.peak_rss_bytes for r in ran if r.peak_rss_bytes is not None]
+    same_format = {"autocast": str(autocast).removeprefix("torch.")} if autocast is not None else {}
     same_precision = (
-        {"same_precision": {"dtype": str(sixteen).removeprefix("torch."), "seconds": same.seconds,
-                            "steps": len(same.losses)}}
+        {"same_precision": {"dtype": str(sixteen or torch.float32).removeprefix("torch."), **same_format,
+                            "seconds": same.seconds, "steps": len(same.losses)}}
         if same is not None
         else {}
     )  # fmt: skip
@@ -372,6 +405,19 @@ def replay_record(
 def _key(value) -> int | None:
     """A window's seal key as the record holds it (None in records written before the judge handed one over)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def autocast_yardstick(
+    effective: str, mode: str, fp32_master: bool, device_type: str, target: torch.device
+) -> torch.dtype | None:
+    """The autocast dtype of the judge's second replay of an AMP window (16-bit compute over FP32 weights, the amp
+    row) made and replayed on the CPU (AUTOCAST_YARDSTICK_DEVICE_TYPES); None for any other window. Other devices'
+    AMP windows keep the FP32 replay's checks alone until a GPU has measured the yardstick there."""
+    if row_mode(effective, mode, fp32_master) != "amp" or effective not in SIXTEEN_BIT_DTYPES:
+        return None
+    if device_type not in AUTOCAST_YARDSTICK_DEVICE_TYPES or target.type != device_type:
+        return None
+    return SIXTEEN_BIT_DTYPES[effective]
 
 
 def reference_matmuls(effective: str, target: torch.device) -> str:

@@ -12,6 +12,7 @@ import torch
 
 from llmb.audit.evidence import MODEL_SCOPE
 from llmb.spec.tolerances import (
+    AUTOCAST_DIRECTIONS_FACTORS,
     BRACKETED,
     SAME_PRECISION_TOLERANCES,
     drift_tolerance,
@@ -324,6 +325,33 @@ def same_precision_checks(
         checks.append(ReplayCheck(name, error <= tolerance, detail + ("" if error <= tolerance else hint), error,
                                   tolerance))  # fmt: skip
     return checks
+
+
+def autocast_checks(
+    window: dict, amp: Replayed, fp32: Replayed, effective: str, scope: str = MODEL_SCOPE
+) -> list[ReplayCheck]:
+    """An AMP whole window's AdamW first moments, projected onto the judge's directions, against the judge's replay
+    of it under autocast, within its format's AUTOCAST_DIRECTIONS_FACTORS times that replay's own distance from the
+    FP32 replay (`fp32`): the yardstick of what 16-bit rounding moves them by. Moments of the right size pointing
+    elsewhere (stale gradients) pass the FP32 replay's digest at small shapes; a window whose judge handed over a
+    key answers with its projection, and one that left it out fails."""
+    if scope != MODEL_SCOPE or amp.moments_projection is None or fp32.moments_projection is None:
+        return []
+    yardstick = relative_error(_flat(amp.moments_projection), _flat(fp32.moments_projection))
+    factor = AUTOCAST_DIRECTIONS_FACTORS.get(effective, AUTOCAST_DIRECTIONS_FACTORS["BF16"])
+    tolerance = factor * yardstick
+    what = "AdamW's first moments projected onto the judge's random directions"
+    candidate = _flat(window.get("moments_projection") or [])
+    error = relative_error(candidate, _flat(amp.moments_projection)) if candidate is not None else math.inf
+    passed = error <= tolerance
+    detail = (
+        f"{what} after {len(amp.losses)} steps: relative error {error:.3g} (tolerance {tolerance:.3g}: "
+        f"{factor:g} x the autocast replay's own {yardstick:.3g} from the FP32 replay's, "
+        f"{effective} amp, against a {effective} autocast replay)"
+    )
+    if candidate is None:
+        detail = f"the window records no {what} to compare with the {effective} autocast replay's"
+    return [ReplayCheck("autocast-moment-directions", passed, detail, error, tolerance)]
 
 
 def failed(replay_result: dict) -> list[str]:

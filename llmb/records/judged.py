@@ -53,12 +53,14 @@ class ReplayDraw(Typed):
 
 @dataclass(kw_only=True)
 class SamePrecision(Typed):
-    """A pure 16-bit window's second replay, in the run's own format (llmb.judge.replay.same_precision_checks): the
-    whole window, or as many steps as the budget afforded."""
+    """A window's second replay, in the run's own format: a pure 16-bit window's (llmb.judge.replay.
+    same_precision_checks), the whole window or as many steps as the budget afforded; or an AMP window's on the CPU,
+    drawn whole, under autocast (autocast_checks)."""
 
-    dtype: str
+    dtype: str  # the parameters'
     seconds: float
     steps: int | None = None  # absent in records written before it could stop short of the whole window
+    autocast: str | None = None  # the autocast dtype of an AMP window's replay (absent: none, or before 2026-11-27)
 
 
 @dataclass(kw_only=True)
@@ -112,7 +114,7 @@ class Replay(Typed):
     device_fallback: str | None = None  # why the device it was tried on left it to the CPU
     drawn: ReplayDraw | None = None  # absent in records written before the depth was drawn
     budget_seconds: float | None = None  # the seconds the whole replay could take (ReplayDraw.budget_share)
-    same_precision: SamePrecision | None = None  # a pure 16-bit window's replay in its own format
+    same_precision: SamePrecision | None = None  # a pure 16-bit or CPU AMP window's replay in its own format
     unreplayed: str | None = None  # why a pure window's later steps had none (FP8 matmuls: no replay in that format)
     initial_model: InitialModel | None = None  # absent where the replay built its initial model itself
     # absent where an initial model was built beside the worker (that build warmed AdamW too), where the judge's

@@ -216,3 +216,17 @@ SAME_PRECISION_TOLERANCES = MappingProxyType(
         "FP16": SamePrecisionTolerance(loss=1e-3, digest=1e-2, moments=2e-1, loss_drift=3e-2),
     }
 )
+
+
+# AMP windows (16-bit compute over FP32 weights) made on the CPU and drawn whole: AdamW's first moments projected
+# onto the judge's directions (moment_seal) against a second replay under autocast, within a factor of that replay's
+# own distance from the FP32 replay. The yardstick is what 16-bit rounding alone moves the moments by at this shape,
+# batch and window, so it grows with the model as honest AMP's deviation does (against the FP32 replay alone, honest
+# BF16 AMP parted by 0.0022-0.0036 at the tiny preset and 0.0093-0.010 at the small one, where stale gradients parted
+# by 0.011 at the tiny: no fixed tolerance holds both). Measured on the CPU (benchmarks/moment_directions.py --mode
+# amp, RESULTS.md section 34), in yardsticks: honest Inductor-compiled AMP parted from the eager autocast arm by
+# 0.32-0.65 in BF16 and 0.59-1.31 in FP16 (FP16's finer rounding leaves the compiler's own a larger share; tiny preset
+# 5 and 20 steps, BF16 small 20), the red team's stale gradients by 4.1-8.3 in BF16 and 35-89 in FP16 (tiny, 5 steps),
+# 32-51 and 306-551 (tiny, 20) and 159-193 (BF16 small, 20), where the FP32 replay's moment digest (0.1) passed them
+# at the tiny preset. The factors hold the worst honest with a margin of 3 in both formats.
+AUTOCAST_DIRECTIONS_FACTORS = MappingProxyType({"BF16": 2.0, "FP16": 4.0})

@@ -301,3 +301,29 @@ def test_a_pure_bf16_window_trained_on_another_batch_fails_the_moments_direction
     site = install(tmp_path / "site", "firstbatch", FIRST_BATCH_ONLY)
     args = ["--plugin", "firstbatch", "--precision", "BF16", "--batch-size", "4", "--steps", "5", "--replay-whole", "1"]
     assert_caught_by_directions(*run(site, tmp_path, *args))
+
+
+AUTOCAST_DIRECTIONS = "replay: AdamW's first moments projected onto the judge's random directions"
+
+
+@pytest.mark.parametrize("arm", ["stale", "compiled"])
+def test_stale_gradients_under_amp_fail_the_autocast_replay_where_the_fp32_one_passes_them(tmp_path, arm):
+    """Class 2 under AMP on the CPU (FP32 weights, BF16 autocast), at the tiny preset whose window barely trains:
+    step 1's gradients reused for every later step keep the losses within BF16 amp's row and the moment digest within
+    0.1 of the FP32 replay's (0.006-0.025 where honest AMP parts by 0.002-0.007). The judge's second replay, under
+    autocast, measures what rounding alone moves the moments by; projected onto the judge's directions the stale ones
+    part by 4.1-8.3 of that yardstick, the honest compiled twin by 0.32-0.65 (benchmarks/RESULTS.md section 34)."""
+    site = install(tmp_path / "site", "staleamp", STALE_GRADIENTS)
+    plugin = ["--plugin", "staleamp"] if arm == "stale" else ["--plugin", "cpu", "-O", "compile=default"]
+    args = [*plugin, "--precision", "BF16", "--precision-mode", "amp", "--steps", "5", "--replay-whole", "1"]
+    proc, record = run(site, tmp_path, *args)
+    assert record is not None, proc.stderr[-2000:]
+    replay = record["evidence"]["replay"]
+    assert replay["drawn"]["whole"] is True and replay["same_precision"]["autocast"] == "bfloat16", replay
+    checks = {c["name"]: c for c in replay["checks"]}
+    assert checks["replay-moments"]["passed"], checks["replay-moments"]  # the FP32 replay alone passes both
+    if arm == "compiled":
+        assert replay["passed"] and checks["autocast-moment-directions"]["passed"], checks
+        return
+    caught = reasons(record, AUTOCAST_DIRECTIONS)
+    assert caught and all(r.endswith("against a BF16 autocast replay)") for r in caught), record["invalid_reasons"]
