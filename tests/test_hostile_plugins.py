@@ -175,6 +175,50 @@ def test_a_run_refuses_a_declaration_of_the_wrong_type_in_one_line(register_back
     assert lines == ["error: backend 'wrong' failed in precisions: TypeError: returned NoneType, not a list of str"]
 
 
+class _FailingEvent:
+    """A device event of the plugin's own, whose record() fails (the window's first step calls it)."""
+
+    def record(self):
+        raise RuntimeError(HOSTILE)
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 1.0
+
+
+@pytest.mark.parametrize(
+    "method, failing_call, named",
+    [("synchronize", 1, "synchronize"), ("synchronize", 6, "synchronize"), ("step_end", 3, "step_end"),
+     ("new_event", 1, "_FailingEvent.record")],
+)  # fmt: skip
+def test_a_failure_in_what_the_timed_loop_calls_directly_names_the_plugin_and_the_method(
+    register_backend, tmp_path, method, failing_call, named
+):
+    """The loop calls synchronize, step_end and the events' methods directly, not through `call` (the window stays
+    lean): a failure there was the bare "error: RuntimeError: ..." naming neither the plugin nor the method (found by
+    probing, 2026-11-27). Now it is the plugin's one-line error, from the warmup's first step or inside a window."""
+    calls = []
+
+    def failing(self, device):
+        calls.append(method)
+        if method == "new_event":
+            return _FailingEvent() if len(calls) >= failing_call else None
+        if len(calls) >= failing_call:
+            raise RuntimeError(HOSTILE)
+        return getattr(CpuBackend, method)(self, device)
+
+    register_backend(type("Failing", (CpuBackend,), {"name": "wrong", method: failing})())
+    result = invoke("run", *TINY_CPU, "--plugin", "wrong", "--out", tmp_path)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: backend 'wrong' failed in {named}: RuntimeError: x"), (
+        result.output
+    )
+    assert "forged line" not in result.output and "Traceback" not in result.output
+
+
 class PresentBackend(Backend):
     name = "present"
 

@@ -134,6 +134,23 @@ def test_submission_bundle_layout_is_read(tiny_sweep, tmp_path):
     assert sorted(p.precision for p in points) == ["BF16", "BF16", "FP16", "FP16", "FP32", "FP32"]  # 2 trials each
 
 
+def test_a_result_the_sweep_log_names_but_that_is_gone_is_said_not_dropped(tiny_sweep, tmp_path):
+    """A sweep folder whose log names an ok trial whose result file was deleted: the report leaves the point out and
+    says which file is gone (before, it dropped the point silently; found by probing, 2026-11-27)."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(tiny_sweep, folder)
+    trials = [json.loads(line) for line in (folder / "sweep.jsonl").read_text().splitlines()]
+    gone = next(t for t in trials if t.get("status") == "ok" and t.get("result"))
+    (folder / gone["result"]).unlink()
+    before = len(load([tiny_sweep]).points)
+    inputs = load([folder])
+    assert len(inputs.points) == before - 1
+    lines = [line for line in inputs.skipped if gone["result"] in line]
+    assert len(lines) == 1 and "is gone: its point is left out" in lines[0], inputs.skipped
+    result = CliRunner().invoke(cli, ["report", str(folder)])
+    assert result.exit_code == 0 and f"skipped: {folder / gone['result']}" in result.output, result.output
+
+
 def test_scaling_table_from_multi_device_records(tiny_sweep):
     # Made-up multi-device records (copies of a real one with world sizes and throughputs set by hand): they check
     # the table's arithmetic only; real ones come from `llmb run --nproc-per-node N`.

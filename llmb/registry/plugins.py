@@ -323,6 +323,30 @@ def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return returned
 
 
+def backend_failure(backend: Backend, exc: BaseException) -> PluginError | None:
+    """`exc` as the PluginError naming `backend` and the method it was raised in, where a frame of its traceback runs
+    the backend's code: the outermost method called on the backend (the one the harness called; the timed loop calls
+    synchronize, step_end and its events unwrapped by `call`, so the window stays lean), else a method of an object
+    the plugin's own module defines (its device events). None where no frame is the plugin's."""
+    module, named = type(backend).__module__, None
+    traceback = exc.__traceback__
+    while traceback is not None and named is None:
+        frame = traceback.tb_frame
+        owner = frame.f_locals.get("self")
+        if owner is backend:
+            named = next((name for name in public_methods() if _code(type(backend), name) is frame.f_code), None)
+            named = named or frame.f_code.co_name
+        elif owner is not None and type(owner).__module__ == module and module != Backend.__module__:
+            named = f"{type(owner).__name__}.{frame.f_code.co_name}"
+        traceback = traceback.tb_next
+    return None if named is None else PluginError(getattr(backend, "name", "?"), named, exc)
+
+
+def _code(cls: type, name: str) -> object:
+    """The code object of `cls`'s method `name` (None where it has no plain function by that name)."""
+    return getattr(getattr(cls, name, None), "__code__", None)
+
+
 def _method_name(method: Callable) -> str:
     """The contract's name for a backend's method: a lambda or an unwrapped decorator on the plugin's class has
     another __name__, and the check of what it returns must not pass it by."""

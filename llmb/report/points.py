@@ -160,10 +160,25 @@ def load(paths: list[Path]) -> Inputs:
             inputs.points.extend(failed_points(header, trials, records))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the header is not typed
             inputs.skipped.append(f"{file}: incomplete sweep log ({exc.__class__.__name__}: {exc})")
+        inputs.skipped.extend(missing_results(trials, records, file))
     if not inputs.points:
         skipped = f" (skipped: {'; '.join(inputs.skipped[:3])})" if inputs.skipped else ""
         raise LlmbError(f"no llmb results found in {', '.join(map(str, paths))}{skipped}")
     return inputs
+
+
+def missing_results(trials: list, records: dict, log: Path) -> list[str]:
+    """One line per trial that a sweep log says finished ok and whose result file is gone from beside it: its point is
+    left out of the report, and said (a file present but not read, or unreadable, is another line's business)."""
+    lines = []
+    for trial in trials:
+        name = Path(str(trial.result or "")).name  # the log's word: a file name beside it, never a path elsewhere
+        if trial.ok and trial.run_id not in records and name and not (log.parent / name).exists():
+            lines.append(
+                f"{log.parent / name}: the result of {trial.precision} at batch {trial.batch_size} ({trial.phase}), "
+                f"ok in {log.name}, is gone: its point is left out"
+            )
+    return lines
 
 
 def finished_precisions(folder: Path) -> set[str]:

@@ -62,6 +62,9 @@ def run(options: RunOptions, progress: RunProgress | None = None, judge: WindowJ
                 raise LlmbError(
                     f"out of memory at batch size {options.batch_size} on {device}: {first_line(exc)}"
                 ) from exc
+            failure = plugins.backend_failure(plugin.backend, exc)  # the loop's direct calls: synchronize, step_end
+            if failure is not None:
+                raise failure from exc
             raise
         finally:
             release_device_memory(device)
