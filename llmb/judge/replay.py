@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from llmb.audit.evidence import as_list, digest, digest_scope, global_batch, moment_digest, moment_seal
+from llmb.audit.evidence import MODEL_SCOPE, as_list, digest, digest_scope, global_batch, moment_digest, moment_seal
 from llmb.audit.precision import apply_backend_recipe
 from llmb.judge.initial import InitialModels, synchronize
 from llmb.judge.replay_checks import (  # noqa: F401  (the checks' names, importable from the replay as before)
@@ -352,7 +352,8 @@ def replay_record(
         arguments["losses"] = min(SAME_PRECISION_FP32_STEPS, steps)
     # An AMP window made on the CPU and drawn whole is replayed once more, under autocast (autocast_checks).
     autocast = autocast_yardstick(effective, mode, fp32_master, device_type, target)
-    autocast = autocast if steps >= arguments["window_steps"] and arguments["seal_key"] is not None else None
+    drawn_whole = steps >= arguments["window_steps"] and arguments["seal_key"] is not None and scope == MODEL_SCOPE
+    autocast = autocast if drawn_whole else None  # a part of the model (tensor, pipeline) has no whole moments
     # The FP32 replay first; the budget bounds the whole of the judge's replaying, so a replay in the window's own
     # format gets what the FP32 one left of it.
     keep = twice or autocast is not None or target.type != "cpu"
