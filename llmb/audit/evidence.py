@@ -74,12 +74,25 @@ def digest(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
 
     float64 accumulation so the digest of an update (about 1e-5 per element) is not lost in rounding; both columns
     add over shards, so a sharded model's digest is the sum of its ranks'."""
-    rows = []
-    for p in parameters:
-        local = _local(p.detach())
-        # One float32 temporary of the parameter's size at most (never a float64 copy of the whole model).
-        rows.append(torch.stack([local.sum(dtype=torch.float64), local.float().square().sum(dtype=torch.float64)]))
-    return torch.stack(rows)
+    return torch.stack([_sums(_local(p.detach())) for p in parameters])
+
+
+# Elements per float64 chunk of a digest (_sums): on the CPU a chunk that stays in cache, elsewhere fewer kernels.
+DIGEST_CHUNK_ELEMENTS = {"cpu": 1 << 20}
+DIGEST_CHUNK_DEFAULT = 1 << 24
+
+
+def _sums(tensor: torch.Tensor) -> torch.Tensor:
+    """[sum, sum of squares] of a tensor's elements in float64, one float64 chunk of it at a time (never a float64
+    copy of the tensor). Widened once per chunk, summed and dotted with itself: on one CPU thread the small preset's
+    43M parameters took 0.07 s, where a float64-dtype sum and a float32 square's per tensor took 0.35-0.40 s, five
+    times as long, and the seal that follows the clock is bounded by a few of the window's steps."""
+    flat = tensor.reshape(-1)
+    total = flat.new_zeros(2, dtype=torch.float64)
+    for chunk in flat.split(DIGEST_CHUNK_ELEMENTS.get(flat.device.type, DIGEST_CHUNK_DEFAULT)):
+        wide = chunk.double()
+        total += torch.stack([wide.sum(), wide.dot(wide)])
+    return total
 
 
 # How many random directions each parameter's AdamW first moments are projected onto (moment_seal).
@@ -91,9 +104,9 @@ def moment_seal(
     parameters: list[torch.Tensor], optimizer: torch.optim.Optimizer, key: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """moment_digest, and AdamW's first moments projected onto MOMENT_PROJECTIONS random directions per parameter
-    drawn from `key` (one [n, MOMENT_PROJECTIONS] float64 tensor), in one pass over the moments, each widened to
-    float32 once: what the worker seals after the clock, where every pass over the model's size is a cost the seal's
-    bound must hold. The judge hands `key` over only once the window's clock has stopped.
+    drawn from `key` (one [n, MOMENT_PROJECTIONS] float64 tensor): what the worker seals after the clock, where every
+    pass over the model's size is a cost the seal's bound must hold (the digest's chunked passes, _sums, and one
+    float32 matrix-vector pass per moment). The judge hands `key` over only once the window's clock has stopped.
 
     What the sums of squares cannot see: moments of the right size pointing elsewhere. A window that reused step 1's
     gradients for every later step keeps moments as large as the honest ones, and on some batches its squares part
@@ -105,24 +118,19 @@ def moment_seal(
     moments = _first_moments(parameters, optimizer)
     if moments is None:
         return torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, MOMENT_PROJECTIONS, dtype=torch.float64)
-    digests, projections = [], []
-    for index, moment in enumerate(moments):
-        local = _local(moment.detach())
-        wide = local.float()
-        digests.append(torch.stack([local.sum(dtype=torch.float64), wide.square().sum(dtype=torch.float64)]))
-        projections.append(project(moment, key, index, wide))
+    digests = [_sums(_local(moment.detach())) for moment in moments]
+    projections = [project(moment, key, index) for index, moment in enumerate(moments)]
     return torch.stack(digests), torch.stack(projections)
 
 
-def project(tensor: torch.Tensor, key: int, index: int, wide: torch.Tensor | None = None) -> torch.Tensor:
+def project(tensor: torch.Tensor, key: int, index: int) -> torch.Tensor:
     """Parameter `index`'s projection onto its MOMENT_PROJECTIONS directions drawn from `key`: this rank's rows'
-    part of it where the tensor is sharded by rows (summed over the ranks, the whole tensor's). `wide`: this rank's
-    part already in float32, where the caller has it."""
+    part of it where the tensor is sharded by rows (summed over the ranks, the whole tensor's)."""
     rows = tensor.shape[0] if tensor.dim() else 1
     columns = tensor.numel() // rows if rows else 0
     u, v = projection_vectors(key, index, rows, columns)
-    # One float32 temporary of the tensor's size at most, as the digest's.
-    local = wide if wide is not None else _local(tensor.detach()).float()
+    # One float32 temporary of the tensor's size at most (none where the moments are float32).
+    local = _local(tensor.detach()).float()
     local = local.reshape(local.shape[0] if local.dim() else 1, columns)
     offset = row_offset(tensor)
     u = u[offset : offset + local.shape[0]].to(local.device)
