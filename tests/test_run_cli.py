@@ -67,8 +67,10 @@ def test_tiny_fp32_run_writes_a_complete_result(tmp_path):
     not_always_written |= {"peak.declared_flops", "precision.audit.switches_vs_probe", "device.memory_bytes"}
     # Written only when the replay's device failed it and the CPU replayed instead.
     not_always_written.add("evidence.replay.device_fallback")
-    # Written only for a pure FP16/BF16 window, replayed in its own format too (this run is FP32).
-    not_always_written |= {f"evidence.replay.same_precision{k}" for k in ("", ".dtype", ".seconds", ".steps")}
+    # Written only for a pure FP16/BF16 window, replayed in its own format too, or a CPU AMP window drawn whole,
+    # replayed under autocast too (this run is FP32).
+    replayed_twice = ("", ".dtype", ".seconds", ".steps", ".autocast")
+    not_always_written |= {f"evidence.replay.same_precision{k}" for k in replayed_twice}
     # Written only for a pure window whose matmuls ran below its weights' format (FP8 over BF16 weights).
     not_always_written.add("evidence.replay.unreplayed")
     # Written only where the audit step ran out of memory at the window's rows and ran fewer (llmb.run.audit_step).
