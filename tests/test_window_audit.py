@@ -126,15 +126,17 @@ def test_parameters_without_gradients_or_without_change_are_named(tiny):
 
 
 def test_a_norm_update_that_cancels_in_the_digest_still_counts_as_a_change(tiny):
-    """A vector of ones moved up and down by the same step is the same in both digest columns (the square of
-    1 +- 2^-13 loses its 2^-26 in FP32), yet it changed: small parameters are compared whole."""
+    """A vector two of whose elements trade places is the same in both digest columns in any precision (its sum and
+    sum of squares are the same numbers), yet it changed: small parameters are compared whole. (Ones moved up and
+    down by 2^-13 served here while the digest squared in float32, which lost the 2^-26; its float64 squares see
+    them now.)"""
     model, optimizer, _ = tiny
+    weight = model.norm.weight
+    with torch.no_grad():
+        weight[0], weight[1] = 2.0, 0.5
     before, copies = parameter_digests(model, optimizer), vector_copies(model)
     with torch.no_grad():
-        weight = model.norm.weight
-        half = weight.numel() // 2
-        weight[:half] += 2.0**-13
-        weight[half : 2 * half] -= 2.0**-13
+        weight[0], weight[1] = 0.5, 2.0
     after = parameter_digests(model, optimizer)
     dtypes = {n: p.dtype for n, p in model.named_parameters()}
     assert after["norm.weight"] == before["norm.weight"]  # the digest alone would call it stuck
