@@ -42,6 +42,10 @@ MOMENT_TOLERANCES = {"FP32": 1e-3, "TF32": 2e-2, "FP16": 5e-2, "BF16": 1e-1, "FP
 CPU_MOMENT_TOLERANCES = {"FP32": 2e-6}
 
 
+# What the same-precision and autocast replays' direction checks compare (moment_seal), as their details name it.
+MOMENT_DIRECTIONS = "AdamW's first moments projected onto the judge's random directions"
+
+
 @dataclass
 class ReplayCheck:
     name: str
@@ -312,9 +316,9 @@ def same_precision_checks(
         # the same directions: their relative error estimates the moments' own, direction and all
         # (moment_seal), where the squares see only sizes. A window whose judge handed over a key answers with
         # its projection; one that left it out fails.
-        what = "AdamW's first moments projected onto the judge's random directions"
-        compared.append(("same-precision-moment-directions", what, _flat(window.get("moments_projection") or []),
-                         _flat(same.moments_projection), tol.directions, ""))  # fmt: skip
+        compared.append(("same-precision-moment-directions", MOMENT_DIRECTIONS,
+                         _flat(window.get("moments_projection") or []), _flat(same.moments_projection),
+                         tol.directions, ""))  # fmt: skip
     for name, what, a, b, tolerance, of in compared:
         error = relative_error(a, b) if a is not None and b is not None else math.inf
         detail = (
@@ -340,17 +344,16 @@ def autocast_checks(
     yardstick = relative_error(_flat(amp.moments_projection), _flat(fp32.moments_projection))
     factor = AUTOCAST_DIRECTIONS_FACTORS.get(effective, AUTOCAST_DIRECTIONS_FACTORS["BF16"])
     tolerance = factor * yardstick
-    what = "AdamW's first moments projected onto the judge's random directions"
     candidate = _flat(window.get("moments_projection") or [])
     error = relative_error(candidate, _flat(amp.moments_projection)) if candidate is not None else math.inf
     passed = error <= tolerance
     detail = (
-        f"{what} after {len(amp.losses)} steps: relative error {error:.3g} (tolerance {tolerance:.3g}: "
+        f"{MOMENT_DIRECTIONS} after {len(amp.losses)} steps: relative error {error:.3g} (tolerance {tolerance:.3g}: "
         f"{factor:g} x the autocast replay's own {yardstick:.3g} from the FP32 replay's, "
         f"{effective} amp, against a {effective} autocast replay)"
     )
     if candidate is None:
-        detail = f"the window records no {what} to compare with the {effective} autocast replay's"
+        detail = f"the window records no {MOMENT_DIRECTIONS} to compare with the {effective} autocast replay's"
     return [ReplayCheck("autocast-moment-directions", passed, detail, error, tolerance)]
 
 

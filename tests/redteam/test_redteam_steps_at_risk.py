@@ -10,7 +10,7 @@ with --replay-whole 0 --replay-budget 0), and a bundle of k runs sees it with pr
 (docs/integrity.md)."""
 
 import pytest
-from redteam_kit import assert_caught_by_directions, install, reasons, run
+from redteam_kit import DIRECTIONS, assert_caught_by_directions, install, reasons, run
 
 SKIP_FROM_STEP = """
 import os
@@ -303,9 +303,6 @@ def test_a_pure_bf16_window_trained_on_another_batch_fails_the_moments_direction
     assert_caught_by_directions(*run(site, tmp_path, *args))
 
 
-AUTOCAST_DIRECTIONS = "replay: AdamW's first moments projected onto the judge's random directions"
-
-
 @pytest.mark.parametrize("arm", ["stale", "compiled"])
 def test_stale_gradients_under_amp_fail_the_autocast_replay_where_the_fp32_one_passes_them(tmp_path, arm):
     """Class 2 under AMP on the CPU (FP32 weights, BF16 autocast), at the tiny preset whose window barely trains:
@@ -325,5 +322,5 @@ def test_stale_gradients_under_amp_fail_the_autocast_replay_where_the_fp32_one_p
     if arm == "compiled":
         assert replay["passed"] and checks["autocast-moment-directions"]["passed"], checks
         return
-    caught = reasons(record, AUTOCAST_DIRECTIONS)
+    caught = reasons(record, DIRECTIONS)
     assert caught and all(r.endswith("against a BF16 autocast replay)") for r in caught), record["invalid_reasons"]
