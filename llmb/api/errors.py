@@ -88,3 +88,34 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class TimeLimitReached(KeyboardInterrupt):
+    """A command ran past the time it was given (`llmb run --time-limit`, the sweep's own calls into a plugin under
+    --trial-timeout): raised in the main thread where the process is, as Terminated is, so every `finally` on the way
+    out runs (a worker process is stopped, what was judged before stays saved). Its message is the one line said."""
+
+    exit_code = 124  # as coreutils' timeout(1) exits when its command timed out
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None, said: str) -> Iterator[None]:
+    """Raise TimeLimitReached(``said``) in the main thread once ``seconds`` of wall time have passed (None, 0 or
+    less: no limit). A plugin hung in Python, or a judge waiting on a hung worker, is interrupted; one hung inside a
+    C call is interrupted when that call returns (the clean room's judge, which waits on the worker process, always
+    is). Elsewhere than the main thread (llmb as a library, in a thread), or without setitimer, no limit is set."""
+    main = threading.current_thread() is threading.main_thread()
+    if not seconds or seconds <= 0 or not main or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def handler(signum, frame):
+        raise TimeLimitReached(said)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmb.api.errors import LlmbError, Terminated, describe, first_line, message, sigterm_raises
+from llmb.api.errors import (
+    LlmbError,
+    Terminated,
+    TimeLimitReached,
+    describe,
+    first_line,
+    message,
+    sigterm_raises,
+)
 from llmb.api.settings import env_flag
 from llmb.cli import click_types as bounds
 from llmb.spec import vocab as names
@@ -51,6 +59,9 @@ def handle_errors(func: Callable) -> Callable:
             if env_flag("LLMB_DEBUG") and exc.__cause__ is not None:
                 # A plugin's own exception (PluginError wraps it): its traceback is what the plugin's author needs.
                 traceback.print_exception(exc.__cause__)
+            term.error(message(exc))
+            sys.exit(exc.exit_code)
+        except TimeLimitReached as exc:
             term.error(message(exc))
             sys.exit(exc.exit_code)
         except Terminated:

@@ -95,6 +95,13 @@ from llmb.spec import vocab as names
     "--replay-steps, which it always replays, it goes on while the whole replay fits, to the whole window where it "
     "does (0: none).",
 )
+@click.option(
+    "--time-limit",
+    type=bounds.SECONDS,
+    default=None,
+    help="Seconds the whole command may take (every precision, the judge's replay included; default: none). Past "
+    "it the worker is stopped, each record judged before stays saved, and llmb exits 124.",
+)
 @handle_errors
 def run(
     precision_name: str,
@@ -103,6 +110,7 @@ def run(
     replay_steps: int,
     replay_whole: float,
     replay_budget: float,
+    time_limit: float | None,
     **fields,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
@@ -121,7 +129,7 @@ def run(
     base = runner.RunOptions(config=config, settings=settings, **fields)
     requested = precision_name.upper()
     records, unsaved = run_request.run_and_save(
-        base, requested, launch, (replay_steps, replay_whole, replay_budget), out
+        base, requested, launch, (replay_steps, replay_whole, replay_budget), out, time_limit
     )
     if unsaved:
         sys.exit(1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from llmb.api.errors import LlmbError, UsageError
+from llmb.api.errors import LlmbError, UsageError, time_limit
 from llmb.api.settings import SECRET_OPTIONS_ENV
 from llmb.distributed import job as distributed
 from llmb.judge import cleanroom
@@ -42,14 +42,21 @@ def run_and_save(
     launch: distributed.LaunchSpec | None,
     replay: tuple[int, float, float],
     out: Path,
+    limit_seconds: float | None = None,
 ) -> tuple[list[Result], list[Path]]:
     """Run each precision asked for (``requested``: one, or ALL) and save its record in ``out`` as it is judged.
-    Returns the records and the paths of those saved elsewhere because ``out`` failed (each printed too)."""
+    Returns the records and the paths of those saved elsewhere because ``out`` failed (each printed too). Past
+    ``limit_seconds`` (--time-limit) TimeLimitReached is raised; what was judged before it is saved already."""
     unsaved: list[Path] = []
-    if not cleanroom.in_process():
-        records = run_clean(base, requested, launch, replay, out, unsaved)
-    else:
-        records = run_in_process(base, requested, launch, out, unsaved)
+    said = (
+        f"the run went past its time limit of {limit_seconds or 0:g} s and was stopped (--time-limit); each record "
+        f"judged before it is saved in {out}"
+    )
+    with time_limit(limit_seconds, said):
+        if not cleanroom.in_process():
+            records = run_clean(base, requested, launch, replay, out, unsaved)
+        else:
+            records = run_in_process(base, requested, launch, out, unsaved)
     distributed.shutdown()
     return records, unsaved
 

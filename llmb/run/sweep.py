@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from llmb.api.errors import LlmbError, Terminated, UsageError, shown, sigterm_raises
+from llmb.api.errors import LlmbError, Terminated, UsageError, shown, sigterm_raises, time_limit
 from llmb.api.settings import recorded
 from llmb.audit import precision
 from llmb.records import (
@@ -151,22 +151,29 @@ def scaled_to_device(options: SweepOptions) -> tuple[SweepOptions, str]:
 
 def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
     display = display or Display()
-    options, line = scaled_to_device(options)
-    if line:
-        display.note(line)
-    for name, value, low in (("repeats", options.repeats, 0), ("max-batch-size", options.max_batch_size, 1)):
-        if value < low:
-            raise UsageError(f"--{name} must be at least {low}, got {value}")
-    if options.trial_timeout <= 0:
-        raise UsageError(f"--trial-timeout must be positive, got {options.trial_timeout}")
-    plugin, device, settings = runner.resolve(options.run)
-    names, unsupported = precisions_to_sweep(plugin, options.precision)
-    line = emulated_note(device, names)
+    # The sweep's own calls into the plugin (its import, precisions, devices, settings), before any trial, are
+    # bounded as a trial is: a plugin that hangs there would otherwise hang the sweep, which no trial's limit covers.
+    # Before the device is known, by the longest default.
+    longest = max(d["trial_timeout"] for d in (names.SWEEP_DEFAULTS, *names.SWEEP_DEVICE_DEFAULTS.values()))
+    bound = options.trial_timeout if options.trial_timeout is not None else longest
+    said = f"the plugin did not answer the sweep's own checks within {bound:g} s (--trial-timeout); no trial was run"
+    with time_limit(bound, said):
+        options, line = scaled_to_device(options)
+        if line:
+            display.note(line)
+        for name, value, low in (("repeats", options.repeats, 0), ("max-batch-size", options.max_batch_size, 1)):
+            if value < low:
+                raise UsageError(f"--{name} must be at least {low}, got {value}")
+        if options.trial_timeout <= 0:
+            raise UsageError(f"--trial-timeout must be positive, got {options.trial_timeout}")
+        plugin, device, settings = runner.resolve(options.run)
+        precisions, unsupported = precisions_to_sweep(plugin, options.precision)
+        for name in precisions:  # every precision is checked before the first trial starts
+            runner.resolve(replace(options.run, precision=name))
+    line = emulated_note(device, precisions)
     if line:  # said once the folder's lock is held: a refused sweep says one line, the refusal
         display.note(line)
-    display.plan(trial_bound(options, len(names)))
-    for name in names:  # every precision is checked before the first trial starts
-        runner.resolve(replace(options.run, precision=name))
+    display.plan(trial_bound(options, len(precisions)))
     run_options = replace(options.run, plugin=plugin.name, device=str(device))
     header = {
         "schema": SWEEP_LOG_SCHEMA,
@@ -202,7 +209,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         "precisions": {
             name: {"status": "unsupported by the plugin" if name in unsupported else "not run yet"}
             for name in precision.PRECISIONS
-            if name in names or name in unsupported
+            if name in precisions or name in unsupported
         },
     }
     current = ["", 0]
@@ -228,7 +235,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
 
     try:
         with sigterm_raises():  # SIGTERM stops the sweep as Ctrl-C does: the running trial is killed, the log kept
-            for name in names:
+            for name in precisions:
                 summary["precisions"][name] = _sweep_precision(options, name, point, display)
                 write_json_atomic(options.out / SUMMARY_NAME, summary)
     except KeyboardInterrupt as exc:

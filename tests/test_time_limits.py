@@ -1,0 +1,154 @@
+"""A plugin that hangs ends a command only where the user gave it a time: `llmb run --time-limit` stops the worker,
+keeps each record judged before, says one line and exits 124 (as timeout(1) does); the sweep bounds its own calls
+into the plugin, before any trial, by --trial-timeout, as each trial already was. Found open in the notes of
+2026-11-27: a plain `llmb run` had no time limit, and a plugin hanging in a call the sweep makes itself hung the
+sweep past every trial's limit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TINY, TINY_CPU, install_plugin, invoke, plugin_env
+
+from llmb import CpuBackend
+from llmb.api.errors import TimeLimitReached, time_limit
+
+# Hangs in Python (time.sleep) wherever `HANG_IN` names: in the worker, set up for any precision but FP32 (so a
+# `--precision all` run judges FP32 first), or in the sweep's own process, asked for its precisions.
+HANGING_PLUGIN = """
+import os
+import time
+
+from llmb import CpuBackend, hookimpl
+
+
+class Hanging(CpuBackend):
+    name = "hanging"
+
+    def available(self):
+        return False
+
+    def precisions(self):
+        if os.environ.get("HANG_IN") == "precisions":
+            time.sleep(3600)
+        return super().precisions()
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        if os.environ.get("HANG_IN") == "process_model" and precision != "FP32":
+            time.sleep(3600)
+        return super().process_model(model, optimizer, device, precision, settings)
+
+
+@hookimpl
+def register_backends(register):
+    register(Hanging())
+"""
+
+
+def hanging(tmp_path, where: str, *command: str) -> tuple[subprocess.CompletedProcess, float]:
+    site = install_plugin(tmp_path, "hanging", HANGING_PLUGIN)
+    env = {**plugin_env(site), "HANG_IN": where, "HANGING_TEST": str(tmp_path)}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmb", *command], capture_output=True, text=True, env=env, timeout=600
+    )
+    return proc, time.monotonic() - started
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+def test_no_limit_is_set_for_none_zero_or_less():
+    for seconds in (None, 0, -1.0):
+        with time_limit(seconds, "never said"):
+            time.sleep(0.05)
+
+
+def test_the_limit_interrupts_the_main_thread_with_its_line_and_is_gone_afterwards():
+    with pytest.raises(TimeLimitReached, match="^said here$") as caught:
+        with time_limit(0.1, "said here"):
+            time.sleep(5)
+    assert caught.value.exit_code == 124
+    with time_limit(0.1, "said here"):
+        pass
+    time.sleep(0.2)  # the timer was cleared on the way out: nothing fires now
+
+
+def test_an_in_process_run_past_its_limit_exits_124_in_one_line(register_backend, tmp_path):
+    class Stalling(CpuBackend):
+        name = "stalling"
+
+        def process_model(self, model, optimizer, device, precision, settings):
+            time.sleep(60)
+            return model
+
+    register_backend(Stalling())
+    started = time.monotonic()
+    result = invoke("run", *TINY_CPU, "--plugin", "stalling", "--time-limit", "1", "--out", tmp_path)
+    assert time.monotonic() - started < 30
+    assert result.exit_code == 124, result.output
+    assert error_lines(result.output) == [
+        f"error: the run went past its time limit of 1 s and was stopped (--time-limit); each record judged before "
+        f"it is saved in {tmp_path}"
+    ], result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_a_clean_room_run_past_its_limit_stops_the_worker_and_keeps_the_precision_judged_before(tmp_path):
+    out = tmp_path / "out"
+    run = ["run", "--plugin", "hanging", "--device", "cpu", *TINY, "--precision", "all", "--out", str(out)]
+    proc, seconds = hanging(tmp_path, "process_model", *run, "--replay-steps", "1", "--time-limit", "60")
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    assert 60 <= seconds < 200, seconds  # stopped at its limit, not at the plugin's hour
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith("error: the run went past its time limit of 60 s and was stopped"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    (saved,) = out.glob("*.json")  # FP32, judged before FP16 hung in its setup
+    record = json.loads(saved.read_text())
+    assert record["precision"]["requested"] == "FP32" and record["tokens_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_the_sweeps_own_calls_into_a_hanging_plugin_end_at_the_trial_timeout(tmp_path):
+    out = tmp_path / "out"
+    sweep = ["sweep", "--plugin", "hanging", "--device", "cpu", *TINY, "--batch-sizes", "1", "--out", str(out)]
+    proc, seconds = hanging(tmp_path, "precisions", *sweep, "--trial-timeout", "5")
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    assert seconds < 120, seconds
+    assert error_lines(proc.stderr) == [
+        "error: the plugin did not answer the sweep's own checks within 5 s (--trial-timeout); no trial was run"
+    ], proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_launched_job_past_its_limit_stops_every_rank(tmp_path):
+    """Under --nproc-per-node the judge waits in torch's launcher: the limit ends it there, and the launcher stops
+    every rank on its way out (no rank is left running: the plugin's hour would outlive the command)."""
+    run = ["run", "--plugin", "hanging", "--device", "cpu", *TINY, "--precision", "BF16", "--nproc-per-node", "2"]
+    proc, seconds = hanging(tmp_path, "process_model", *run, "--out", str(tmp_path / "out"), "--time-limit", "20")
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    assert 20 <= seconds < 120, seconds
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith("error: the run went past its time limit of 20 s"), proc.stderr[-2000:]
+    assert not processes_marked(str(tmp_path))
+
+
+def processes_marked(mark: str) -> list[int]:
+    """This host's processes whose environment holds HANGING_TEST=`mark`: the command's and every process it
+    started, which inherit it (Linux's /proc)."""
+    wanted = f"HANGING_TEST={mark}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if wanted in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:  # ended meanwhile, or not ours
+            continue
+    return found
