@@ -7,6 +7,7 @@ sweep past every trial's limit."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -152,3 +153,30 @@ def processes_marked(mark: str) -> list[int]:
         except OSError:  # ended meanwhile, or not ours
             continue
     return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sent, code, said", [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_a_signal_during_the_judges_replay_exits_with_its_code_and_keeps_the_record_unchecked(
+    tmp_path, sent, code, said
+):
+    """The replay ran in the judge's thread: a signal during it ended the main thread while that thread went on inside
+    torch, and the interpreter's exit aborted the process ("terminate called without an active exception", exit 134;
+    found 2026-11-27 with --time-limit, and SIGTERM and Ctrl-C did the same). The record kept before the replay is
+    the trigger here: the judge saves it (unchecked) just before it replays."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "llmb", "run", "--device", "cpu", "--preset", "small", "--steps", "10"]
+    command += ["--warmup-steps", "1", "--replay-whole", "1", "--out", str(out)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 500
+    while not list(out.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sent)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr[-2000:]
+    assert said in stderr and "terminate called" not in stderr and "Traceback" not in stderr, stderr[-2000:]
+    (saved,) = out.glob("*.json")
+    record = json.loads(saved.read_text())
+    assert not record["valid"] and any(r.startswith("replay: not finished") for r in record["invalid_reasons"])

@@ -23,13 +23,14 @@ import io
 import multiprocessing
 import os
 import pickle
+import queue
 import secrets
 import shutil
 import signal
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Listener
+from multiprocessing.connection import Listener, Pipe, wait
 
 from llmb.api.errors import LlmbError, describe, message
 from llmb.api.settings import env_flag
@@ -85,6 +86,12 @@ class Judge:
         self.finished = threading.Event()
         self.done = False  # the worker said it finished (its results and any error sent before)
         self.thread = threading.Thread(target=self._serve, name="llmb-judge", daemon=True)
+        # Each result's on_result runs in the thread that waits on the worker (`keep_results`, serve's: the main
+        # thread), handed over here with a wake-up on a pipe: a signal or the time limit then interrupts a replay
+        # where it stands. Run in this thread, a replay went on inside torch while the interpreter exited, and the
+        # process aborted ("terminate called without an active exception", exit 134, not 143 or 124).
+        self.handoff: queue.Queue = queue.Queue()
+        self.wake_reader, self.wake_writer = Pipe(duplex=False)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -159,10 +166,10 @@ class Judge:
             run_seconds = time.perf_counter() - self.run_started
             self.results.append((message[1], windows, run_seconds))
             if self.on_result is not None:
-                try:
-                    self.on_result(message[1], windows, run_seconds)
-                except Exception as exc:
-                    self.error = error_line(exc)
+                kept = threading.Event()
+                self.handoff.put((message[1], windows, run_seconds, kept))
+                self.wake_writer.send_bytes(b"result")
+                kept.wait()  # never set where the waiting thread was interrupted: the worker is stopped then
             self.run_started = time.perf_counter()  # the next run's starts when this one is kept
             connection.send(("kept", None))
         elif kind == "error":
@@ -172,8 +179,25 @@ class Judge:
             return True
         return False
 
+    def keep_results(self, worker) -> None:
+        """Until `worker` (a process) ends, run on_result here for each result it hands over, the worker waiting.
+        Blocks on the worker's sentinel and the wake-up pipe: nothing wakes while a window runs."""
+        while True:
+            ready = wait([worker.sentinel, self.wake_reader])
+            if self.wake_reader not in ready:
+                return
+            self.wake_reader.recv_bytes()
+            result, windows, run_seconds, kept = self.handoff.get_nowait()
+            try:
+                self.on_result(result, windows, run_seconds)
+            except Exception as exc:
+                self.error = error_line(exc)
+            kept.set()
+
     def close(self) -> None:
         self.listener.close()
+        self.wake_reader.close()
+        self.wake_writer.close()
 
     def exception(self) -> LlmbError | None:
         """The worker's error as the one-line exception it stands for, or None."""
@@ -228,6 +252,8 @@ def serve(
     ``preparation`` (setup(), ready()) is the judge's own work for each run, done while the worker sets the run up
     (see Judge)."""
 
+    if launch is not None and on_result is not None:
+        raise ValueError("on_result is for a single worker: a launched job's results are kept after it ends")
     judge = Judge(progress, notes, on_result, preparation).start()
     try:
         if launch is not None:
@@ -240,6 +266,7 @@ def serve(
             oom_kills = host_memory.oom_kills()
             worker.start()
             try:
+                judge.keep_results(worker)
                 worker.join()
             except BaseException:
                 # Interrupted here (a SIGINT sent to this process alone): the worker, which would train on to the
