@@ -13,6 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+# The tests read llmb's console as a pipe sees it (llmb.terminal.console: wide, unless COLUMNS says otherwise). A
+# shell's COLUMNS, or pytest-xdist's workers (they set COLUMNS=80), would narrow every table they check; llmb's
+# consoles are made on import, so this comes first.
+os.environ.pop("COLUMNS", None)
+
 from llmb import Backend, hookimpl
 from llmb.registry.plugins import pm
 
@@ -146,7 +151,17 @@ def tiny_sweep(tmp_path_factory, oomtest_site):
 SLOW_FIXTURES = {"tiny_sweep", "made", "inputs"}
 
 
+# Under pytest-xdist (tox runs `pytest -n logical --dist loadgroup`), the tests that share a session fixture costing
+# minutes run on one worker, which builds it once; every other test runs on the worker of its file's group, as
+# --dist loadfile would place it (module fixtures built once, a file's tests one after another).
+SHARED_SESSION_FIXTURES = ("tiny_sweep",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        shared = [name for name in SHARED_SESSION_FIXTURES if name in fixtures]
+        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))

@@ -159,10 +159,12 @@ def llmb(site: Path | None, args: list[str], cwd: Path, timeout: float = 900) ->
     )
 
 
-def run(site: Path | None, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+def run(
+    site: Path | None, tmp_path: Path, *args: str, timeout: float = 900
+) -> tuple[subprocess.CompletedProcess, dict | None]:
     """`llmb run` on the tiny preset with the plugins in `site`; the record, if one was written."""
     out = tmp_path / "out"
-    proc = llmb(site, ["run", *TINY, *args, "--out", str(out)], tmp_path)
+    proc = llmb(site, ["run", *TINY, *args, "--out", str(out)], tmp_path, timeout)
     records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))] if out.exists() else []
     return proc, (records[0] if records else None)
 

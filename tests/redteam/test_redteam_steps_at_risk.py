@@ -265,7 +265,9 @@ def test_stale_gradients_under_pure_bf16_fail_the_replay_where_the_window_trains
     from step 12 (0.0041 against 0.003; 0.028 at step 20), and pure FP16 from step 4 (section 30)."""
     site = install(tmp_path / "site", "stalebf16", STALE_GRADIENTS)
     args = ["--plugin", "stalebf16", "--precision", "BF16", "--preset", "small", "--steps", "20", "--replay-whole", "1"]
-    proc, record = run(site, tmp_path, *args)
+    # Where the CPU has no BF16 instructions, each BF16 step with its backward takes ~27 s at this shape (an AVX2 EPYC
+    # core pair), and the judge replays all 20: 708 s alone, past 900 beside a second test worker.
+    proc, record = run(site, tmp_path, *args, timeout=2400)
     replay = assert_caught_by_directions(proc, record)
     window = record["evidence"]["windows"][replay["window"]]
     assert isinstance(window["seal_key"], int) and len(window["moments_projection"]) == len(window["moments_end"])
@@ -320,7 +322,8 @@ def test_stale_gradients_under_amp_fail_the_autocast_replay_where_the_fp32_one_p
     checks = {c["name"]: c for c in replay["checks"]}
     assert checks["replay-moments"]["passed"], checks["replay-moments"]  # the FP32 replay alone passes both
     if arm == "compiled":
-        assert replay["passed"] and checks["autocast-moment-directions"]["passed"], checks
+        failed = [check["detail"] for check in checks.values() if not check["passed"]]
+        assert replay["passed"] and checks["autocast-moment-directions"]["passed"], failed or replay
         return
     caught = reasons(record, DIRECTIONS)
     assert caught and all(r.endswith("against a BF16 autocast replay)") for r in caught), record["invalid_reasons"]
