@@ -404,3 +404,23 @@ def test_moment_directions_reads_stale_gradients_by_their_directions_not_their_s
         moment_directions.train(PRESETS["tiny"], torch.bfloat16, "stale", 1, 4, amp=True), fp32, 5
     )
     assert 0 < eager["directions"] and 2 * eager["directions"] < stale["directions"], (eager, stale)
+
+
+def test_roofline_cost_times_this_trees_roofline_against_a_revisions(bench, monkeypatch):
+    import subprocess
+
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True).returncode:
+        pytest.skip("not a git checkout: no revision to load the peer from")
+    import roofline_cost
+
+    written = {}
+    monkeypatch.setattr(roofline_cost, "write_raw", lambda name, payload: written.setdefault(name, payload))
+    monkeypatch.setattr(roofline_cost.roofline, "MAX_SQUARE", 2 * roofline_cost.roofline.MIN_SQUARE)  # quick
+    peer = roofline_cost._at_revision("HEAD")
+    assert peer is not roofline_cost.roofline and callable(peer.for_run)
+    monkeypatch.setattr(peer, "MAX_SQUARE", peer.MIN_SQUARE * 2)
+    monkeypatch.setattr(roofline_cost, "_at_revision", lambda revision: peer)
+    roofline_cost.main.main(["--against", "HEAD", "--presets", "tiny", "--rounds", "2"], standalone_mode=False)
+    timed = written["roofline_cost"]["presets"]["tiny"]
+    assert set(timed["median_seconds"]) == {"tree", "HEAD"} and all(len(v) == 2 for v in timed["seconds"].values())
+    assert all(side <= 512 and flops > 0 for arm in timed["square_side_and_flops"].values() for side, flops in arm)

@@ -60,6 +60,39 @@ def test_measure_synchronises_around_every_timed_batch(monkeypatch):
     assert rate.flops_per_second == pytest.approx(gemm.flops * rate.iters / sorted(rate.seconds)[1])
 
 
+@pytest.mark.parametrize("repeats", [2, 3, 5])
+def test_the_searched_square_side_is_measured_by_the_searchs_own_samples(monkeypatch, repeats):
+    """Where one matmul already lasts SQUARE_SECONDS (here any: 0 s), the search's warmup and three timed matmuls at
+    that side are the measurement's first repeats: no second warmup or sizing, random operands, median of repeats."""
+    timed = []
+    original = roofline._timed
+
+    def counting(backend, device, a, b, iters):
+        timed.append((a.shape[0], iters, bool((a == a.flatten()[0]).all())))
+        return original(backend, device, a, b, iters)
+
+    monkeypatch.setattr(roofline, "_timed", counting)
+    monkeypatch.setattr(roofline, "SQUARE_SECONDS", 0.0)
+    rate = roofline.square_rate(CpuBackend(), torch.device("cpu"), torch.float32, repeats)
+    side = roofline.MIN_SQUARE
+    assert rate.gemm == roofline.Gemm("square", side, side, side) and rate.iters == 1
+    assert len(rate.seconds) == repeats
+    assert timed == [(side, 1, False)] * (1 + max(3, repeats))  # one warmup, then the samples; never ones
+    assert rate.flops_per_second == pytest.approx(rate.gemm.flops / sorted(rate.seconds)[(repeats - 1) // 2])
+
+
+def test_a_square_side_the_search_never_timed_is_measured_in_full(monkeypatch):
+    """A device fast enough to pass MAX_SQUARE below SQUARE_SECONDS (a datacenter GPU) gets the full measurement
+    at MAX_SQUARE, as does a side given (`llmb peak --square`)."""
+    monkeypatch.setattr(roofline, "SQUARE_SECONDS", float("inf"))
+    monkeypatch.setattr(roofline, "MAX_SQUARE", 2 * roofline.MIN_SQUARE)
+    measured = []
+    monkeypatch.setattr(roofline, "measure_gemm", lambda backend, device, gemm, dtype, repeats: measured.append(gemm))
+    roofline.square_rate(CpuBackend(), torch.device("cpu"), torch.float32, 3)
+    roofline.square_rate(CpuBackend(), torch.device("cpu"), torch.float32, 3, side=96)
+    assert measured == [roofline.Gemm("square", side, side, side) for side in (roofline.MAX_SQUARE, 96)]
+
+
 def test_measure_reports_the_best_rate_and_the_models_weighted_rate():
     gemms = roofline.model_gemms(TINY, 1) + [roofline.Gemm("square", 128, 128, 128)]
     result = roofline.measure(CpuBackend(), torch.device("cpu"), "FP32", gemms, repeats=3)

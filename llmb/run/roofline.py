@@ -34,7 +34,8 @@ MATMUL_DTYPE = {"FP32": torch.float32, "TF32": torch.float32, "FP16": torch.floa
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 RUN_MATMUL_DTYPE = {**MATMUL_DTYPE, "FP8": torch.float8_e4m3fn}
 # The large square GEMM grows from MIN_SQUARE, doubling, until one matmul lasts SQUARE_SECONDS or it reaches
-# MAX_SQUARE: ~1024 on a CPU core pair, 8192 on a datacenter GPU (1.1 TFLOP, ~1 ms), without asking what the device is.
+# MAX_SQUARE: 1024-2048 on a CPU core pair, 8192 on a datacenter GPU (1.1 TFLOP, ~1 ms), without asking what the
+# device is.
 MIN_SQUARE, MAX_SQUARE, SQUARE_SECONDS = 256, 8192, 0.05
 # Each timed batch of matmuls lasts at least this long, so the host timer's resolution and the sync cost vanish.
 MIN_BATCH_SECONDS = 0.02
@@ -127,20 +128,26 @@ def model_gemms(config: ModelConfig, batch_size: int) -> list[Gemm]:
     return unique
 
 
-def square_gemm(backend: Backend, device: torch.device, dtype: torch.dtype, side: int | None = None) -> Gemm:
-    """The square GEMM of the given side, or of the side where one matmul lasts SQUARE_SECONDS on this device."""
-    if side:
-        return Gemm("square", side, side, side)
-    side = MIN_SQUARE
-    while side < MAX_SQUARE:
-        a = torch.ones(side, side).to(device, dtype)
-        b = a.t() if dtype in FP8_DTYPES else a  # column-major for torch._scaled_mm
-        _timed(backend, device, a, b, 1)  # compile / select the kernel first
-        # The fastest of three: a size is chosen by what the device can do, not by a moment of contention.
-        if min(_timed(backend, device, a, b, 1) for _ in range(3)) >= SQUARE_SECONDS:
-            break
-        side *= 2
-    return Gemm("square", side, side, side)
+def square_rate(
+    backend: Backend, device: torch.device, dtype: torch.dtype, repeats: int, side: int | None = None
+) -> GemmRate:
+    """The large square GEMM's rate: of the given side, or of the side where one matmul lasts SQUARE_SECONDS on this
+    device. There the search has already warmed the kernel and timed three single matmuls, each longer than
+    MIN_BATCH_SECONDS (the batch `measure_gemm` would size), so they are the first of the repeats: the side found
+    costs no second warmup and sizing: 1.0-1.4 s less per CPU run on 2 cores (benchmarks/roofline_cost.py)."""
+    if not side:
+        side = MIN_SQUARE
+        while side < MAX_SQUARE:
+            gemm = Gemm("square", side, side, side)
+            a, b = _operands(gemm, dtype, device)  # random, as measured: some devices multiply ones faster
+            _timed(backend, device, a, b, 1)  # compile / select the kernel first
+            seconds = [_timed(backend, device, a, b, 1) for _ in range(3)]
+            # The fastest of three: a size is chosen by what the device can do, not by a moment of contention.
+            if min(seconds) >= SQUARE_SECONDS:
+                seconds += [_timed(backend, device, a, b, 1) for _ in range(repeats - len(seconds))]
+                return _rate(gemm, 1, seconds[:repeats])
+            side *= 2
+    return measure_gemm(backend, device, Gemm("square", side, side, side), dtype, repeats)
 
 
 def _timed(backend: Backend, device: torch.device, a: torch.Tensor, b: torch.Tensor, iters: int) -> float:
@@ -195,9 +202,12 @@ def measure_gemm(backend: Backend, device: torch.device, gemm: Gemm, dtype: torc
     # timeit's autorange: grow the batch until it lasts MIN_BATCH_SECONDS (one slow sample only ends it sooner).
     while iters < MAX_ITERS and _timed(backend, device, a, b, iters) < MIN_BATCH_SECONDS:
         iters = min(MAX_ITERS, iters * 2)
-    seconds = [_timed(backend, device, a, b, iters) for _ in range(repeats)]
-    median = statistics.median_low(seconds)
-    return GemmRate(gemm, iters, seconds, gemm.flops * iters / median)
+    return _rate(gemm, iters, [_timed(backend, device, a, b, iters) for _ in range(repeats)])
+
+
+def _rate(gemm: Gemm, iters: int, seconds: list[float]) -> GemmRate:
+    """The rate of the median repeat (the lower of the middle two for an even count)."""
+    return GemmRate(gemm, iters, seconds, gemm.flops * iters / statistics.median_low(seconds))
 
 
 def measure(backend: Backend, device: torch.device, precision: str, gemms: list[Gemm], repeats: int = 5) -> Roofline:
@@ -208,6 +218,21 @@ def measure(backend: Backend, device: torch.device, precision: str, gemms: list[
     result = Roofline(precision, str(device), name, repeats)
     for gemm in gemms:
         result.rates.append(measure_gemm(backend, device, gemm, RUN_MATMUL_DTYPE[precision], repeats))
+    return result
+
+
+def at_model_shapes(
+    backend: Backend,
+    device: torch.device,
+    precision: str,
+    config: ModelConfig,
+    batch_size: int,
+    repeats: int,
+    square: int | None = None,
+) -> Roofline:
+    """The roofline at the model's GEMMs at this batch, then the large square GEMM (of side `square`, else searched)."""
+    result = measure(backend, device, precision, model_gemms(config, batch_size), repeats)
+    result.rates.append(square_rate(backend, device, RUN_MATMUL_DTYPE[precision], repeats, square))
     return result
 
 
@@ -258,8 +283,7 @@ def peak(
     for name in wanted:
         prepare_backend(backend, torch_device, name, resolved)
         check_device_present(torch_device)
-        gemms = model_gemms(config, batch_size) + [square_gemm(backend, torch_device, MATMUL_DTYPE[name], square)]
-        results.append(measure(backend, torch_device, name, gemms, repeats))
+        results.append(at_model_shapes(backend, torch_device, name, config, batch_size, repeats, square))
         if measured is not None:
             measured(results[-1], len(wanted))
     return results
@@ -283,10 +307,8 @@ def for_run(
     GEMMs through torch._scaled_mm; None where the device has none (the reason is not a run's failure)."""
     if precision not in RUN_MATMUL_DTYPE:
         return None
-    dtype = RUN_MATMUL_DTYPE[precision]
     try:
-        gemms = model_gemms(config, batch_size) + [square_gemm(backend, device, dtype)]
-        return measure(backend, device, precision, gemms, repeats)
+        return at_model_shapes(backend, device, precision, config, batch_size, repeats)
     except (RuntimeError, NotImplementedError):
         if precision != "FP8":
             raise
