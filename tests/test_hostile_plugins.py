@@ -227,22 +227,24 @@ class PresentBackend(Backend):
 
 
 @pytest.mark.parametrize("answer", [RuntimeError(HOSTILE), None, "yes", 1, math.nan])
+@pytest.mark.parametrize("method, device", [("available", None), ("device_types", "cpu")])
 def test_auto_selection_takes_a_plugin_that_cannot_say_as_absent_with_one_warning(
-    register_backend, monkeypatch, capsys, answer
+    register_backend, monkeypatch, capsys, answer, method, device
 ):
-    register_backend(answering("available", answer, name="sulky"))
+    """Whether its hardware is present, or (where --device names one) which device types it serves."""
+    register_backend(answering(method, answer, name="sulky"))
     register_backend(PresentBackend())
     # This machine's installed plugins are left out of the candidates, so the test does not depend on them.
     mine = {"cpu", "sulky", "present"}
     everything = plugins.registrations
     monkeypatch.setattr(plugins, "all_registrations", lambda: {k: v for k, v in everything().items() if k in mine})
-    assert select_backend(None).name == "present"
+    assert select_backend(None, device).name == "present"
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("warning: plugin 'sulky' taken as without hardware: backend 'sulky' failed in ")
-    assert "available" in warnings[0] and "\x1b" not in warnings[0]
+    assert method in warnings[0] and "\x1b" not in warnings[0]
     mine.discard("present")
-    assert select_backend(None).name == "cpu"
+    assert select_backend(None, device).name == "cpu"
 
 
 SULKY_PLUGIN = """

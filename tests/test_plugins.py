@@ -203,6 +203,29 @@ def test_auto_selection_takes_the_first_backend_with_hardware_present(register_b
     assert select_backend(None).name == "cpu"
 
 
+def test_auto_selection_takes_only_a_backend_serving_the_device_asked_for(register_backend, monkeypatch):
+    """`llmb run --device cpu` on a host where a GPU plugin's hardware is present runs on the CPU: auto-selection
+    took the GPU plugin, and the run was refused ("serves cuda, not 'cpu'"; found 2026-11-28)."""
+
+    class PresentGpu(PresentBackend):
+        name = "present_gpu"
+
+        def device_types(self):
+            return ["cuda"]
+
+    for backend in (PresentGpu(), PresentBackend()):
+        register_backend(backend)
+    mine = {"cpu", "present_gpu"}
+    everything = plugins.registrations
+    monkeypatch.setattr(plugins, "all_registrations", lambda: {k: v for k, v in everything().items() if k in mine})
+    assert select_backend(None).name == "present_gpu"  # no device asked: the first with its hardware present
+    assert select_backend(None, "cuda:1").name == "present_gpu"
+    assert select_backend(None, "cpu").name == "cpu"
+    assert select_backend(None, "no such device").name == "present_gpu"  # the run's own parse refuses it
+    mine.add("present")  # a plugin serving the CPU with its hardware present still comes before the built-in one
+    assert select_backend(None, "cpu").name == "present"
+
+
 def test_settings_are_validated_and_parsed():
     backend = HostBackend()
     assert resolve_settings(backend, {}) == {"mode": "off", "threads": 0, "fast": False}
@@ -473,4 +496,38 @@ def test_auto_selection_imports_the_plugins_in_a_throwaway_process_only(tmp_path
     (record,) = [json.loads(p.read_text()) for p in out.glob("*.json")]
     assert record["plugin"]["name"] == "cpu"  # argv has no hardware
     imports = [json.loads(line) for line in mark.read_text().splitlines()]
-    assert imports and all(argv == ["-c"] for argv in imports), imports
+    assert imports and all(argv[0] == "-c" for argv in imports), imports
+
+
+GPU_PLUGIN = '''
+from llmb import Backend, hookimpl
+
+
+class Gpu(Backend):
+    """A GPU plugin on a host where its GPU is present (it says so; nothing here touches a GPU)."""
+
+    name = "gpu"
+
+    def device_types(self):
+        return ["cuda"]
+
+    def available(self):
+        return True
+
+
+@hookimpl
+def register_backends(register):
+    register(Gpu())
+'''
+
+
+def test_the_auto_selection_probe_takes_the_device_asked_for(tmp_path, monkeypatch):
+    """The throwaway process that asks every installed plugin (a real subprocess) is told the device type asked for."""
+    import os
+
+    from conftest import install_plugin
+
+    site = install_plugin(tmp_path, "gpu", GPU_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    assert plugins._probe_in_a_fresh_process("cpu") == "cpu"
+    assert plugins._probe_in_a_fresh_process("cuda") == "gpu"

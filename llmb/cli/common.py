@@ -171,7 +171,7 @@ def plugin_options(func: Callable) -> Callable:
         "--plugin",
         default=None,
         callback=known_plugin,
-        help="Hardware plugin (default: first with hardware present, else cpu).",
+        help="Hardware plugin (default: first with hardware present serving --device, else cpu).",
     )(func)
     return func
 

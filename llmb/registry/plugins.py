@@ -218,39 +218,61 @@ def all_registrations() -> dict[str, Registration]:
     return registrations()
 
 
-def select_backend(name: str | None) -> Registration:
-    """The named backend; without a name, the first installed non-built-in backend whose hardware is present,
-    else cpu. Asking for hardware means importing every plugin, so that is done in a throwaway process and only the
+def select_backend(name: str | None, device: str | None = None) -> Registration:
+    """The named backend; without a name, the first installed non-built-in backend whose hardware is present and
+    which serves the device asked for (`--device`, when given), else cpu: `--device cpu` runs on the CPU on a GPU
+    host too. Asking for hardware means importing every plugin, so that is done in a throwaway process and only the
     chosen plugin is imported here (backends registered in memory, which no other process can see, are asked here)."""
     if name:
         return get_backend(name)
+    device_type = _device_type(device)
     if _in_memory_plugins():
-        return get_backend(first_available(all_registrations()))
+        return get_backend(first_available(all_registrations(), device_type))
     if all(info.name in BUILTIN for info in installed()):
         return get_backend("cpu")
-    return get_backend(_probe_in_a_fresh_process())
+    return get_backend(_probe_in_a_fresh_process(device_type))
 
 
-def first_available(found: dict[str, Registration]) -> str:
-    """Auto-selection's rule over loaded backends: the first non-built-in one with its hardware present, else cpu.
-    A plugin that cannot say is taken as absent, with one warning line naming it."""
-    chosen, unanswered = _choose(found)
+def _device_type(device: str | None) -> str | None:
+    """The type of a --device value ("cuda" of "cuda:1"); None for none, or one torch cannot parse (the run's own
+    parse says what is wrong with it)."""
+    if not device:
+        return None
+    import torch  # lazy: listing plugins needs no torch
+
+    try:
+        return torch.device(device).type
+    except (RuntimeError, ValueError):
+        return None
+
+
+def first_available(found: dict[str, Registration], device_type: str | None = None) -> str:
+    """Auto-selection's rule over loaded backends: the first non-built-in one serving `device_type` (any, for None)
+    with its hardware present, else cpu. A plugin that cannot say is taken as absent, with a warning line naming it."""
+    chosen, unanswered = _choose(found, device_type)
     for reason in unanswered:
         term.warning(reason)
     return chosen
 
 
-def _choose(found: dict[str, Registration]) -> tuple[str, list[str]]:
-    """The backend auto-selection takes, and one line for each plugin whose available() raised or returned no bool
-    (taken as absent: one broken plugin must not stop a run the others, cpu at least, can make)."""
+def _choose(found: dict[str, Registration], device_type: str | None = None) -> tuple[str, list[str]]:
+    """The backend auto-selection takes, and one line for each plugin whose device_types() or available() raised or
+    returned the wrong type (taken as absent: one broken plugin must not stop a run the others, cpu at least, can
+    make)."""
     unanswered = []
     for backend_name, registration in found.items():
         if registration.plugin.name in BUILTIN:
             continue
+        asked = "available"
         try:
+            if device_type is not None:
+                asked = "device_types"
+                if device_type not in call(registration.backend.device_types):
+                    continue
+                asked = "available"
             present = call(registration.backend.available)
         except LlmbError as exc:
-            said = charged(registration.backend, "available", exc)
+            said = charged(registration.backend, asked, exc)
             unanswered.append(f"plugin {registration.plugin.name!r} taken as without hardware: {said}")
             continue
         if present:
@@ -263,20 +285,22 @@ def _in_memory_plugins() -> list[str]:
     return [name for name, _ in pm.list_name_plugin() if name and name not in BUILTIN and name not in _infos]
 
 
-PROBE = "from llmb.registry import plugins; plugins.probe()"
+PROBE = "from llmb.registry import plugins; plugins.probe()"  # argument: the device type asked for, if any
 
 
 def probe() -> None:
     """The throwaway process's work: its last stdout line is the choice and the plugins taken as without hardware,
     as JSON. What the plugins print goes to stderr, so no plugin's line can pass for the choice."""
+    device_type = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] else None
     with stdout_to_stderr():
-        chosen, unanswered = _choose(all_registrations())
+        chosen, unanswered = _choose(all_registrations(), device_type)
     print(json.dumps({"chosen": chosen, "unanswered": unanswered}))
 
 
-def _probe_in_a_fresh_process() -> str:
+def _probe_in_a_fresh_process(device_type: str | None = None) -> str:
+    command = [sys.executable, "-c", PROBE, device_type or ""]
     try:
-        proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LlmbError(f"auto-selecting a plugin failed ({type(exc).__name__}); name one with --plugin") from None
     answer = _probe_answer(proc.stdout) if proc.returncode == 0 else None

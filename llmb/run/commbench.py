@@ -78,7 +78,7 @@ def run(options: CommOptions) -> Commbench | None:
 
 
 def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
-    plugin = select_backend(options.plugin)
+    plugin = select_backend(options.plugin, options.device)
     devices = plugin.backend
     types = list(call(devices.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
@@ -164,7 +164,7 @@ def launch(spec: distributed.LaunchSpec, options: CommOptions) -> Commbench | No
 
 def default_nproc(options: CommOptions) -> int:
     """The host's devices for the plugin's device type, at least two (one process per device; the CPU is shared)."""
-    backend = select_backend(options.plugin).backend
+    backend = select_backend(options.plugin, options.device).backend
     types = list(call(backend.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
     count = PluginReturns(backend.name).count("device_count", call(backend.device_count, device)) or 1

@@ -68,7 +68,7 @@ def search(options, grid: dict[str, list[str]], display=None) -> dict:
     """One sweep per combination in its own sub-folder of options.out; the search summary written beside them."""
     out = Path(options.out)
     combos = combinations(grid)
-    backend = select_backend(options.run.plugin).backend
+    backend = select_backend(options.run.plugin, options.run.device).backend
     for combo in combos:  # every searched value is checked before the first trial: a bad one is a usage error now,
         resolve_settings(backend, {**options.run.settings, **combo})  # not after hours of the combinations before it
     summary: dict = {

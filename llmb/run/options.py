@@ -73,7 +73,7 @@ def check_request(options: RunOptions, allow_all: bool = False) -> None:
 def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
     """Check the request before any work: plugin, settings, device, precision, sizes."""
     check_request(options)
-    plugin = select_backend(options.plugin)
+    plugin = select_backend(options.plugin, options.device)
     backend = plugin.backend
     settings = resolve_settings(backend, options.settings)
     supported = list(call(backend.precisions))
@@ -84,7 +84,7 @@ def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
     types = list(call(backend.device_types))
     device = parse_device(options.device or (types[0] if types else "cpu"))
     if types and device.type not in types:
-        raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
+        raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}{_chosen(options)}")
     world = distributed.current_world()
     if world is None and options.parallel not in (None, "none"):
         raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
@@ -96,6 +96,13 @@ def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
         device = distributed.rank_device(device, world)
     mesh.check(layout(options), options.config, options.batch_size)
     return plugin, device, settings
+
+
+def _chosen(options: RunOptions) -> str:
+    """How the plugin came to be chosen, where the user did not name it."""
+    if options.plugin:
+        return ""
+    return " (auto-selected: no installed plugin with its hardware present serves it; name one with --plugin)"
 
 
 def check_launch(options: RunOptions, world_size: int, nodes: int) -> None:

@@ -109,7 +109,9 @@ def run_in_process(
 ) -> list[Result]:
     """Library and test use (LLMB_IN_PROCESS=1): the plugin's own process judges, and no record is valid."""
     if requested == names.ALL_PRECISIONS:
-        wanted, unsupported = names.expand_precision(requested, call(select_backend(base.plugin).backend.precisions))
+        wanted, unsupported = names.expand_precision(
+            requested, call(select_backend(base.plugin, base.device).backend.precisions)
+        )
         for name in unsupported:
             term.say((f"{name}: unsupported by this plugin", "yellow"))
     else:

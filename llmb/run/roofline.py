@@ -263,7 +263,7 @@ def peak(
 ) -> list[Roofline]:
     """`llmb peak`: the roofline of each precision on the plugin's device, at the model's GEMMs and a square one.
     `measured(roofline, total)` is called as each precision's ends (a long command says what is left)."""
-    selected = select_backend(plugin)
+    selected = select_backend(plugin, device)
     backend = selected.backend
     resolved = resolve_settings(backend, settings)
     supported = list(call(backend.precisions))
@@ -291,7 +291,7 @@ def peak(
 
 def device_for(plugin: str | None, device: str | None) -> torch.device:
     """The device `llmb peak` measures: the one given, else the plugin's first device type."""
-    types = list(call(select_backend(plugin).backend.device_types))
+    types = list(call(select_backend(plugin, device).backend.device_types))
     return parse_device(device or (types[0] if types else "cpu"))
 
 
