@@ -25,6 +25,7 @@ def test_all_is_every_supported_precision_in_llmbs_order():
 class Job:
     plugin: str
     precision: str
+    device: str | None = None
 
 
 def test_the_sweep_and_the_clean_room_expand_alike(monkeypatch):
@@ -32,7 +33,7 @@ def test_the_sweep_and_the_clean_room_expand_alike(monkeypatch):
     from llmb.run import clean_worker, sweep
 
     plugin = SimpleNamespace(backend=SimpleNamespace(precisions=lambda: SUPPORTED))
-    monkeypatch.setattr(plugins, "select_backend", lambda name: plugin)
+    monkeypatch.setattr(plugins, "select_backend", lambda name, device=None: plugin)
     notes = []
     link = SimpleNamespace(send=lambda kind, text: notes.append((kind, text)))
 
