@@ -263,13 +263,11 @@ def _choose(found: dict[str, Registration], device_type: str | None = None) -> t
     for backend_name, registration in found.items():
         if registration.plugin.name in BUILTIN:
             continue
-        asked = "available"
+        asked = "available" if device_type is None else "device_types"  # the method a failure is charged to
         try:
-            if device_type is not None:
-                asked = "device_types"
-                if device_type not in call(registration.backend.device_types):
-                    continue
-                asked = "available"
+            if device_type is not None and device_type not in call(registration.backend.device_types):
+                continue
+            asked = "available"
             present = call(registration.backend.available)
         except LlmbError as exc:
             said = charged(registration.backend, asked, exc)

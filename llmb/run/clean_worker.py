@@ -153,9 +153,8 @@ def expand_all(runs: list, link: Link | None) -> list:
         if options.precision != ALL_PRECISIONS:
             expanded.append(options)
             continue
-        supported = call(
-            select_backend(options.plugin, options.device).backend.precisions
-        )  # its type checked, as everywhere
+        backend = select_backend(options.plugin, options.device).backend
+        supported = call(backend.precisions)  # its type checked, as everywhere
         wanted, unsupported = expand_precision(options.precision, supported)
         for name in unsupported if link is not None else []:
             link.send("note", f"{name}: unsupported by this plugin")
