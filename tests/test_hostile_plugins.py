@@ -17,7 +17,7 @@ from conftest import TINY, TINY_CPU, install_plugin, invoke, plugin_env
 
 from llmb import Backend, CpuBackend, Setting
 from llmb.api.errors import PluginError, UsageError
-from llmb.registry import plugins
+from llmb.registry import plugins, probe_process
 from llmb.registry.plugins import call, select_backend
 from llmb.run import sweep, sweep_trials
 
@@ -271,7 +271,7 @@ def test_the_auto_selection_probe_takes_a_plugin_that_raises_as_absent_and_relay
     """The probe is the throwaway process that asks every installed plugin (a real subprocess here)."""
     site = install_plugin(tmp_path, "sulky", SULKY_PLUGIN)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
-    chosen = plugins._probe_in_a_fresh_process()
+    chosen = probe_process.ask()
     assert chosen != "PRINTED" and chosen != "sulky"
     err = capsys.readouterr().err
     assert "warning: plugin 'sulky' taken as without hardware: backend 'sulky' failed in available: RuntimeError: " in (
@@ -367,9 +367,11 @@ def test_the_auto_selection_probe_answers_past_a_plugin_printing_from_c(tmp_path
     """The probe's answer is its last stdout line: a printf flushed at exit would have come after it."""
     site = install_plugin(tmp_path, "chatty", CHATTY_C_PLUGIN)
     env = plugin_env(site)
-    proc = subprocess.run([sys.executable, "-c", plugins.PROBE], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe_process.PROBE], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert plugins._probe_answer(proc.stdout) is not None and "PRINTED" not in proc.stdout, proc.stdout[-2000:]
+    assert probe_process.answer_of(proc.stdout) is not None and "PRINTED" not in proc.stdout, proc.stdout[-2000:]
 
 
 def test_a_trial_llmb_run_refuses_is_a_refused_point():

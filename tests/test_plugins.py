@@ -10,7 +10,7 @@ from llmb import Backend, Peak, Setting, hookimpl
 from llmb.api.backend import overridden, public_methods
 from llmb.api.errors import PluginError, UsageError
 from llmb.cli import cli
-from llmb.registry import plugins
+from llmb.registry import plugins, probe_process
 from llmb.registry.plugins import call, get_backend, resolve_settings, select_backend
 
 
@@ -529,5 +529,34 @@ def test_the_auto_selection_probe_takes_the_device_asked_for(tmp_path, monkeypat
 
     site = install_plugin(tmp_path, "gpu", GPU_PLUGIN)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
-    assert plugins._probe_in_a_fresh_process("cpu") == "cpu"
-    assert plugins._probe_in_a_fresh_process("cuda") == "gpu"
+    assert probe_process.ask("cpu") == "cpu"
+    assert probe_process.ask("cuda") == "gpu"
+
+
+def test_auto_selection_starts_one_probe_process_per_device_type(tmp_path, monkeypatch):
+    """One command asks once: `--precision all` without --plugin started a probe process (a fresh interpreter
+    importing torch and every plugin, about 3 s here) for its expansion and again for each precision, 4 on the CPU.
+    The answer is kept per device type, and asked again where what the probe would see changes (PYTHONPATH)."""
+    import os
+    import subprocess
+
+    from conftest import install_plugin
+
+    site = install_plugin(tmp_path, "gpu", GPU_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.syspath_prepend(str(site))  # installed() here sees the plugin the probe process will load
+    started = []
+    real_run = subprocess.run
+
+    def counting_run(command, *args, **kwargs):
+        started.append(command)
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counting_run)
+    assert [select_backend(None, device).name for device in ("cuda", "cuda:0", "cuda")] == ["gpu"] * 3
+    assert len(started) == 1, started
+    assert select_backend(None, "cpu").name == "cpu"
+    assert len(started) == 2, started
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join((os.environ["PYTHONPATH"], str(tmp_path))))
+    assert select_backend(None, "cuda").name == "gpu"
+    assert len(started) == 3, started

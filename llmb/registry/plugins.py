@@ -4,14 +4,13 @@ register through the one hook, ``register_backends(register)``.
 A run imports only the plugin its backend comes from: a backend is named after its plugin's entry point ("cuda", or
 "cuda-something" for a plugin with several), so `llmb run --plugin NAME` loads that entry point alone and no other
 installed plugin's import-time code runs in the benchmark's process. Only `llmb plugins` loads them all;
-auto-selection (no --plugin) loads them all in a throwaway process that names the choice. `installed()` lists every
-plugin from package metadata without importing any.
+auto-selection (no --plugin) loads them all in a throwaway process that names the choice (`probe`, started once by
+llmb.registry.probe_process). `installed()` lists every plugin from package metadata without importing any.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from llmb.api.errors import describe as one_line
 from llmb.api.settings import Setting, declaration_problem, did_you_mean
 from llmb.api.settings import resolve_settings as resolve
 from llmb.audit import vendor_libraries
+from llmb.registry import probe_process
 from llmb.registry import state as run_state
 from llmb.spec.version import __version__
 from llmb.spec.vocab import FIRST_PARTY_PLUGINS
@@ -222,7 +222,8 @@ def select_backend(name: str | None, device: str | None = None) -> Registration:
     """The named backend; without a name, the first installed non-built-in backend whose hardware is present and
     which serves the device asked for (`--device`, when given), else cpu: `--device cpu` runs on the CPU on a GPU
     host too. Asking for hardware means importing every plugin, so that is done in a throwaway process and only the
-    chosen plugin is imported here (backends registered in memory, which no other process can see, are asked here)."""
+    chosen plugin is imported here (backends registered in memory, which no other process can see, are asked here).
+    That process is started once per device type in this process (llmb.registry.probe_process)."""
     if name:
         return get_backend(name)
     device_type = _device_type(device)
@@ -230,7 +231,7 @@ def select_backend(name: str | None, device: str | None = None) -> Registration:
         return get_backend(first_available(all_registrations(), device_type))
     if all(info.name in BUILTIN for info in installed()):
         return get_backend("cpu")
-    return get_backend(_probe_in_a_fresh_process(device_type))
+    return get_backend(probe_process.chosen_backend(device_type, tuple(installed())))
 
 
 def _device_type(device: str | None) -> str | None:
@@ -283,9 +284,6 @@ def _in_memory_plugins() -> list[str]:
     return [name for name, _ in pm.list_name_plugin() if name and name not in BUILTIN and name not in _infos]
 
 
-PROBE = "from llmb.registry import plugins; plugins.probe()"  # argument: the device type asked for, if any
-
-
 def probe() -> None:
     """The throwaway process's work: its last stdout line is the choice and the plugins taken as without hardware,
     as JSON. What the plugins print goes to stderr, so no plugin's line can pass for the choice."""
@@ -293,34 +291,6 @@ def probe() -> None:
     with stdout_to_stderr():
         chosen, unanswered = _choose(all_registrations(), device_type)
     print(json.dumps({"chosen": chosen, "unanswered": unanswered}))
-
-
-def _probe_in_a_fresh_process(device_type: str | None = None) -> str:
-    command = [sys.executable, "-c", PROBE, device_type or ""]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LlmbError(f"auto-selecting a plugin failed ({type(exc).__name__}); name one with --plugin") from None
-    answer = _probe_answer(proc.stdout) if proc.returncode == 0 else None
-    if answer is None:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise LlmbError(f"auto-selecting a plugin failed ({last}); name one with --plugin")
-    chosen, unanswered = answer
-    for reason in unanswered:  # said here: the probe's stderr is not shown
-        term.warning(reason)
-    return chosen
-
-
-def _probe_answer(stdout: str) -> tuple[str, list[str]] | None:
-    """The probe's choice and warnings from its last stdout line; None where that line is not the probe's answer."""
-    try:
-        answer = json.loads((stdout.strip().splitlines() or [""])[-1])
-        chosen, unanswered = answer["chosen"], answer["unanswered"]
-    except (ValueError, TypeError, KeyError):
-        return None
-    if not isinstance(chosen, str) or not chosen or not isinstance(unanswered, list):
-        return None
-    return chosen, [str(reason) for reason in unanswered]
 
 
 T = TypeVar("T")
