@@ -5,8 +5,9 @@ Knowing whose hardware is present means importing every installed plugin, which 
 line. One command asks once: the answer is kept for each device type, interpreter, PYTHONPATH and set of installed
 plugins (what the probe process would see), so every precision of `--precision all`, every planning step of a sweep
 and every combination of a settings search run on one backend, chosen by one probe, where each of them asked again
-before (a fresh interpreter importing torch and every plugin: about 3 s each on a 2-core host, 4 probes for one
-`--precision all` run on the CPU). Hardware is taken as fixed while one process runs.
+before (a fresh interpreter importing torch and every plugin: 4 probes for one `--precision all` run on the CPU,
+about 7 s each on a 2-core host with the four first-party plugins; benchmarks/RESULTS.md section 38). Hardware is
+taken as fixed while one process runs.
 """
 
 from __future__ import annotations
