@@ -535,7 +535,7 @@ def test_the_auto_selection_probe_takes_the_device_asked_for(tmp_path, monkeypat
 
 def test_auto_selection_starts_one_probe_process_per_device_type(tmp_path, monkeypatch):
     """One command asks once: `--precision all` without --plugin started a probe process (a fresh interpreter
-    importing torch and every plugin, about 3 s here) for its expansion and again for each precision, 4 on the CPU.
+    importing torch and every plugin, about 7 s here) for its expansion and again for each precision, 4 on the CPU.
     The answer is kept per device type, and asked again where what the probe would see changes (PYTHONPATH)."""
     import os
     import subprocess

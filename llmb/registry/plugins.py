@@ -229,9 +229,10 @@ def select_backend(name: str | None, device: str | None = None) -> Registration:
     device_type = _device_type(device)
     if _in_memory_plugins():
         return get_backend(first_available(all_registrations(), device_type))
-    if all(info.name in BUILTIN for info in installed()):
+    infos = tuple(installed())  # package metadata, read once
+    if all(info.name in BUILTIN for info in infos):
         return get_backend("cpu")
-    return get_backend(probe_process.chosen_backend(device_type, tuple(installed())))
+    return get_backend(probe_process.chosen_backend(device_type, infos))
 
 
 def _device_type(device: str | None) -> str | None:

@@ -2,8 +2,8 @@
 
 Knowing whose hardware is present means importing every installed plugin, which no benchmark process may do
 (llmb.registry.plugins), so a fresh interpreter does it (`plugins.probe`) and names the choice on its last stdout
-line. One command asks once: the answer is kept for each device type, interpreter, PYTHONPATH and set of installed
-plugins (what the probe process would see), so every precision of `--precision all`, every planning step of a sweep
+line. One command asks once: the answer is kept for each device type, PYTHONPATH and set of installed plugins
+(what the probe process would see), so every precision of `--precision all`, every planning step of a sweep
 and every combination of a settings search run on one backend, chosen by one probe, where each of them asked again
 before (a fresh interpreter importing torch and every plugin: 4 probes for one `--precision all` run on the CPU,
 about 7 s each on a 2-core host with the four first-party plugins; benchmarks/RESULTS.md section 38). Hardware is
@@ -23,14 +23,14 @@ from llmb.terminal import console as term
 
 PROBE = "from llmb.registry import plugins; plugins.probe()"  # argument: the device type asked for, if any
 
-# (device type, interpreter, PYTHONPATH, installed plugins) -> the backend the probe chose.
+# (device type, PYTHONPATH, installed plugins) -> the backend the probe chose.
 _answers: dict[tuple, str] = {}
 
 
 def chosen_backend(device_type: str | None, installed: Hashable) -> str:
     """The backend auto-selection takes for `device_type` (any, for None), asked of a fresh process the first time
     in this process for this device type and these installed plugins; its warnings are said that once."""
-    key = (device_type, sys.executable, os.environ.get("PYTHONPATH"), installed)
+    key = (device_type, os.environ.get("PYTHONPATH"), installed)
     if key not in _answers:
         _answers[key] = ask(device_type)
     return _answers[key]
