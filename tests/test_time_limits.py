@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,15 +18,25 @@ import pytest
 from conftest import TINY, TINY_CPU, install_plugin, invoke, plugin_env
 
 from llmb import CpuBackend
+from llmb.api import errors
 from llmb.api.errors import TimeLimitReached, time_limit
 
-# Hangs in Python (time.sleep) wherever `HANG_IN` names: in the worker, set up for any precision but FP32 (so a
-# `--precision all` run judges FP32 first), or in the sweep's own process, asked for its precisions.
+# Hangs wherever `HANG_IN` names: in the worker, set up for any precision but FP32 (so a `--precision all` run judges
+# FP32 first), or in the sweep's own process, asked for its precisions. In Python (time.sleep), which the limit's
+# signal interrupts; or, with HANG_MASKED, with SIGALRM blocked first: the signal never reaches the sleeping thread,
+# as it never reaches one inside a C call that does not return (a driver's, a collective's).
 HANGING_PLUGIN = """
 import os
+import signal
 import time
 
 from llmb import CpuBackend, hookimpl
+
+
+def hang():
+    if os.environ.get("HANG_MASKED"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(3600)
 
 
 class Hanging(CpuBackend):
@@ -36,12 +47,12 @@ class Hanging(CpuBackend):
 
     def precisions(self):
         if os.environ.get("HANG_IN") == "precisions":
-            time.sleep(3600)
+            hang()
         return super().precisions()
 
     def process_model(self, model, optimizer, device, precision, settings):
         if os.environ.get("HANG_IN") == "process_model" and precision != "FP32":
-            time.sleep(3600)
+            hang()
         return super().process_model(model, optimizer, device, precision, settings)
 
 
@@ -51,13 +62,16 @@ def register_backends(register):
 """
 
 
-def hanging(tmp_path, where: str, *command: str) -> tuple[subprocess.CompletedProcess, float]:
+def hanging(tmp_path, where: str, *command: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, float]:
     site = install_plugin(tmp_path, "hanging", HANGING_PLUGIN)
-    env = {**plugin_env(site), "HANG_IN": where, "HANGING_TEST": str(tmp_path)}
+    env = {**plugin_env(site), "HANG_IN": where, "HANGING_TEST": str(tmp_path), **env_extra}
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmb", *command], capture_output=True, text=True, env=env, timeout=600
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "llmb", *command], capture_output=True, text=True, env=env, timeout=300
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`llmb {' '.join(command)}` still ran after 300 s: its time limit did not end it")
     return proc, time.monotonic() - started
 
 
@@ -79,6 +93,37 @@ def test_the_limit_interrupts_the_main_thread_with_its_line_and_is_gone_afterwar
     with time_limit(0.1, "said here"):
         pass
     time.sleep(0.2)  # the timer was cleared on the way out: nothing fires now
+
+
+def test_the_watchdog_ends_a_main_thread_the_limits_signal_cannot_reach(monkeypatch):
+    """A main thread hung where SIGALRM cannot reach it (blocked here, as inside a C call that never returns) is
+    never interrupted: the watchdog, HUNG_GRACE_SECONDS past the limit, ends the process (here: records that it
+    would have). Found in the notes of 2026-11-28: --time-limit could not end a hang inside a C call in-process."""
+    ended = threading.Event()
+    said_to = []
+    monkeypatch.setattr(errors, "HUNG_GRACE_SECONDS", 0.2)
+    monkeypatch.setattr(errors, "_end_hung_process", lambda said: (said_to.append(said), ended.set()))
+    with pytest.raises(TimeLimitReached):  # raised once the main thread runs Python again, after the watchdog
+        with time_limit(0.1, "said here"):
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            try:
+                assert ended.wait(10), "the watchdog did not fire"
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    assert said_to == ["said here"]
+
+
+def test_the_watchdog_does_not_fire_where_the_limit_interrupted_the_main_thread(monkeypatch):
+    fired = threading.Event()
+    monkeypatch.setattr(errors, "HUNG_GRACE_SECONDS", 0.2)
+    monkeypatch.setattr(errors, "_end_hung_process", lambda said: fired.set())
+    with pytest.raises(TimeLimitReached):
+        with time_limit(0.1, "said here"):
+            time.sleep(5)
+    assert not fired.wait(0.5)
+    with time_limit(0.1, "said here"):
+        pass
+    assert not fired.wait(0.5)
 
 
 def test_an_in_process_run_past_its_limit_exits_124_in_one_line(register_backend, tmp_path):
@@ -126,6 +171,40 @@ def test_the_sweeps_own_calls_into_a_hanging_plugin_end_at_the_trial_timeout(tmp
     assert error_lines(proc.stderr) == [
         "error: the plugin did not answer the sweep's own checks within 5 s (--trial-timeout); no trial was run"
     ], proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "where, command, env, said",
+    [
+        (
+            "precisions",
+            ["sweep", "--batch-sizes", "1", "--trial-timeout", "5"],
+            {},
+            "error: the plugin did not answer the sweep's own checks within 5 s (--trial-timeout); no trial was run",
+        ),
+        (
+            "process_model",
+            ["run", "--precision", "BF16", "--time-limit", "5"],
+            {"LLMB_IN_PROCESS": "1"},
+            "error: the run went past its time limit of 5 s and was stopped (--time-limit)",
+        ),
+    ],
+    ids=["sweep-checks", "in-process-run"],
+)
+def test_a_plugin_hung_where_the_limits_signal_cannot_reach_still_ends_at_124(tmp_path, where, command, env, said):
+    """The plugin runs in the command's own process here and blocks SIGALRM before it hangs, as a call into C that
+    never returns would keep the signal from ever being handled: the watchdog ends the process HUNG_GRACE_SECONDS
+    past the limit, one line, exit 124, no traceback. Before it, the command hung for the plugin's hour."""
+    out = tmp_path / "out"
+    full = [command[0], "--plugin", "hanging", "--device", "cpu", *TINY, *command[1:], "--out", str(out)]
+    proc, seconds = hanging(tmp_path, where, *full, HANG_MASKED="1", **env)
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    assert 5 + errors.HUNG_GRACE_SECONDS <= seconds < 5 + errors.HUNG_GRACE_SECONDS + 60, seconds
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith(said) and "ended there" in line, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not processes_marked(str(tmp_path))
 
 
 @pytest.mark.slow

@@ -4,7 +4,10 @@ in one line."""
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -98,24 +101,52 @@ class TimeLimitReached(KeyboardInterrupt):
     exit_code = 124  # as coreutils' timeout(1) exits when its command timed out
 
 
+# How long past its limit a command goes on when the limit cannot reach its main thread (a call into C that does not
+# return, or one that blocks SIGALRM) before it is ended where it stands: long enough that a slow but finite call
+# (one large GEMM on a CPU at the official shape takes tens of seconds) returns and unwinds cleanly first.
+HUNG_GRACE_SECONDS = 30.0
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float | None, said: str) -> Iterator[None]:
     """Raise TimeLimitReached(``said``) in the main thread once ``seconds`` of wall time have passed (None, 0 or
-    less: no limit). A plugin hung in Python, or a judge waiting on a hung worker, is interrupted; one hung inside a
-    C call is interrupted when that call returns (the clean room's judge, which waits on the worker process, always
-    is). Elsewhere than the main thread (llmb as a library, in a thread), or without setitimer, no limit is set."""
+    less: no limit), so every `finally` on the way out runs. Where the main thread does not come back to Python
+    within HUNG_GRACE_SECONDS more (a plugin hung inside a C call that never returns, or with SIGALRM blocked), a
+    watchdog thread ends the process: the worker processes it started are killed, ``said`` is the one line, exit 124.
+    Records judged before are saved already (written whole, atomically). A C call that also holds the GIL stops the
+    watchdog too; nothing in-process can end that. Elsewhere than the main thread (llmb as a library, in a thread),
+    or without setitimer, no limit is set."""
     main = threading.current_thread() is threading.main_thread()
     if not seconds or seconds <= 0 or not main or not hasattr(signal, "setitimer"):
         yield
         return
+    watchdog = threading.Timer(seconds + HUNG_GRACE_SECONDS, _end_hung_process, args=(said,))
+    watchdog.daemon = True
 
     def handler(signum, frame):
+        watchdog.cancel()  # the main thread is back in Python: it unwinds, every `finally` runs
         raise TimeLimitReached(said)
 
     previous = signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    watchdog.start()
     try:
         yield
     finally:
+        watchdog.cancel()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _end_hung_process(said: str) -> None:
+    """The watchdog's end of a process whose main thread is hung: no `finally` can run, so what it would stop is
+    stopped here (the worker processes started through multiprocessing), then one line and exit 124 at once."""
+    for child in multiprocessing.active_children():
+        child.kill()
+    printable = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in said)
+    sys.stderr.write(
+        f"error: {printable} (its main thread was hung {HUNG_GRACE_SECONDS:g} s more, inside a call that did not "
+        "return; ended there)\n"
+    )
+    sys.stderr.flush()
+    os._exit(TimeLimitReached.exit_code)
