@@ -4,6 +4,7 @@ cost, mostly this build, was 16-42% of a 20-step run's wall time)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -11,6 +12,7 @@ import time
 
 import pytest
 import torch
+from conftest import install_plugin
 
 from llmb.judge import cleanroom, initial, replay
 from llmb.records.judged import Replay
@@ -217,3 +219,55 @@ def test_the_worker_waits_for_the_judges_build_before_its_first_warmup_step(monk
     assert replayed.passed is True
     assert replayed.initial_model is not None and replayed.initial_model.build_seconds >= 3.0
     assert replayed.initial_model.worker_waited_seconds > 1.0
+
+
+FAILS_AFTER_SETUP = """
+from llmb import Backend, hookimpl
+
+class FailsAfterSetup(Backend):
+    name = "failsaftersetup"
+
+    def process_model(self, model, optimizer, device, precision, settings):
+        raise RuntimeError("no kernels for this model")
+
+@hookimpl
+def register_backends(register):
+    register(FailsAfterSetup())
+"""
+
+
+def test_no_thread_of_the_judges_preparation_outlives_a_worker_that_failed_between_setup_and_ready(
+    monkeypatch, tmp_path
+):
+    """A worker that fails after its `setup` (here in process_model) never says `ready`, so nothing waited for the
+    judge's warm-up begun on that `setup`: the judge returned with it still running torch, and the process that
+    exited then aborted now and then (a daemon thread ended through torch's C++ frames during finalisation: "terminate
+    called without an active exception", exit 134 after the run's one line; CI, stop 57). The warm-up here lasts 3 s
+    longer than the real one; the judge returns only after it ended."""
+    site = install_plugin(tmp_path, "failsaftersetup", FAILS_AFTER_SETUP)
+    monkeypatch.syspath_prepend(str(site))  # the spawned worker starts with this process's sys.path
+    ended: list[float] = []
+    original = initial.warm_optimizer
+
+    def slow_warm() -> None:
+        original()
+        time.sleep(3.0)
+        ended.append(time.perf_counter())
+
+    monkeypatch.setattr(initial, "warm_optimizer", slow_warm)
+    options = dataclasses.replace(tiny_options(), plugin="failsaftersetup")
+    records, error = cleanroom.run_clean_keeping([options])
+    returned = time.perf_counter()
+    assert records == [] and error is not None and "no kernels for this model" in str(error)
+    assert ended and ended[0] <= returned, "the judge returned while its warm-up thread was still running"
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("llmb-optimizer", "llmb-initial"))]
+
+
+def test_a_closed_preparation_starts_nothing():
+    """The judge's thread may hand on a `setup` after the run ended (closed): nothing starts then."""
+    models = initial.InitialModels()
+    models.close()
+    models.warm()
+    models.start(TINY, 0)
+    assert not models.held() and models.ready() >= 0
+    assert not [t.name for t in threading.enumerate() if t.name.startswith(("llmb-optimizer", "llmb-initial"))]

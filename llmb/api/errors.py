@@ -4,7 +4,6 @@ in one line."""
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
 import sys
@@ -141,6 +140,8 @@ def time_limit(seconds: float | None, said: str) -> Iterator[None]:
 def _end_hung_process(said: str) -> None:
     """The watchdog's end of a process whose main thread is hung: no `finally` can run, so what it would stop is
     stopped here (the worker processes started through multiprocessing), then one line and exit 124 at once."""
+    import multiprocessing  # lazy: loaded by the process that started workers already; llmb.api stays light
+
     for child in multiprocessing.active_children():
         child.kill()
     printable = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in said)

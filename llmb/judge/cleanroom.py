@@ -249,8 +249,8 @@ def serve(
     worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
     it failed after them: the caller keeps what was finished before raising it. ``on_result(result, windows,
     run_seconds)`` is called as each result arrives (run_seconds: the run's wall time), the worker waiting;
-    ``preparation`` (setup(), ready()) is the judge's own work for each run, done while the worker sets the run up
-    (see Judge)."""
+    ``preparation`` (setup(), ready(), close()) is the judge's own work for each run, done while the worker sets the
+    run up (see Judge), and closed before this returns."""
 
     if launch is not None and on_result is not None:
         raise ValueError("on_result is for a single worker: a launched job's results are kept after it ends")
@@ -279,6 +279,8 @@ def serve(
         judge.finished.wait(timeout=30)
     finally:
         judge.close()
+        if preparation is not None:
+            preparation.close()  # its threads end before this process can: see InitialModels.close
     error = judge.exception()
     if error is None and judge.connected.is_set() and not judge.done:
         # Ended before it said it was done, without a word of its own (an error it meets is sent over the link
@@ -438,3 +440,6 @@ class ReplayPreparation:
 
     def ready(self) -> float:
         return self.models.ready()
+
+    def close(self) -> None:
+        self.models.close()

@@ -167,7 +167,8 @@ class InitialModels:
     Where none is built (a replay on the CPU), torch's AdamW alone is warmed in the background (warm).
 
     Builds are serialised with the replays that take them (a build seeds torch's global generator): `start` is
-    called on the worker's `setup`, while no replay runs (the worker waits through each replay)."""
+    called on the worker's `setup`, while no replay runs (the worker waits through each replay). `close` ends the
+    preparation for good: its threads joined, none started after it."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -177,6 +178,10 @@ class InitialModels:
         self._waited = 0.0
         self._warm: threading.Thread | None = None
         self._warmed: Warmed | None = None  # until the first replay after it says it (warmed)
+        # Held while a thread starts and while `close` marks the end: the judge's thread starts them (the worker's
+        # `setup`), the main thread closes.
+        self._starting = threading.Lock()
+        self._closed = False
 
     def start(self, config: ModelConfig, seed: int) -> None:
         """Build the initial model of (config, seed) in a thread, unless it is held or building already."""
@@ -184,9 +189,14 @@ class InitialModels:
         if key == self._key:
             return
         self.wait()
-        self._key, self._model, self._waited = key, None, 0.0
-        self._thread = threading.Thread(target=self._build, args=(config, seed), name="llmb-initial-model", daemon=True)
-        self._thread.start()
+        with self._starting:
+            if self._closed:
+                return
+            self._key, self._model, self._waited = key, None, 0.0
+            self._thread = threading.Thread(
+                target=self._build, args=(config, seed), name="llmb-initial-model", daemon=True
+            )
+            self._thread.start()
 
     def _build(self, config: ModelConfig, seed: int) -> None:
         began = time.perf_counter()
@@ -202,9 +212,10 @@ class InitialModels:
         is built beside the worker, but the first AdamW's imports still need not fall inside the replay's seconds
         and budget. Called on the worker's `setup`, after the plugin has read the host; the worker waits for it at
         `ready`, before its first warmup step."""
-        if self._warm is None:
-            self._warm = threading.Thread(target=self._warm_optimizer, name="llmb-optimizer-warmup", daemon=True)
-            self._warm.start()
+        with self._starting:
+            if self._warm is None and not self._closed:
+                self._warm = threading.Thread(target=self._warm_optimizer, name="llmb-optimizer-warmup", daemon=True)
+                self._warm.start()
 
     def _warm_optimizer(self) -> None:
         began = time.perf_counter()
@@ -213,6 +224,18 @@ class InitialModels:
         except Exception:  # the replay's own AdamW meets the error, if any
             return
         self._warmed = Warmed(time.perf_counter() - began, 0.0)
+
+    def close(self) -> None:
+        """No build or warm-up starts after this; the one under way (if any) is waited for. Called once the worker
+        has gone, whether it finished or failed between its `setup` and its `ready`: a thread left running torch
+        while the interpreter exits aborts the process (a daemon thread that wakes during finalisation is ended
+        through torch's C++ frames: "terminate called without an active exception", exit 134 after the run's one
+        line)."""
+        with self._starting:
+            self._closed = True
+        self.wait()
+        if self._warm is not None:
+            self._warm.join()
 
     def wait(self) -> None:
         """Until the build under way (if any) has finished."""
