@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -205,3 +207,22 @@ def test_a_failure_whose_message_starts_on_the_next_line_keeps_its_cause_and_dro
     )
     error = distributed.failure_error({2: _Failure({"message": message, "extraInfo": {}}, 7)})
     assert str(error) == "rank 2 failed: RuntimeError: [Stage 0] failed to run forward:"
+
+
+def test_stopping_the_heartbeat_waits_for_its_thread(monkeypatch):
+    """A rank's heartbeat thread left inside the store's call (C++, the GIL released) while the rank's interpreter
+    exits aborts that process after its work is done, and the launcher counts the rank failed. stop() joins it; the
+    store here is a stand-in whose stamp takes 0.5 s (no job runs in this test)."""
+    stamping = threading.Event()
+
+    class SlowStore:
+        def set(self, key, value):
+            stamping.set()
+            time.sleep(0.5)
+
+    monkeypatch.setattr(torch.distributed.distributed_c10d, "_get_default_store", lambda: SlowStore())
+    distributed.Heartbeat.start(distributed.World(rank=0, local_rank=0, world_size=2, local_world_size=2))
+    thread = distributed.Heartbeat._current.thread
+    assert stamping.wait(10)
+    distributed.Heartbeat.stop()
+    assert not thread.is_alive() and distributed.Heartbeat._current is None

@@ -314,6 +314,7 @@ class Heartbeat:
 
     PERIOD = 1.0
     SILENT = 3.0  # seconds without a stamp: gone (three missed periods)
+    STOP_WAIT = 10.0  # a stamp takes milliseconds; a store whose host went away fails its call within seconds
     _current: Heartbeat | None = None
 
     def __init__(self, world: World) -> None:
@@ -333,9 +334,15 @@ class Heartbeat:
 
     @classmethod
     def stop(cls) -> None:
-        if cls._current is not None:
-            cls._current.stopped.set()
-            cls._current = None
+        """Stop the stamps and wait for the thread (at most STOP_WAIT): one left inside the store's call into C++
+        while the interpreter exits aborts the rank's process after its work is done ("terminate called without an
+        active exception"), and the launcher then counts the rank as failed."""
+        beat, cls._current = cls._current, None
+        if beat is None:
+            return
+        beat.stopped.set()
+        if beat.thread.is_alive() and beat.thread is not threading.current_thread():
+            beat.thread.join(cls.STOP_WAIT)
 
     def _beat(self) -> None:
         while not self.stopped.is_set():
