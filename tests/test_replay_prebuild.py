@@ -256,18 +256,25 @@ def test_no_thread_of_the_judges_preparation_outlives_a_worker_that_failed_betwe
 
     monkeypatch.setattr(initial, "warm_optimizer", slow_warm)
     options = dataclasses.replace(tiny_options(), plugin="failsaftersetup")
+    before = preparation_threads()
     records, error = cleanroom.run_clean_keeping([options])
     returned = time.perf_counter()
     assert records == [] and error is not None and "no kernels for this model" in str(error)
     assert ended and ended[0] <= returned, "the judge returned while its warm-up thread was still running"
-    assert not [t.name for t in threading.enumerate() if t.name.startswith(("llmb-optimizer", "llmb-initial"))]
+    assert preparation_threads() <= before
+
+
+def preparation_threads() -> set[threading.Thread]:
+    """The judge's preparation threads alive in this process (another test's may still be building)."""
+    return {t for t in threading.enumerate() if t.name.startswith(("llmb-optimizer", "llmb-initial"))}
 
 
 def test_a_closed_preparation_starts_nothing():
     """The judge's thread may hand on a `setup` after the run ended (closed): nothing starts then."""
     models = initial.InitialModels()
+    before = preparation_threads()
     models.close()
     models.warm()
     models.start(TINY, 0)
     assert not models.held() and models.ready() >= 0
-    assert not [t.name for t in threading.enumerate() if t.name.startswith(("llmb-optimizer", "llmb-initial"))]
+    assert preparation_threads() <= before
