@@ -233,6 +233,10 @@ class InitialModels:
         line)."""
         with self._starting:
             self._closed = True
+        self._join()
+
+    def _join(self) -> None:
+        """Until the build and the warm-up under way (if any) have both finished."""
         self.wait()
         if self._warm is not None:
             self._warm.join()
@@ -246,9 +250,7 @@ class InitialModels:
         """The worker's `ready`: wait for the build or warm-up under way, and count the seconds (the record says
         them)."""
         began = time.perf_counter()
-        self.wait()
-        if self._warm is not None:
-            self._warm.join()
+        self._join()
         waited = time.perf_counter() - began
         self._waited += waited
         if self._warmed is not None:
