@@ -208,13 +208,15 @@ def test_a_row_sharded_tensors_projection_is_the_sum_of_its_shards(shards, repli
     assert not torch.allclose(evidence.project(full, key=8, index=2), whole)  # the key draws the directions
 
 
-@pytest.mark.parametrize("precision, steps", [("BF16", 60), ("FP16", 40)])
+@pytest.mark.parametrize("precision, steps", [("BF16", 100), ("FP16", 40)])
 def test_an_honest_pure_16_bit_run_passes_the_whole_window_replay_at_any_window_length(precision, steps):
     """The honest twin of the red team's step-skipping attacks on pure 16-bit runs. Its weights keep only part of
     AdamW's updates, so over a long window it leaves the FP32 trajectory: its moments end further from an FP32
-    replay's than any fixed tolerance can allow (at the official shape on an H100 after 3 steps, and here after 40-60),
-    and an honest run failed whenever the whole window was drawn. A replay in its own format tracks it: every loss, the
-    digest and AdamW's first moments pass (an attack that skips steps moves the moments by O(1):
+    replay's than any fixed tolerance can allow (at the official shape on an H100 after 3 steps, and here after 40-100),
+    and an honest run failed whenever the whole window was drawn. How far it parts depends on the window's draw: BF16
+    after 60 steps parted by 0.093-0.41 (CI saw 0.093, under the 0.1 tolerance), after 100 by 0.23-0.78; FP16 after 40
+    by 0.29-1.1 (tolerance 0.05; 6-10 draws each, tiny preset, CPU). A replay in its own format tracks it: every loss,
+    the digest and AdamW's first moments pass (an attack that skips steps moves the moments by O(1):
     tests/redteam/test_redteam_steps_at_risk.py), and the first losses are still held to the FP32 replay."""
     record = runner.run(
         runner.RunOptions(
