@@ -113,6 +113,19 @@ def test_the_watchdog_ends_a_main_thread_the_limits_signal_cannot_reach(monkeypa
     assert said_to == ["said here"]
 
 
+def test_the_watchdogs_last_line_shows_outside_text_as_data():
+    """What the watchdog says is one line whatever the limit's words hold (they name a plugin's call): its control,
+    line-break and bidi characters shown escaped, by the same cleaner as every console line (llmb.spec.printable),
+    and the process ends with 124 at once."""
+    said = "plugin \x1b]0;owned\x07 hung\nerror: forged line \u202eevil"
+    code = f"from llmb.api import errors; errors._end_hung_process({said!r})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == TimeLimitReached.exit_code, done
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: plugin "), done.stderr
+    assert "\x1b" not in done.stderr and "\u202e" not in done.stderr, done.stderr
+    assert all(shown in done.stderr for shown in ("\\x1b", "\\x07", "hung\\nerror: forged", "\\u202e")), done.stderr
+
+
 def test_the_watchdog_does_not_fire_where_the_limit_interrupted_the_main_thread(monkeypatch):
     fired = threading.Event()
     monkeypatch.setattr(errors, "HUNG_GRACE_SECONDS", 0.2)

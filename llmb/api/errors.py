@@ -10,6 +10,8 @@ import sys
 import threading
 from collections.abc import Iterator
 
+from llmb.spec.printable import one_line
+
 # The longest value a message repeats whole: no number, name or choice llmb takes is longer.
 LONGEST_SHOWN = 64
 
@@ -144,9 +146,8 @@ def _end_hung_process(said: str) -> None:
 
     for child in multiprocessing.active_children():
         child.kill()
-    printable = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in said)
     sys.stderr.write(
-        f"error: {printable} (its main thread was hung {HUNG_GRACE_SECONDS:g} s more, inside a call that did not "
+        f"error: {one_line(said)} (its main thread was hung {HUNG_GRACE_SECONDS:g} s more, inside a call that did not "
         "return; ended there)\n"
     )
     sys.stderr.flush()

@@ -12,48 +12,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-import unicodedata
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-# A few hundred characters: enough for an error message or a path, short enough to keep a table readable.
-DETAIL_LIMIT = 400
-# C0 and C1 controls and DEL; tab and newline stay (tables wrap on them), everything else is shown as \xNN.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+from llmb.spec.printable import DETAIL_LIMIT, clean, one_line
+
 # Off a terminal nothing is truncated to fit 80 columns: a pasted path or number must be whole (rich's default there).
 _WIDE = 240
-
-
-# Beyond ASCII, what a terminal draws as nothing or uses to reorder or hide text: controls, format characters (the
-# bidi overrides and isolates U+202A-202E and U+2066-2069, zero-width ones, tags), line and paragraph separators,
-# surrogates, private-use and unassigned code points; and Unicode's other default-ignorable code points that are
-# letters or marks by category (Hangul fillers, variation selectors, the combining grapheme joiner).
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
-_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0000-\U000e0fff]")
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
-
-
-def _escaped(c: str) -> str:
-    n = ord(c)
-    return f"\\x{n:02x}" if n <= 0xFF else f"\\u{n:04x}" if n <= 0xFFFF else f"\\U{n:08x}"
-
-
-def _shown(match: re.Match) -> str:
-    c = match.group()
-    hidden = unicodedata.category(c) in _HIDDEN_CATEGORIES or _IGNORABLE.match(c)
-    return _escaped(c) if hidden else c
-
-
-def clean(value: object, limit: int | None = DETAIL_LIMIT) -> str:
-    """``value`` as printable text: capped at ``limit`` characters (None: no cap), control characters as ``\\xNN``
-    and invisible or reordering ones (bidi controls, zero-width characters, separators) as ``\\uNNNN``."""
-    s = value if isinstance(value, str) else str(value)
-    if limit is not None and len(s) > limit:
-        s = f"{s[:limit]}... ({len(s) - limit:,} more characters)"
-    s = _CONTROL.sub(lambda m: _escaped(m.group()), s)
-    return s if s.isascii() else _NON_ASCII.sub(_shown, s)
 
 
 # What Markdown (CommonMark, GitHub's tables) could read as markup in the records' text: each is backslash-escaped,
@@ -109,7 +76,7 @@ def text(value: object, style: str = "", limit: int | None = DETAIL_LIMIT) -> Te
 def _one_line(value: object, style: str = "") -> Text:
     """External text inside a line: as ``text()``, and its line breaks shown as ``\\n`` (a file's name or a plugin's
     exception must not start a line of its own that reads as llmb's)."""
-    return Text(clean(value).replace("\n", "\\n"), style=style)
+    return Text(one_line(value), style=style)
 
 
 def line(*parts: object) -> Text:
