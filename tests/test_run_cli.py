@@ -119,6 +119,7 @@ def test_repeats_report_the_median_window(tmp_path):
         (["--batch-size", str(10**30)], 2, "is not in the range 1<=x<=1048576"),
         (["--device", "nosuchdevice"], 2, "cannot parse device"),
         (["--device", "cuda"], 2, "serves cpu, not 'cuda'"),
+        (["--device", "no" * 50_000], 2, "(100000 characters)"),  # said by its start and length, not echoed whole
         (["--hidden-size", "65"], 2, "not divisible"),
         (["--plugin", "nosuch"], 2, "no plugin named"),
         (["-O", "nosetting=1"], 2, "has no setting"),
@@ -132,7 +133,17 @@ def test_bad_input_is_one_line_and_an_exit_code(args, code, message, tmp_path):
     assert result.exit_code == code, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+    assert len(result.output) < 1000, result.output[:300]
     assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("command", [["peak", "--precision", "FP32"], ["commbench", "--nproc-per-node", "2"]])
+def test_every_command_refuses_a_device_its_plugin_does_not_serve_in_one_line(command):
+    """`llmb peak` and `llmb commbench` pick their device by the rule `llmb run` does (llmb.run.device.plugin_device):
+    --device as given, else the plugin's first device type; one the plugin does not serve is refused in one line."""
+    result = CliRunner().invoke(cli, [*command, "--plugin", "cpu", "--device", "cuda:1"])
+    assert result.exit_code == 2, result.output
+    assert "serves cpu, not 'cuda'" in result.output and "Traceback" not in result.output, result.output
 
 
 class CudaOnlyBackend(Backend):

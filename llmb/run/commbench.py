@@ -19,7 +19,7 @@ from llmb.distributed import job as distributed
 from llmb.records import Commbench, CommRow, DeviceRef, PluginRef
 from llmb.registry import plugins
 from llmb.registry.plugins import call, resolve_settings, select_backend
-from llmb.run.device import check_device_present, parse_device
+from llmb.run.device import check_device_present, plugin_device
 from llmb.run.plugin_returns import PluginReturns
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS, MAX_PROCESSES_PER_NODE
 from llmb.terminal import console as term
@@ -80,11 +80,7 @@ def run(options: CommOptions) -> Commbench | None:
 def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
     plugin = select_backend(options.plugin, options.device)
     devices = plugin.backend
-    types = list(call(devices.device_types))
-    device = parse_device(options.device or (types[0] if types else "cpu"))
-    if types and device.type not in types:
-        raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}")
-    device = distributed.rank_device(device, world)
+    device = distributed.rank_device(plugin_device(plugin, options.device, named=bool(options.plugin)), world)
     settings = resolve_settings(devices, {})
     plugins.setup(devices, device, "FP32", settings)
     check_device_present(device)
@@ -164,9 +160,9 @@ def launch(spec: distributed.LaunchSpec, options: CommOptions) -> Commbench | No
 
 def default_nproc(options: CommOptions) -> int:
     """The host's devices for the plugin's device type, at least two (one process per device; the CPU is shared)."""
-    backend = select_backend(options.plugin, options.device).backend
-    types = list(call(backend.device_types))
-    device = parse_device(options.device or (types[0] if types else "cpu"))
+    selected = select_backend(options.plugin, options.device)
+    backend = selected.backend
+    device = plugin_device(selected, options.device, named=bool(options.plugin))
     count = PluginReturns(backend.name).count("device_count", call(backend.device_count, device)) or 1
     if count > MAX_PROCESSES_PER_NODE:
         # Once taken as it was: 10**6 started processes until the host ran out of file descriptors ("error: Too many

@@ -6,7 +6,8 @@ import gc
 
 import torch
 
-from llmb.api.errors import UsageError, message
+from llmb.api.errors import UsageError, first_line, message, shown
+from llmb.registry.plugins import Registration, call
 
 
 def parse_device(spec: str) -> torch.device:
@@ -14,7 +15,22 @@ def parse_device(spec: str) -> torch.device:
     try:
         return torch.device(spec)
     except (RuntimeError, ValueError) as exc:
-        raise UsageError(f"torch cannot parse device {spec!r}: {str(exc).splitlines()[0]}") from None
+        raise UsageError(f"torch cannot parse device {shown(spec)}: {first_line(exc)}") from None
+
+
+def plugin_device(selected: Registration, given: str | None, named: bool = True) -> torch.device:
+    """The device a command runs on: --device as given, else the plugin's first device type (the CPU for a plugin
+    that names none); a usage error for one the plugin does not serve, saying so where the plugin was auto-selected
+    (`named` False: the user gave no --plugin)."""
+    types = list(call(selected.backend.device_types))
+    device = parse_device(given or (types[0] if types else "cpu"))
+    if types and device.type not in types:
+        chosen = "" if named else AUTO_SELECTED
+        raise UsageError(f"plugin {selected.name!r} serves {', '.join(types)}, not {device.type!r}{chosen}")
+    return device
+
+
+AUTO_SELECTED = " (auto-selected: no installed plugin with its hardware present serves it; name one with --plugin)"
 
 
 def check_device_present(device: torch.device) -> None:

@@ -14,7 +14,7 @@ from llmb.distributed import job as distributed
 from llmb.distributed import mesh
 from llmb.model import ModelConfig
 from llmb.registry.plugins import Registration, call, resolve_settings, select_backend
-from llmb.run.device import parse_device
+from llmb.run.device import plugin_device
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS
 
 
@@ -81,10 +81,7 @@ def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
         raise UsageError(
             f"plugin {plugin.name!r} does not support {options.precision} (supports {', '.join(supported)})"
         )
-    types = list(call(backend.device_types))
-    device = parse_device(options.device or (types[0] if types else "cpu"))
-    if types and device.type not in types:
-        raise UsageError(f"plugin {plugin.name!r} serves {', '.join(types)}, not {device.type!r}{_chosen(options)}")
+    device = plugin_device(plugin, options.device, named=bool(options.plugin))
     world = distributed.current_world()
     if world is None and options.parallel not in (None, "none"):
         raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")
@@ -96,13 +93,6 @@ def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
         device = distributed.rank_device(device, world)
     mesh.check(layout(options), options.config, options.batch_size)
     return plugin, device, settings
-
-
-def _chosen(options: RunOptions) -> str:
-    """How the plugin came to be chosen, where the user did not name it."""
-    if options.plugin:
-        return ""
-    return " (auto-selected: no installed plugin with its hardware present serves it; name one with --plugin)"
 
 
 def check_launch(options: RunOptions, world_size: int, nodes: int) -> None:

@@ -22,7 +22,7 @@ from llmb.records import ROOFLINE_SCHEMA
 from llmb.registry import plugins
 from llmb.registry.plugins import call, resolve_settings, select_backend
 from llmb.registry.state import with_state
-from llmb.run.device import check_device_present, parse_device
+from llmb.run.device import check_device_present, plugin_device
 from llmb.run.plugin_returns import PluginReturns
 from llmb.spec.shape import ModelConfig
 
@@ -275,10 +275,7 @@ def peak(
             raise UsageError(f"plugin {selected.name!r} does not support {name} (supports {', '.join(supported)})")
     if batch_size < 1 or repeats < 1 or (square is not None and square < 1):
         raise UsageError("--batch-size, --repeats and --square must be at least 1")
-    types = list(call(backend.device_types))
-    torch_device = parse_device(device or (types[0] if types else "cpu"))
-    if types and torch_device.type not in types:
-        raise UsageError(f"plugin {selected.name!r} serves {', '.join(types)}, not {torch_device.type!r}")
+    torch_device = plugin_device(selected, device, named=bool(plugin))
     results = []
     for name in wanted:
         prepare_backend(backend, torch_device, name, resolved)
@@ -291,8 +288,7 @@ def peak(
 
 def device_for(plugin: str | None, device: str | None) -> torch.device:
     """The device `llmb peak` measures: the one given, else the plugin's first device type."""
-    types = list(call(select_backend(plugin, device).backend.device_types))
-    return parse_device(device or (types[0] if types else "cpu"))
+    return plugin_device(select_backend(plugin, device), device, named=bool(plugin))
 
 
 def compile_seconds(warmup_step_seconds: list[float], steady_step_seconds: float) -> float:
