@@ -53,6 +53,30 @@ def test_an_over_long_value_is_a_usage_error_that_never_echoes_it_whole(command,
     assert len(result.output) < 1000, result.output
 
 
+def _checked_text_options() -> list[tuple[str, str]]:
+    """(command, option) for every free-text option that llmb checks as it parses it (a callback): --plugin against
+    the installed plugins, --device by torch's parse and the plugin's device types."""
+    return [
+        (name, max(param.opts, key=len))
+        for name, command in sorted(cli.commands.items())
+        for param in command.params
+        if isinstance(param, click.Option) and not param.is_flag and param.callback is not None
+    ]
+
+
+@pytest.mark.parametrize("command,option", _checked_text_options())
+def test_an_over_long_name_is_refused_without_echoing_it_whole(command, option):
+    """A checked text option refuses a name no plugin or device has without repeating it whole: `--plugin` echoed
+    a 20,000-character name in full through click's own error line (found 2026-11-28), `--device` through the
+    run's parse."""
+    result = CliRunner().invoke(
+        cli, [command, "--plugin", "cpu", option, LONG] if option != "--plugin" else [command, option, LONG]
+    )
+    assert result.exit_code == 2, result.output
+    assert "10000 characters" in result.output and LONG[: LONGEST_SHOWN + 1] not in result.output, result.output
+    assert len(result.output) < 1000 and "Traceback" not in result.output, result.output
+
+
 @pytest.mark.parametrize("command,option", _options((click.FloatRange,)))
 @pytest.mark.parametrize("value", ["nan", "NaN", "-nan"])
 def test_every_float_option_refuses_nan(command, option, value):

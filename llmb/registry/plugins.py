@@ -21,7 +21,7 @@ import pluggy
 
 from llmb.api import hookspecs
 from llmb.api.backend import Backend, PrecisionFact, overridden, public_methods
-from llmb.api.errors import LlmbError, PluginError, UsageError, message
+from llmb.api.errors import LlmbError, PluginError, UsageError, message, shown
 from llmb.api.errors import describe as one_line
 from llmb.api.settings import Setting, declaration_problem, did_you_mean
 from llmb.api.settings import resolve_settings as resolve
@@ -200,7 +200,7 @@ def check_name(name: str) -> str:
 
 def unknown_plugin(name: str, known: list[str]) -> str:
     """The one-line error for a plugin name nothing provides, with what fixes it."""
-    return f"no plugin named {name!r} (installed: {', '.join(known)}){_install_hint(name, known)}"
+    return f"no plugin named {shown(name)} (installed: {', '.join(known)}){_install_hint(name, known)}"
 
 
 def _install_hint(name: str, installed_names: list[str]) -> str:

@@ -6,7 +6,7 @@ import gc
 
 import torch
 
-from llmb.api.errors import UsageError, first_line, message, shown
+from llmb.api.errors import LONGEST_SHOWN, UsageError, first_line, message, shown
 from llmb.registry.plugins import Registration, call
 
 
@@ -15,7 +15,9 @@ def parse_device(spec: str) -> torch.device:
     try:
         return torch.device(spec)
     except (RuntimeError, ValueError) as exc:
-        raise UsageError(f"torch cannot parse device {shown(spec)}: {first_line(exc)}") from None
+        # torch's message repeats the string it could not parse: one too long to repeat whole is said once, by shown.
+        reason = first_line(exc) if len(spec) <= LONGEST_SHOWN else first_line(exc).replace(spec, "(the value given)")
+        raise UsageError(f"torch cannot parse device {shown(spec)}: {reason}") from None
 
 
 def plugin_device(selected: Registration, given: str | None, named: bool = True) -> torch.device:
