@@ -148,3 +148,38 @@ def test_a_verify_row_says_an_unforeseen_failure_without_pythons_repr(tmp_path, 
     rows = verify.verify_folder(tmp_path)
     last = rows[-1]
     assert (last.check, last.passed, last.detail) == ("boom", False, "malformed: TypeError: '<' not supported")
+
+
+HOSTILE_TEXT = "\x1b]0;owned\x07\x1b[2J\nError: forged line" + "z" * 20_000
+
+
+def _path_arguments() -> list[str]:
+    """Every command that takes an existing path as an argument (click.Path(exists=True))."""
+    return [
+        name
+        for name, command in sorted(cli.commands.items())
+        for param in command.params
+        if isinstance(param, click.Argument) and isinstance(param.type, click.Path) and param.type.exists
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        *([name, f"--no-such{HOSTILE_TEXT}"] for name in sorted(cli.commands)),  # click: "No such option: ..."
+        *([name, f"/nonexistent/{HOSTILE_TEXT}"] for name in _path_arguments()),  # click: "Path ... does not exist"
+        ["plugins", HOSTILE_TEXT],  # click: "Got unexpected extra argument (...)"
+        [f"no-such-command{HOSTILE_TEXT}"],  # click: "No such command ..."
+    ],
+    ids=lambda args: " ".join(a[:20] for a in args),
+)
+def test_clicks_own_usage_errors_say_what_was_typed_as_data(args):
+    """click's own usage errors repeated the text typed whole and raw, a terminal's escape sequences and line breaks
+    included (a forged "Error:" line; 20,000 characters echoed back; found 2026-11-28): llmb's group says each on one
+    capped line, its control characters shown escaped (llmb.cli.common.Commands)."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output, result.output[:300]
+    errors = [line for line in result.output.splitlines() if "Error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("Error:") and "\\x1b" in errors[0], result.output[:300]
+    assert len(result.output) < 1500 and "Traceback" not in result.output, result.output[:300]

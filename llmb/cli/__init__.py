@@ -8,10 +8,11 @@ import os
 import click
 
 from llmb.cli import measure, plugins, report, run, submission, sweep
+from llmb.cli.common import Commands
 from llmb.distributed.cluster import quiet_native_logs
 
 
-@click.group()
+@click.group(cls=Commands)
 @click.version_option(package_name="llmb", prog_name="llmb")  # read from the metadata only when asked
 def cli() -> None:
     """llmb: a vendor-neutral benchmark of LLM training throughput."""

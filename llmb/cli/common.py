@@ -30,6 +30,7 @@ from llmb.api.settings import env_flag
 from llmb.cli import click_types as bounds
 from llmb.spec import vocab as names
 from llmb.spec.presets import PRESETS  # torch-free: the shapes themselves, so --help names them from their one source
+from llmb.spec.printable import one_line
 from llmb.terminal import console as term
 
 if TYPE_CHECKING:  # annotations only: distributed imports torch
@@ -37,6 +38,29 @@ if TYPE_CHECKING:  # annotations only: distributed imports torch
 
 console = term.out
 err_console = term.err
+
+
+class Commands(click.Group):
+    """The `llmb` group: click's own usage errors (an unknown option or command, an extra argument, a missing path)
+    repeat what was typed, whole and raw; here each is said as every llmb line is, on one line, capped, its control
+    characters shown (llmb.spec.printable), before click prints it with the usage."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.ClickException as exc:
+            raise _printable(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            raise _printable(exc) from None
+
+
+def _printable(exc: click.ClickException) -> click.ClickException:
+    exc.message = one_line(exc.message)
+    return exc
 
 
 def handle_errors(func: Callable) -> Callable:
