@@ -183,3 +183,18 @@ def test_clicks_own_usage_errors_say_what_was_typed_as_data(args):
     errors = [line for line in result.output.splitlines() if "Error:" in line]
     assert len(errors) == 1 and errors[0].startswith("Error:") and "\\x1b" in errors[0], result.output[:300]
     assert len(result.output) < 1500 and "Traceback" not in result.output, result.output[:300]
+
+
+@pytest.mark.parametrize("threads", [-5, "more than the CPUs", 10**9])
+def test_the_cpu_plugins_thread_count_is_refused_outside_the_cpus_it_may_use(threads, tmp_path):
+    """-O threads beyond the CPUs the process may use, or below 1 (0 is torch's default), is a usage error before
+    any work: threads=10**9 ended the worker inside OpenMP (libgomp could not allocate its 216 GB of thread state:
+    "the worker process exited with code 1", no word of why) and threads=-5 was torch's RuntimeError in setup."""
+    from llmb.run.sysinfo import free_cores
+
+    value = free_cores()[0] + 1 if threads == "more than the CPUs" else threads
+    result = CliRunner().invoke(cli, ["run", "--preset", "tiny", "--steps", "1", "--warmup-steps", "1",
+                                      "-O", f"threads={value}", "--out", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert f"-O threads={value}: 0 (torch's default) or 1 to {free_cores()[0]}" in result.output, result.output
+    assert not list(tmp_path.glob("*.json"))

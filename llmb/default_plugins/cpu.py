@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmb import Backend, EnergyCounter, PrecisionFact, hookimpl, option
+from llmb import Backend, EnergyCounter, PrecisionFact, UsageError, hookimpl, option
 from llmb.records import energy
 from llmb.run import sysinfo
 from llmb.toolkit import compilers, features, host_memory
@@ -28,7 +28,9 @@ class CpuSettings(features.FeatureSettings):
     # On the CPU, float8 emulation by default: torch._scaled_mm's CPU kernel is a reference, not a fast path.
     fp8_emulate: bool = option(True, features.FP8_EMULATE_HELP)
     threads: int = option(
-        0, "intra-op threads for torch (0: torch's default, fewer where the host's load leaves fewer cores free)"
+        0,
+        "intra-op threads for torch, at most the CPUs this process may use (0: torch's default, fewer where the "
+        "host's load leaves fewer cores free)",
     )
     # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop (benchmarks/RESULTS.md).
     fused_adamw: bool = option(True, "AdamW's fused CPU kernel (false: torch's per-tensor loop)")
@@ -63,7 +65,7 @@ class CpuBackend(Backend):
         features.check(settings)
         self.host_allocator = host_memory.keep_freed_memory(bool(settings.get("keep_freed_memory")))
         if settings.get("threads"):
-            torch.set_num_threads(settings["threads"])
+            torch.set_num_threads(thread_count(settings["threads"]))
         else:  # chosen before the run with the host's load in view: threads beyond the free cores only contend
             torch.set_num_threads(min(torch.get_num_threads(), sysinfo.free_cores()[2]))
 
@@ -108,6 +110,16 @@ class CpuBackend(Backend):
 
     def distributed_backend(self, device) -> str | None:
         return "gloo"
+
+
+def thread_count(threads: int) -> int:
+    """The threads setting checked against the CPUs this process may run on: more intra-op threads than CPUs only
+    contend, and a count far beyond them ended the worker inside OpenMP (threads=10**9: libgomp's "Out of memory
+    allocating 216000001344 bytes", exit 1, no word of why), as torch refuses one below 1 deep in setup."""
+    cpus = sysinfo.free_cores()[0]
+    if not 1 <= threads <= cpus:
+        raise UsageError(f"-O threads={threads}: 0 (torch's default) or 1 to {cpus}, the CPUs this process may use")
+    return threads
 
 
 @hookimpl
