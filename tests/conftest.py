@@ -147,6 +147,20 @@ def tiny_sweep(tmp_path_factory, oomtest_site):
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def first_imports_done():
+    """A process's first AdamW imports torch._dynamo (1.5 s on this 2-core host), and its first call into the cpu
+    plugin imports the toolkit: both done once per test process before any test, so a test that bounds a command by
+    a short limit (--time-limit 1, --trial-timeout 0.5) never stops one of them half-way. An import stopped there
+    leaves torch._dynamo half-initialised, and every later test of that process failed on it ("partially
+    initialized module 'torch._dynamo' has no attribute 'utils'"; found 2026-11-28)."""
+    import torch
+
+    import llmb.default_plugins.cpu  # noqa: F401
+
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+
+
 # Tests that need a finished sweep or a packaged bundle build it first (minutes of subprocess runs): the slow layer.
 SLOW_FIXTURES = {"tiny_sweep", "made", "inputs"}
 
