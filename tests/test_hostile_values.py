@@ -198,3 +198,11 @@ def test_the_cpu_plugins_thread_count_is_refused_outside_the_cpus_it_may_use(thr
     assert result.exit_code == 2, result.output
     assert f"-O threads={value}: 0 (torch's default) or 1 to {free_cores()[0]}" in result.output, result.output
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_bare_llmb_still_prints_its_help_on_many_lines():
+    """The group's own help, raised by click as a usage error, is llmb's text: printed as written, not as one line."""
+    result = CliRunner().invoke(cli, [])
+    lines = result.output.splitlines()
+    assert "Commands:" in lines and any(line.split()[:1] == ["run"] for line in lines), result.output[:300]
+    assert "\\n" not in result.output, result.output[:300]

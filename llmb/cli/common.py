@@ -58,8 +58,13 @@ class Commands(click.Group):
             raise _printable(exc) from None
 
 
+# A bare `llmb` raises this to print the group's help, which is llmb's own text on many lines (click 8.2 and later).
+_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _printable(exc: click.ClickException) -> click.ClickException:
-    exc.message = one_line(exc.message)
+    if not isinstance(exc, _HELP):
+        exc.message = one_line(exc.message)
     return exc
 
 
