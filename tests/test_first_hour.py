@@ -269,12 +269,7 @@ def test_resume_takes_the_logs_options_and_names_every_mismatch_at_once(tmp_path
     out = tmp_path / "sweep"
     # A real sweep whose only trial is killed at once (a 0.5 s limit: `llmb run` needs seconds to import torch). The
     # limit bounds the sweep's own checks too, whose first call into the plugin imports it and its toolkit (1.5 s the
-    # first time in a process): done here first, so the test does not depend on which tests ran before it.
-    from llmb.run import runner
-    from llmb.run.options import RunOptions
-    from llmb.spec.presets import PRESETS
-
-    runner.resolve(RunOptions(config=PRESETS["tiny"], preset="tiny", plugin="cpu", device="cpu"))
+    # first time in a process): conftest's first_imports_done makes them before any test, whichever ran before it.
     first = ["sweep", "--plugin", "cpu", "--device", "cpu", "--precision", "fp32", "--preset", "tiny"]
     first += ["--steps", "2", "--warmup-steps", "1", "--trial-timeout", "0.5", "--repeats", "1", "--out", str(out)]
     runner = CliRunner()

@@ -116,7 +116,7 @@ def thread_count(threads: int) -> int:
     """The threads setting checked against the CPUs this process may run on: more intra-op threads than CPUs only
     contend, and a count far beyond them ended the worker inside OpenMP (threads=10**9: libgomp's "Out of memory
     allocating 216000001344 bytes", exit 1, no word of why), as torch refuses one below 1 deep in setup."""
-    cpus = sysinfo.free_cores()[0]
+    cpus = sysinfo.usable_cpus()
     if not 1 <= threads <= cpus:
         raise UsageError(f"-O threads={threads}: 0 (torch's default) or 1 to {cpus}, the CPUs this process may use")
     return threads

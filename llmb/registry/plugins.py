@@ -22,7 +22,7 @@ import pluggy
 from llmb.api import hookspecs
 from llmb.api.backend import Backend, PrecisionFact, overridden, public_methods
 from llmb.api.errors import LlmbError, PluginError, UsageError, message, shown
-from llmb.api.errors import describe as one_line
+from llmb.api.errors import describe as describe_error
 from llmb.api.settings import Setting, declaration_problem, did_you_mean
 from llmb.api.settings import resolve_settings as resolve
 from llmb.audit import vendor_libraries
@@ -116,7 +116,7 @@ def load(names: Iterable[str] | None = None) -> None:
         try:
             module = EntryPoint(info.name, info.value, GROUP).load()
         except Exception as exc:
-            load_errors[info.name] = one_line(exc)
+            load_errors[info.name] = describe_error(exc)
             continue
         _infos[info.name] = info
         pm.register(module, name=info.name)
@@ -140,7 +140,7 @@ def registrations() -> dict[str, Registration]:
             for backend in mine:
                 _check_registration(backend, plugin, found)
         except Exception as exc:
-            load_errors[plugin] = one_line(exc)
+            load_errors[plugin] = describe_error(exc)
             continue
         for backend in mine:
             found[backend.name] = Registration(backend, info)
@@ -357,7 +357,7 @@ def charged(backend: Backend, method: str, exc: BaseException) -> str:
     plugin raised itself is given the backend's and the method's names."""
     if isinstance(exc, PluginError):
         return message(exc)
-    return f"backend {backend.name!r} failed in {method}: {one_line(exc)}"
+    return f"backend {backend.name!r} failed in {method}: {describe_error(exc)}"
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def run(options: CommOptions) -> Commbench | None:
 def _sweep(options: CommOptions, world: distributed.World) -> Commbench | None:
     plugin = select_backend(options.plugin, options.device)
     devices = plugin.backend
-    device = distributed.rank_device(plugin_device(plugin, options.device, named=bool(options.plugin)), world)
+    device = distributed.rank_device(plugin_device(plugin, options.device, options.plugin), world)
     settings = resolve_settings(devices, {})
     plugins.setup(devices, device, "FP32", settings)
     check_device_present(device)
@@ -162,7 +162,7 @@ def default_nproc(options: CommOptions) -> int:
     """The host's devices for the plugin's device type, at least two (one process per device; the CPU is shared)."""
     selected = select_backend(options.plugin, options.device)
     backend = selected.backend
-    device = plugin_device(selected, options.device, named=bool(options.plugin))
+    device = plugin_device(selected, options.device, options.plugin)
     count = PluginReturns(backend.name).count("device_count", call(backend.device_count, device)) or 1
     if count > MAX_PROCESSES_PER_NODE:
         # Once taken as it was: 10**6 started processes until the host ran out of file descriptors ("error: Too many

@@ -20,14 +20,14 @@ def parse_device(spec: str) -> torch.device:
         raise UsageError(f"torch cannot parse device {shown(spec)}: {reason}") from None
 
 
-def plugin_device(selected: Registration, given: str | None, named: bool = True) -> torch.device:
+def plugin_device(selected: Registration, given: str | None, asked_for: str | None) -> torch.device:
     """The device a command runs on: --device as given, else the plugin's first device type (the CPU for a plugin
     that names none); a usage error for one the plugin does not serve, saying so where the plugin was auto-selected
-    (`named` False: the user gave no --plugin)."""
+    (`asked_for`, the --plugin given, is None)."""
     types = list(call(selected.backend.device_types))
     device = parse_device(given or (types[0] if types else "cpu"))
     if types and device.type not in types:
-        chosen = "" if named else AUTO_SELECTED
+        chosen = "" if asked_for else AUTO_SELECTED
         raise UsageError(f"plugin {selected.name!r} serves {', '.join(types)}, not {device.type!r}{chosen}")
     return device
 

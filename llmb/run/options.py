@@ -81,7 +81,7 @@ def resolve(options: RunOptions) -> tuple[Registration, torch.device, dict]:
         raise UsageError(
             f"plugin {plugin.name!r} does not support {options.precision} (supports {', '.join(supported)})"
         )
-    device = plugin_device(plugin, options.device, named=bool(options.plugin))
+    device = plugin_device(plugin, options.device, options.plugin)
     world = distributed.current_world()
     if world is None and options.parallel not in (None, "none"):
         raise UsageError(f"--parallel {options.parallel} needs several processes: add --nproc-per-node N, or torchrun")

@@ -275,7 +275,7 @@ def peak(
             raise UsageError(f"plugin {selected.name!r} does not support {name} (supports {', '.join(supported)})")
     if batch_size < 1 or repeats < 1 or (square is not None and square < 1):
         raise UsageError("--batch-size, --repeats and --square must be at least 1")
-    torch_device = plugin_device(selected, device, named=bool(plugin))
+    torch_device = plugin_device(selected, device, plugin)
     results = []
     for name in wanted:
         prepare_backend(backend, torch_device, name, resolved)
@@ -288,7 +288,7 @@ def peak(
 
 def device_for(plugin: str | None, device: str | None) -> torch.device:
     """The device `llmb peak` measures: the one given, else the plugin's first device type."""
-    return plugin_device(select_backend(plugin, device), device, named=bool(plugin))
+    return plugin_device(select_backend(plugin, device), device, plugin)
 
 
 def compile_seconds(warmup_step_seconds: list[float], steady_step_seconds: float) -> float:

@@ -251,7 +251,7 @@ def host_load() -> float:
 def free_cores() -> tuple[int, float, int]:
     """(the CPUs this process may run on, the other work on the host (host_load), the CPUs it leaves free: at least
     1). Read before a run, so its thread count can leave room for the work already on the host."""
-    cpus = len(cpu_affinity() or ()) or os.cpu_count() or 1
+    cpus = usable_cpus()
     load = host_load()
     return cpus, load, max(1, min(cpus, int(cpus - load + 0.5)))
 
@@ -277,6 +277,11 @@ def busy_before_run(threads: int, settings: dict) -> str | None:
         f"{load:.1f} other threads running on {cpus} CPUs before the run, torch on {threads} thread(s): other work "
         f"competes for the cores, so the figure will be low; {threads_advice(settings, threads)}"
     )
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on: its affinity where the OS says it, else the host's count (at least 1)."""
+    return len(cpu_affinity() or ()) or os.cpu_count() or 1
 
 
 def cpu_affinity() -> list[int] | None:
