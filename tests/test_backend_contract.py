@@ -21,7 +21,9 @@ from llmb.toolkit import features
 @dataclass(frozen=True, eq=False)
 class AcmeSettings(features.FeatureSettings):
     compile: str = option("default", "torch.compile mode", choices=("none", "default"))
-    streams: int = option(2, "copy streams")
+    streams: int = option(2, "copy streams", minimum=1, maximum=8)
+    scale: float = option(0.5, "a fraction", minimum=0.0)
+    pin: int = option(0, "a secret number", minimum=0, secret=True)
     license_key: str = option("", "the vendor library's licence", secret=True)
 
 
@@ -34,7 +36,16 @@ def test_typed_settings_are_declared_once_and_resolved_into_an_instance():
     backend = AcmeBackend()
     names = [s.name for s in backend.settings()]
     # The shared features first, in their order, then the plugin's own; a redeclared field keeps its place.
-    assert names == ["compile", "activation_checkpointing", "fp8", "fp8_emulate", "streams", "license_key"]
+    assert names == [
+        "compile",
+        "activation_checkpointing",
+        "fp8",
+        "fp8_emulate",
+        "streams",
+        "scale",
+        "pin",
+        "license_key",
+    ]
     assert {s.name: s.default for s in backend.settings()}["compile"] == "default"
     settings = resolve_settings(backend, {"streams": "4", "compile": "NONE"})
     assert isinstance(settings, AcmeSettings)
@@ -47,6 +58,27 @@ def test_typed_settings_are_declared_once_and_resolved_into_an_instance():
         resolve_settings(backend, {"streams": "many"})
     with pytest.raises(UsageError, match="has no setting 'colour'"):
         resolve_settings(backend, {"colour": "red"})
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({"streams": "0"}, "setting streams='0': expected 1 to 8"),
+        ({"streams": "9"}, "setting streams='9': expected 1 to 8"),
+        ({"scale": "-0.25"}, "setting scale='-0.25': expected at least 0.0"),
+        ({"pin": "-7"}, "setting pin=<redacted>: expected at least 0"),  # the range, never the secret's value
+    ],
+)
+def test_a_number_outside_its_declared_range_is_refused_as_the_command_line_is_read(given, expected):
+    with pytest.raises(UsageError) as info:
+        resolve_settings(AcmeBackend(), given)
+    assert str(info.value) == f"plugin 'acme' {expected}"
+    # The bounds themselves are in range, and `llmb plugins` states the range.
+    assert resolve_settings(AcmeBackend(), {"streams": "1", "scale": "0"}).streams == 1
+    assert resolve_settings(AcmeBackend(), {"streams": "8"}).streams == 8
+    described = {s.name: s.describe() for s in AcmeBackend().settings()}
+    assert (described["streams"]["minimum"], described["streams"]["maximum"]) == (1, 8)
+    assert (described["scale"]["minimum"], described["scale"]["maximum"]) == (0.0, None)
 
 
 def test_a_secret_typed_setting_is_never_recorded_nor_shown():

@@ -41,6 +41,16 @@ MALFORMED_SETTINGS = [
     Setting("m", float, math.inf, "a default no JSON holds"),
     Setting("m", str, "z", "a default not among the choices", ("a", "b")),
     Setting("m", str, "a", "h", secret="no"),
+    # A range: only a number's, of its type, the least no greater than the greatest, the default inside it.
+    Setting("m", str, "a", "h", minimum=0),
+    Setting("m", bool, False, "h", maximum=1),
+    Setting("m", int, 1, "h", minimum=0.5),
+    Setting("m", int, 1, "h", maximum="8"),
+    Setting("m", int, 1, "h", minimum=True),
+    Setting("m", float, 1.0, "h", maximum=math.nan),
+    Setting("m", int, 4, "h", minimum=8, maximum=1),
+    Setting("m", int, 0, "a default below its minimum", minimum=1),
+    Setting("m", float, 2.5, "a default above its maximum", maximum=2),
 ]
 
 # (method, a value of the wrong type for it): the declarations every command reads.
@@ -99,6 +109,9 @@ def test_sound_settings_pass_the_check():
         Setting("ratio", float, 1, "an int is a float's value"),
         Setting("threads", int, None, "no default: the plugin's own"),
         Setting("xla.flag-2", bool, False, "dots and dashes"),
+        Setting("streams", int, 2, "a range", minimum=1, maximum=8),
+        Setting("scale", float, 0.5, "an int bound is a float's", minimum=0, maximum=1),
+        Setting("depth", int, None, "no default, a least value", minimum=1),
     ]
     assert call(answering("settings", declared).settings) == declared
 

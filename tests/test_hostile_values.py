@@ -187,16 +187,19 @@ def test_clicks_own_usage_errors_say_what_was_typed_as_data(args):
 
 @pytest.mark.parametrize("threads", [-5, "more than the CPUs", 10**9])
 def test_the_cpu_plugins_thread_count_is_refused_outside_the_cpus_it_may_use(threads, tmp_path):
-    """-O threads beyond the CPUs the process may use, or below 1 (0 is torch's default), is a usage error before
+    """-O threads beyond the CPUs the process may use, or below 0 (0 is torch's default), is a usage error before
     any work: threads=10**9 ended the worker inside OpenMP (libgomp could not allocate its 216 GB of thread state:
-    "the worker process exited with code 1", no word of why) and threads=-5 was torch's RuntimeError in setup."""
-    from llmb.run.sysinfo import free_cores
+    "the worker process exited with code 1", no word of why) and threads=-5 was torch's RuntimeError in setup. The
+    least is the setting's declared minimum (refused as the command line is read), the greatest the host's."""
+    from llmb.run.sysinfo import usable_cpus
 
-    value = free_cores()[0] + 1 if threads == "more than the CPUs" else threads
+    value = usable_cpus() + 1 if threads == "more than the CPUs" else threads
     result = CliRunner().invoke(cli, ["run", "--preset", "tiny", "--steps", "1", "--warmup-steps", "1",
                                       "-O", f"threads={value}", "--out", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 2, result.output
-    assert f"-O threads={value}: 0 (torch's default) or 1 to {free_cores()[0]}" in result.output, result.output
+    said = "setting threads='-5': expected at least 0" if value == -5 else f"-O threads={value}: 0 (torch's default)"
+    assert said in result.output, result.output
+    assert value == -5 or f"or 1 to {usable_cpus()}, the CPUs" in result.output, result.output
     assert not list(tmp_path.glob("*.json"))
 
 

@@ -113,8 +113,12 @@ def test_plugins_json_describes_each_backend(register_backend):
         "help": "a choice",
         "choices": ["off", "on"],
         "secret": False,
+        "minimum": None,
+        "maximum": None,
     }
     assert [s["type"] for s in host["settings"]] == ["str", "int", "bool"]
+    threads = next(s for s in cpu["settings"] if s["name"] == "threads")
+    assert (threads["minimum"], threads["maximum"]) == (0, None)  # the greatest is the host's, checked in setup
     assert host["peak_sources"] == {}
     assert host["vendor_libraries"] == [] and cpu["vendor_libraries"] == []
 

@@ -47,7 +47,9 @@ def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
 
 @dataclass(frozen=True)
 class Setting:
-    """One plugin setting: its name, type (str, int, float or bool), default, help and optional choices.
+    """One plugin setting: its name, type (str, int, float or bool), default, help, optional choices and, for a number,
+    an optional least and greatest value (`minimum`, `maximum`: a value outside them is refused as the command line is
+    read, before any worker starts, and `llmb plugins` shows them).
 
     secret=True (a license token, a password): its value is never recorded in a result or a conformance record and
     is shown as <redacted>. A setting whose name looks like a credential (llmb.spec.redact.is_secret) is treated the
@@ -60,6 +62,8 @@ class Setting:
     help: str
     choices: tuple[str, ...] | None = None
     secret: bool = False
+    minimum: int | float | None = None
+    maximum: int | float | None = None
 
     @property
     def hidden(self) -> bool:
@@ -83,6 +87,9 @@ class Setting:
             return f"{where} has secret of type {type(self.secret).__name__}, not bool"
         if self.default is not None and not _of_type(self.default, self.type):
             return f"{where} has a default of type {type(self.default).__name__}, not {self.type.__name__}"
+        bounds = self._bounds_problem()
+        if bounds is not None:
+            return f"{where} {bounds}"
         if self.choices is None:
             return None
         if not isinstance(self.choices, (tuple, list)) or not self.choices:
@@ -94,6 +101,32 @@ class Setting:
             return f"{where} has a default that is not one of its choices"
         return None
 
+    def _bounds_problem(self) -> str | None:
+        """What is wrong with the declared minimum and maximum: only a number has them, each of its type, the least
+        no greater than the greatest, the default between them."""
+        given = {
+            name: value for name, value in (("minimum", self.minimum), ("maximum", self.maximum)) if value is not None
+        }
+        if not given:
+            return None
+        if self.type not in (int, float):
+            return f"has a {next(iter(given))}, which only an int or a float setting may have"
+        for name, value in given.items():
+            if not _of_type(value, self.type):
+                return f"has a {name} of type {type(value).__name__}, not {self.type.__name__}"
+        if len(given) == 2 and self.minimum > self.maximum:
+            return "has a minimum greater than its maximum"
+        if self.default is not None and self.outside(self.default):
+            return "has a default outside its minimum and maximum"
+        return None
+
+    def outside(self, value: int | float) -> str | None:
+        """What a number outside the declared range was expected to be ("expected at least 0"); None inside it."""
+        low, high = self.minimum, self.maximum
+        if (low is None or value >= low) and (high is None or value <= high):
+            return None
+        return f"expected {range_text(low, high)}"
+
     def parse(self, raw: str) -> Any:
         if self.type is bool:
             return parse_bool(raw)
@@ -103,6 +136,8 @@ class Setting:
             raise ValueError(f"expected {'an integer' if self.type is int else 'a number'}") from None
         if self.type is float and not math.isfinite(value):  # float("nan") parses; no setting means it
             raise ValueError("expected a finite number")
+        if self.type in (int, float) and (outside := self.outside(value)) is not None:
+            raise OutOfRange(outside)
         if self.choices is not None:
             # Choices match in any case, as every choice on llmb's command line does (bounds.choice).
             matched = [c for c in self.choices if str(c).lower() == str(value).lower()]
@@ -120,7 +155,23 @@ class Setting:
             "help": self.help,
             "choices": list(self.choices) if self.choices else None,
             "secret": self.hidden,
+            "minimum": self.minimum,
+            "maximum": self.maximum,
         }
+
+
+class OutOfRange(ValueError):
+    """A number outside a setting's declared minimum and maximum: its message names the range, never the value, so
+    a secret setting's error may say it."""
+
+
+def range_text(minimum: int | float | None, maximum: int | float | None) -> str:
+    """A setting's declared range in words: "1 to 8", "at least 0", "at most 8" ("" where it has none)."""
+    if minimum is not None and maximum is not None:
+        return f"{minimum} to {maximum}"
+    if minimum is not None:
+        return f"at least {minimum}"
+    return f"at most {maximum}" if maximum is not None else ""
 
 
 # What a setting's name may be: what `-O name=value` can give, JSON and a table show as it is.
@@ -153,10 +204,25 @@ def declaration_problem(declared: Iterable[Setting]) -> str | None:
     return None
 
 
-def option(default: Any, help: str, *, choices: Iterable[Any] | None = None, secret: bool = False) -> Any:
-    """One field of a backend's typed settings (PluginSettings): its default, help, choices and secrecy, declared
-    once, e.g. ``compile: str = option("none", "torch.compile mode", choices=("none", "default"))``."""
-    metadata = {"help": help, "choices": tuple(choices) if choices else None, "secret": secret}
+def option(
+    default: Any,
+    help: str,
+    *,
+    choices: Iterable[Any] | None = None,
+    secret: bool = False,
+    minimum: int | float | None = None,
+    maximum: int | float | None = None,
+) -> Any:
+    """One field of a backend's typed settings (PluginSettings): its default, help, choices, secrecy and, for a
+    number, its least and greatest value, declared once, e.g. ``compile: str = option("none", "torch.compile mode",
+    choices=("none", "default"))`` or ``streams: int = option(2, "copy streams", minimum=1, maximum=8)``."""
+    metadata = {
+        "help": help,
+        "choices": tuple(choices) if choices else None,
+        "secret": secret,
+        "minimum": minimum,
+        "maximum": maximum,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -182,7 +248,16 @@ class PluginSettings(Mapping):
                 raise TypeError(f"{cls.__name__}.{f.name}: a setting is a str, int, float or bool, not {kind!r}")
             meta = f.metadata
             settings.append(
-                Setting(f.name, kind, f.default, meta.get("help", ""), meta.get("choices"), meta.get("secret", False))
+                Setting(
+                    f.name,
+                    kind,
+                    f.default,
+                    meta.get("help", ""),
+                    meta.get("choices"),
+                    meta.get("secret", False),
+                    meta.get("minimum"),
+                    meta.get("maximum"),
+                )
             )
         return settings
 
@@ -242,9 +317,8 @@ def resolve_settings(plugin_name: str, declared: list[Setting], given: dict[str,
             values[key] = by_name[key].parse(raw)
         except ValueError as exc:
             if key in values.secret:  # int("...") quotes its input: say only what was expected
-                raise UsageError(
-                    f"plugin {plugin_name!r} setting {key}={REDACTED}: not a valid {by_name[key].type.__name__}"
-                ) from None
+                expected = str(exc) if isinstance(exc, OutOfRange) else f"not a valid {by_name[key].type.__name__}"
+                raise UsageError(f"plugin {plugin_name!r} setting {key}={REDACTED}: {expected}") from None
             raise UsageError(f"plugin {plugin_name!r} setting {key}={shown(raw)}: {exc}") from None
     return values
 

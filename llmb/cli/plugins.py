@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from llmb.api.settings import parse_options
+from llmb.api.settings import parse_options, range_text
 from llmb.cli import click_types as bounds
 from llmb.cli.common import console, err_console, handle_errors, json_option, plugin_options
 from llmb.spec import vocab as names
@@ -68,9 +68,12 @@ def backend_table(b: dict) -> Table:
 
 
 def setting_line(s: dict) -> Text:
-    """One setting: name=default, its type, its allowed values when it has a list, and its help (the plugin's text)."""
+    """One setting: name=default, its type, its allowed values when it has a list or a range, and its help (the
+    plugin's text)."""
     choices = f" (one of {', '.join(map(str, s['choices']))})" if s.get("choices") else ""
-    return term.text(f"{s['name']}={s['default']} [{s['type']}]{choices}  {s['help']}")
+    bounds = range_text(s.get("minimum"), s.get("maximum"))
+    allowed = choices + (f" ({bounds})" if bounds else "")
+    return term.text(f"{s['name']}={s['default']} [{s['type']}]{allowed}  {s['help']}")
 
 
 @click.command(name="check-plugin")

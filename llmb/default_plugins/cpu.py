@@ -31,6 +31,7 @@ class CpuSettings(features.FeatureSettings):
         0,
         "intra-op threads for torch, at most the CPUs this process may use (0: torch's default, fewer where the "
         "host's load leaves fewer cores free)",
+        minimum=0,  # the greatest is the host's (thread_count)
     )
     # On by default: 4.9x to 6.1x faster per optimizer step than torch's per-tensor loop (benchmarks/RESULTS.md).
     fused_adamw: bool = option(True, "AdamW's fused CPU kernel (false: torch's per-tensor loop)")
