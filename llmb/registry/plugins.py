@@ -240,11 +240,11 @@ def _device_type(device: str | None) -> str | None:
     parse says what is wrong with it)."""
     if not device:
         return None
-    import torch  # lazy: listing plugins needs no torch
+    from llmb.registry.device_spec import parse_device  # lazy: listing plugins needs no torch
 
     try:
-        return torch.device(device).type
-    except (RuntimeError, ValueError):
+        return parse_device(device).type
+    except UsageError:
         return None
 
 

@@ -1,4 +1,5 @@
-"""Device strings: parsed as torch parses them, and checked present before any work."""
+"""Devices a command runs on: the plugin's (--device parsed by llmb.registry.device_spec), checked present before any
+work, their memory given back after it."""
 
 from __future__ import annotations
 
@@ -6,18 +7,9 @@ import gc
 
 import torch
 
-from llmb.api.errors import LONGEST_SHOWN, UsageError, first_line, message, shown
+from llmb.api.errors import UsageError, message
+from llmb.registry.device_spec import parse_device
 from llmb.registry.plugins import Registration, call
-
-
-def parse_device(spec: str) -> torch.device:
-    """A torch device from any string torch accepts; a usage error otherwise."""
-    try:
-        return torch.device(spec)
-    except (RuntimeError, ValueError) as exc:
-        # torch's message repeats the string it could not parse: one too long to repeat whole is said once, by shown.
-        reason = first_line(exc) if len(spec) <= LONGEST_SHOWN else first_line(exc).replace(spec, "(the value given)")
-        raise UsageError(f"torch cannot parse device {shown(spec)}: {reason}") from None
 
 
 def plugin_device(selected: Registration, given: str | None, asked_for: str | None) -> torch.device:
