@@ -424,3 +424,36 @@ def test_roofline_cost_times_this_trees_roofline_against_a_revisions(bench, monk
     timed = written["roofline_cost"]["presets"]["tiny"]
     assert set(timed["median_seconds"]) == {"tree", "HEAD"} and all(len(v) == 2 for v in timed["seconds"].values())
     assert all(side <= 512 and flops > 0 for arm in timed["square_side_and_flops"].values() for side, flops in arm)
+
+
+def test_host_noise_compares_copies_window_by_window_over_the_interval_they_share(monkeypatch):
+    """benchmarks/host_noise.py's arithmetic on made-up step stamps: two copies at one steady rate are 1.000 in every
+    window; a slowdown that hits both at once leaves their ratio alone and correlates them; one that hits a copy
+    alone moves the ratio by what it cost that copy."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import host_noise
+    import numpy as np
+
+    steady = list(np.arange(0.0, 100.0, 0.5))  # 2 steps a second for 100 s
+    late = list(np.arange(0.25, 100.25, 0.5))  # the same rate, started a quarter step later
+    (row,) = host_noise.summary([steady, late], [10.0])
+    assert row["windows"] == 9 and row["ratio_range"] == pytest.approx([1.0, 1.0])  # 99.25 s shared: 9 windows
+    assert row["correlation"] is None  # rates that never move have no correlation to state
+
+    def slowed(stamps, start, end, factor):
+        """Step times inside [start, end) stretched by `factor`, every later stamp shifted by what that cost."""
+        out, shift, last = [], 0.0, stamps[0]
+        for t in stamps:
+            step = t - last
+            shift += step * (factor - 1) if start <= last < end else 0.0
+            out.append(t + shift)
+            last = t
+        return out
+
+    together = [slowed(steady, 20, 40, 1.5), slowed(late, 20, 40, 1.5)]
+    (both,) = host_noise.summary(together, [10.0])
+    assert both["ratio_range"] == pytest.approx([1.0, 1.0], abs=0.06) and both["correlation"] > 0.9, both
+    assert both["copy_spread"][0] > 0.1  # each copy's own rate moved
+    (alone,) = host_noise.summary([steady, slowed(late, 20, 40, 1.5)], [10.0])
+    assert alone["ratio_range"][0] == pytest.approx(1 / 1.5, abs=0.02), alone  # one window entirely slowed
+    assert host_noise.summary([steady, late], [500.0]) == []  # a window longer than the interval: nothing to say
