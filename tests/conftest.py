@@ -153,8 +153,9 @@ def first_imports_done():
     plugin imports the toolkit: both done once per test process before any test, so a test that bounds a command by
     a short limit (--time-limit 1, --trial-timeout 0.5) never stops one of them half-way. An import stopped there
     leaves torch._dynamo half-initialised, and every later test of that process failed on it ("partially
-    initialized module 'torch._dynamo' has no attribute 'utils'"; found 2026-11-28). A run's first resolve (the
-    plugin's setup checks, the toolkit) is warmed too: 0.26 s the first time, over half a 0.5 s trial limit."""
+    initialized module 'torch._dynamo' has no attribute 'utils'"; found 2026-11-28). A run's first resolve (loading
+    the cpu plugin and its toolkit, its settings, its device) is warmed too: 0.26 s the first time, over half a 0.5 s
+    trial limit."""
     import torch
 
     from llmb.run.options import RunOptions, resolve
