@@ -183,3 +183,37 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
         shared = [name for name in SHARED_SESSION_FIXTURES if name in fixtures]
         item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
+
+
+def _signal_state() -> dict:
+    """The process's signal dispositions and the main thread's blocked set: what every process a test starts
+    inherits (an ignored or blocked SIGINT survives exec, and a child Python then never raises KeyboardInterrupt)."""
+    import signal
+
+    state: dict = {"blocked": frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, []))}
+    for number in signal.valid_signals():
+        try:
+            state[signal.Signals(number).name] = signal.getsignal(number)
+        except (ValueError, OSError):  # SIGKILL, SIGSTOP, real-time numbers without a name
+            continue
+    return state
+
+
+@pytest.fixture(autouse=True)
+def signals_left_as_found():
+    """A test that changes the process's signal handling and leaves it so fails, and the state is put back: every
+    later test of that pytest worker would otherwise start its subprocesses with it (one left SIGINT ignored, and a
+    test that interrupts a sweep saw it finish, exit 0, in one CI run of 2026-11-29)."""
+    import signal
+
+    before = _signal_state()
+    yield
+    after = _signal_state()
+    if after == before:
+        return
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    signal.pthread_sigmask(signal.SIG_SETMASK, before["blocked"])
+    for name in changed:
+        if name != "blocked" and before[name] is not None:
+            signal.signal(getattr(signal, name), before[name])
+    pytest.fail(f"the test left the process's signal handling changed: {', '.join(changed)}")

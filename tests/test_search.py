@@ -80,9 +80,10 @@ def test_an_interrupted_search_resumes_where_it_stopped_and_keeps_every_point(tm
     while not logged_trials(out / "fused_adamw=true"):
         assert proc.poll() is None and time.monotonic() < deadline, "the search ended before its first point"
         time.sleep(0.2)
+    assert proc.poll() is None, "the search ended before the interrupt was sent"  # Popen then sends nothing
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "continue with --resume" in stderr
+    assert proc.returncode == 130 and "continue with --resume" in stderr, stderr[-2000:]
     (first,) = logged_trials(out / "fused_adamw=true")
     # Given again: only --search and --out; the rest is the first combination's log's (its own value left out).
     resumed = subprocess.run(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_SWEEP
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import Terminated, UsageError, interrupts_remembered
 from llmb.judge import cleanroom
 from llmb.run import sweep, sweep_search, sweep_trials
 from llmb.run.runner import RunOptions
@@ -240,3 +240,73 @@ def test_sigterm_kills_the_trial_keeps_the_log_and_exits_non_zero(tmp_path):
     assert (tmp_path / sweep.LOG_NAME).exists() and not list(tmp_path.glob(".trial-*"))
     assert not processes_mentioning(str(tmp_path))
     assert signal.getsignal(signal.SIGTERM) is handler
+
+
+class LosesAnInterrupt:
+    """Its finalizer is where the signal lands: the handler's exception is raised inside __del__, and CPython drops
+    it there ("Exception ignored in ...") and goes on."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __del__(self) -> None:
+        signal.pthread_kill(threading.main_thread().ident, self.number)
+        for _ in range(100_000):  # the main thread runs the Python-level handler at one of these bytecodes
+            pass
+
+
+def dropped_by_cpython(monkeypatch) -> list[BaseException]:
+    dropped: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: dropped.append(info.exc_value))
+    return dropped
+
+
+@pytest.mark.parametrize("number, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_an_interrupt_cpython_drops_in_a_finalizer_is_raised_again_by_the_check(monkeypatch, number, raised):
+    dropped = dropped_by_cpython(monkeypatch)
+    if number == signal.SIGINT:  # Python's own handler loses it the same way: the reason the check exists
+        LosesAnInterrupt(number)
+        assert [type(e) for e in dropped] == [KeyboardInterrupt]
+    outside = signal.getsignal(number)
+    with interrupts_remembered() as check:
+        check()  # nothing received yet
+        LosesAnInterrupt(number)
+        assert type(dropped[-1]) is raised  # dropped: the code after the finalizer ran on
+        with pytest.raises(raised):
+            check()
+    assert signal.getsignal(number) is outside
+
+
+def test_an_ignored_sigint_stays_ignored(monkeypatch):
+    """nohup, or a shell's background job without job control, starts llmb with SIGINT ignored: it is not taken."""
+    monkeypatch.setattr(signal, "getsignal", lambda number: signal.SIG_IGN)  # read only by interrupts_remembered
+    set_numbers = []
+    monkeypatch.setattr(signal, "signal", lambda number, handler: set_numbers.append(number))
+    with interrupts_remembered() as check:
+        check()
+    assert signal.SIGINT not in set_numbers and signal.SIGTERM in set_numbers
+
+
+def test_a_sweep_stops_before_its_next_trial_when_cpython_dropped_the_interrupt(tmp_path, monkeypatch):
+    """One CI run of 2026-11-29 saw a search interrupted after its first point finish every trial and exit 0: an
+    interrupt lost is lost for good unless the sweep looks again before each trial."""
+    dropped = dropped_by_cpython(monkeypatch)
+    ran = []
+
+    def trial_then_lost_interrupt(options, precision_name, batch, phase, index):
+        ran.append((phase, batch, index))
+        LosesAnInterrupt(signal.SIGINT)
+        return sweep.Trial(precision_name, batch, phase, index, "ok", seconds=1.0, tokens_per_second=100.0)
+
+    monkeypatch.setattr(sweep, "run_trial", trial_then_lost_interrupt)
+    options = sweep.SweepOptions(
+        run=RunOptions(config=build_config("tiny"), preset="tiny", device="cpu", steps=2, warmup_steps=1),
+        out=tmp_path,
+        precision="FP32",
+        batch_sizes=[1],
+    )
+    with pytest.raises(sweep.Interrupted) as caught:
+        sweep.sweep(options)
+    assert [type(e) for e in dropped] == [KeyboardInterrupt] and ran == [("search", 1, 0)]
+    assert caught.value.exit_code == 130 and "1 finished points kept" in str(caught.value)
+    assert [t["index"] for t in read_trials(tmp_path)] == [0]

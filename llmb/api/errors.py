@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from llmb.spec.printable import one_line
 
@@ -92,6 +92,38 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def interrupts_remembered() -> Iterator[Callable[[], None]]:
+    """SIGTERM raises Terminated and Ctrl-C KeyboardInterrupt, as outside, and each is remembered; the check yielded
+    raises a remembered one again. CPython drops an exception raised inside a finalizer (a __del__, a weakref
+    callback, a generator the collector closes: "Exception ignored in ...") and the process goes on as if no signal
+    came, so a loop of long steps (a sweep's trials) calls the check before each step: an interrupt the interpreter
+    lost stops it there. SIGINT is taken only from Python's own handler: an ignored one (nohup, a shell's background
+    job) stays ignored. Elsewhere than the main thread nothing is set and the check never raises."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def check() -> None:
+        if received:
+            raise Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield check
+        return
+    numbers = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        numbers.append(signal.SIGINT)
+    previous = {number: signal.signal(number, handler) for number in numbers}
+    try:
+        yield check
+    finally:
+        for number, was in previous.items():
+            signal.signal(number, was)
 
 
 class TimeLimitReached(KeyboardInterrupt):

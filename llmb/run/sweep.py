@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from llmb.api.errors import LlmbError, Terminated, UsageError, shown, sigterm_raises, time_limit
+from llmb.api.errors import LlmbError, Terminated, UsageError, interrupts_remembered, shown, time_limit
 from llmb.api.settings import recorded
 from llmb.audit import precision
 from llmb.records import (
@@ -217,6 +217,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
     def point(precision_name: str, batch: int, phase: str, index: int) -> Trial:
         found = log.find(precision_name, phase, batch, index)
         if found is None:
+            stop_if_interrupted()  # one CPython dropped (raised inside a finalizer) stops the sweep here
             current[:] = [precision_name, batch]
             display.trial(precision_name, batch, phase, index + 1)
             found = run_trial(options, precision_name, batch, phase, index)
@@ -234,7 +235,8 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
         return found
 
     try:
-        with sigterm_raises():  # SIGTERM stops the sweep as Ctrl-C does: the running trial is killed, the log kept
+        # SIGTERM stops the sweep as Ctrl-C does: the running trial is killed, the log kept.
+        with interrupts_remembered() as stop_if_interrupted:
             for name in precisions:
                 summary["precisions"][name] = _sweep_precision(options, name, point, display)
                 write_json_atomic(options.out / SUMMARY_NAME, summary)
