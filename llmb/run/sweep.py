@@ -217,7 +217,9 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
     def point(precision_name: str, batch: int, phase: str, index: int) -> Trial:
         found = log.find(precision_name, phase, batch, index)
         if found is None:
-            stop_if_interrupted()  # one CPython dropped (raised inside a finalizer) stops the sweep here
+            # An interrupt CPython dropped (raised inside a finalizer) stops the sweep before a trial and after one
+            # (the last trial's: no next one would look), the finished point logged first.
+            stop_if_interrupted()
             current[:] = [precision_name, batch]
             display.trial(precision_name, batch, phase, index + 1)
             found = run_trial(options, precision_name, batch, phase, index)
@@ -230,6 +232,7 @@ def _sweep(options: SweepOptions, display: Display | None = None) -> dict:
                 )
             log.add(found)
             display.finished(found, reused=False)
+            stop_if_interrupted()
         else:
             display.finished(found, reused=True)
         return found
