@@ -202,8 +202,9 @@ def _signal_state() -> dict:
 @pytest.fixture(autouse=True)
 def signals_left_as_found():
     """A test that changes the process's signal handling and leaves it so fails, and the state is put back: every
-    later test of that pytest worker would otherwise start its subprocesses with it (one left SIGINT ignored, and a
-    test that interrupts a sweep saw it finish, exit 0, in one CI run of 2026-11-29)."""
+    later test of that pytest worker would otherwise start its subprocesses with it. A SIGINT left ignored would make
+    a test that interrupts a sweep see it finish and exit 0, as one CI run of 2026-11-29 did; a full run with this
+    fixture found no test that leaves it so (the sweep now also remembers an interrupt CPython drops)."""
     import signal
 
     before = _signal_state()

@@ -99,9 +99,9 @@ def interrupts_remembered() -> Iterator[Callable[[], None]]:
     """SIGTERM raises Terminated and Ctrl-C KeyboardInterrupt, as outside, and each is remembered; the check yielded
     raises a remembered one again. CPython drops an exception raised inside a finalizer (a __del__, a weakref
     callback, a generator the collector closes: "Exception ignored in ...") and the process goes on as if no signal
-    came, so a loop of long steps (a sweep's trials) calls the check before each step: an interrupt the interpreter
-    lost stops it there. SIGINT is taken only from Python's own handler: an ignored one (nohup, a shell's background
-    job) stays ignored. Elsewhere than the main thread nothing is set and the check never raises."""
+    came, so a loop of long steps (a sweep's trials) calls the check before and after each step: an interrupt the
+    interpreter lost stops it there. SIGINT is taken only from Python's own handler: an ignored one (nohup, a
+    shell's background job) stays ignored. Elsewhere than the main thread nothing is set and the check never raises."""
     received: list[int] = []
 
     def handler(signum, frame):
