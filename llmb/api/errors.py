@@ -74,24 +74,19 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a job scheduler's time limit, `kill`), raised where the process is, as Ctrl-C's KeyboardInterrupt is."""
 
 
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    """What a signal raises where the process is: Terminated for SIGTERM, KeyboardInterrupt for Ctrl-C."""
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """SIGTERM raises Terminated in the main thread for the duration: the process unwinds instead of dying where it
     stands, so every `finally` on the way out runs (a worker process is stopped, a file being written is removed, what
     was finished stays) and the command can say in one line why it ended. Elsewhere than the main thread, where no
     handler can be set, SIGTERM is left as it is."""
-
-    def handler(signum, frame):
-        raise Terminated()
-
-    if threading.current_thread() is not threading.main_thread():
+    with _raising([signal.SIGTERM], []):
         yield
-        return
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -104,23 +99,32 @@ def interrupts_remembered() -> Iterator[Callable[[], None]]:
     shell's background job) stays ignored. Elsewhere than the main thread nothing is set and the check never raises."""
     received: list[int] = []
 
-    def handler(signum, frame):
-        received.append(signum)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
     def check() -> None:
         if received:
-            raise Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
+            raise _interrupt(received[0])
 
-    if threading.current_thread() is not threading.main_thread():
-        yield check
-        return
     numbers = [signal.SIGTERM]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         numbers.append(signal.SIGINT)
+    with _raising(numbers, received):
+        yield check
+
+
+@contextlib.contextmanager
+def _raising(numbers: list[int], received: list[int]) -> Iterator[None]:
+    """Each of ``numbers`` appends itself to ``received`` and raises its _interrupt in the main thread for the
+    duration; the handlers before are put back after. Elsewhere than the main thread nothing is set."""
+
+    def handler(signum, frame):
+        received.append(signum)
+        raise _interrupt(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = {number: signal.signal(number, handler) for number in numbers}
     try:
-        yield check
+        yield
     finally:
         for number, was in previous.items():
             signal.signal(number, was)
