@@ -7,6 +7,7 @@ sweep past every trial's limit."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,8 +25,10 @@ from llmb.api.errors import TimeLimitReached, time_limit
 # Hangs wherever `HANG_IN` names: in the worker, set up for any precision but FP32 (so a `--precision all` run judges
 # FP32 first), or in the sweep's own process, asked for its precisions. In Python (time.sleep), which the limit's
 # signal interrupts; or, with HANG_MASKED, with SIGALRM blocked first: the signal never reaches the sleeping thread,
-# as it never reaches one inside a C call that does not return (a driver's, a collective's).
+# as it never reaches one inside a C call that does not return (a driver's, a collective's); or, with
+# HANG_HOLDING_GIL, inside a C call that also holds Python's GIL, so that no thread of the process runs Python.
 HANGING_PLUGIN = """
+import ctypes
 import os
 import signal
 import time
@@ -36,6 +39,9 @@ from llmb import CpuBackend, hookimpl
 def hang():
     if os.environ.get("HANG_MASKED"):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    if os.environ.get("HANG_HOLDING_GIL"):  # libc's sleep with the GIL held, SIGALRM kept from ending it early
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        ctypes.PyDLL(None).sleep(3600)
     time.sleep(3600)
 
 
@@ -102,7 +108,8 @@ def test_the_watchdog_ends_a_main_thread_the_limits_signal_cannot_reach(monkeypa
     ended = threading.Event()
     said_to = []
     monkeypatch.setattr(errors, "HUNG_GRACE_SECONDS", 0.2)
-    monkeypatch.setattr(errors, "_end_hung_process", lambda said: (said_to.append(said), ended.set()))
+    monkeypatch.setattr(errors, "_start_last_resort", lambda seconds, said: None)  # it would end pytest itself
+    monkeypatch.setattr(errors, "_end_hung_process", lambda said, last_resort: (said_to.append(said), ended.set()))
     with pytest.raises(TimeLimitReached):  # raised once the main thread runs Python again, after the watchdog
         with time_limit(0.1, "said here"):
             before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
@@ -129,7 +136,8 @@ def test_the_watchdogs_last_line_shows_outside_text_as_data():
 def test_the_watchdog_does_not_fire_where_the_limit_interrupted_the_main_thread(monkeypatch):
     fired = threading.Event()
     monkeypatch.setattr(errors, "HUNG_GRACE_SECONDS", 0.2)
-    monkeypatch.setattr(errors, "_end_hung_process", lambda said: fired.set())
+    monkeypatch.setattr(errors, "_start_last_resort", lambda seconds, said: None)  # it would end pytest itself
+    monkeypatch.setattr(errors, "_end_hung_process", lambda said, last_resort: fired.set())
     with pytest.raises(TimeLimitReached):
         with time_limit(0.1, "said here"):
             time.sleep(5)
@@ -186,8 +194,8 @@ def test_the_sweeps_own_calls_into_a_hanging_plugin_end_at_the_trial_timeout(tmp
     ], proc.stderr[-2000:]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
+# The plugin runs in the command's own process: the sweep's own checks, and an in-process run.
+IN_PROCESS = pytest.mark.parametrize(
     "where, command, env, said",
     [
         (
@@ -205,6 +213,10 @@ def test_the_sweeps_own_calls_into_a_hanging_plugin_end_at_the_trial_timeout(tmp
     ],
     ids=["sweep-checks", "in-process-run"],
 )
+
+
+@pytest.mark.slow
+@IN_PROCESS
 def test_a_plugin_hung_where_the_limits_signal_cannot_reach_still_ends_at_124(tmp_path, where, command, env, said):
     """The plugin runs in the command's own process here and blocks SIGALRM before it hangs, as a call into C that
     never returns would keep the signal from ever being handled: the watchdog ends the process HUNG_GRACE_SECONDS
@@ -218,6 +230,98 @@ def test_a_plugin_hung_where_the_limits_signal_cannot_reach_still_ends_at_124(tm
     assert line.startswith(said) and "ended there" in line, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert not processes_marked(str(tmp_path))
+
+
+@pytest.mark.slow
+@IN_PROCESS
+def test_a_plugin_hung_holding_the_gil_is_ended_by_the_last_resort(tmp_path, where, command, env, said):
+    """The plugin hangs inside a C call that holds Python's GIL: neither the limit's signal handler nor the watchdog
+    thread ever runs. The last resort, a process of its own, says the line 2 x HUNG_GRACE_SECONDS past the limit and
+    kills the command (SIGKILL) and what it started. Before it, the command hung for the plugin's hour."""
+    out = tmp_path / "out"
+    full = [command[0], "--plugin", "hanging", "--device", "cpu", *TINY, *command[1:], "--out", str(out)]
+    proc, seconds = hanging(tmp_path, where, *full, HANG_HOLDING_GIL="1", **env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert 5 + 2 * errors.HUNG_GRACE_SECONDS <= seconds < 5 + 2 * errors.HUNG_GRACE_SECONDS + 60, seconds
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith(said) and line.endswith("did not return; killed)"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not processes_gone_within(str(tmp_path), 10)
+
+
+def test_the_last_resort_ends_a_main_thread_holding_the_gil_and_what_it_started(tmp_path):
+    """time_limit with a short grace, around libc's sleep called with the GIL held (ctypes.PyDLL), in a process that
+    started a child first: the last resort says one line, shown as data (the limit's words name a plugin's call),
+    and kills the child and the process. Exit -SIGKILL: nothing in a process whose interpreter is held exits more
+    cleanly."""
+    said = "plugin \x1b]0;owned\x07 hung\nerror: forged line"
+    code = f"""
+import ctypes, signal, subprocess, sys
+from llmb.api import errors
+errors.HUNG_GRACE_SECONDS = 0.5
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], stderr=subprocess.DEVNULL)
+with errors.time_limit(1, {said!r}):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGALRM}})  # as a C call that retries on EINTR
+    ctypes.PyDLL(None).sleep(3600)
+"""
+    env = {**os.environ, "HANGING_TEST": str(tmp_path)}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done
+    assert 2 <= time.monotonic() - started < 45
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: plugin "), done.stderr
+    assert "\x1b" not in done.stderr and "hung\\nerror: forged line" in done.stderr, done.stderr
+    assert not processes_gone_within(str(tmp_path), 10)
+
+
+def test_the_last_resort_goes_with_the_limit_and_with_its_process(tmp_path):
+    """Started with the limit, gone once the limit's block is left or the limit is reached (a slow unwinding is not a
+    hang); and gone at once, silent, where the process ends some other way inside the block (its pipe closes): it
+    never outlives the command to fire at a later process."""
+    mark = str(tmp_path)
+    with time_limit(600, "never said"):
+        (pid,) = last_resorts_of(os.getpid())
+    assert not last_resorts_of(os.getpid())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # reaped, not left a zombie
+    left_while_unwinding = []
+    with pytest.raises(TimeLimitReached):  # reached: gone as the unwinding starts, however long that takes
+        with time_limit(0.2, "said here"):
+            assert last_resorts_of(os.getpid())
+            try:
+                time.sleep(10)
+            finally:
+                left_while_unwinding += last_resorts_of(os.getpid())
+    assert left_while_unwinding == []
+    code = "import os\nfrom llmb.api import errors\nwith errors.time_limit(600, 'never said'):\n    os._exit(3)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HANGING_TEST": mark}
+    )
+    assert done.returncode == 3 and done.stderr == "", done
+    assert not processes_gone_within(mark, 10)
+
+
+def last_resorts_of(parent: int) -> list[int]:
+    """The live last-resort processes whose parent is ``parent`` (Linux's /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+            stat = (cmdline.parent / "stat").read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if any(word.endswith(b"last_resort.py") for word in words) and int(stat[1]) == parent and stat[0] != b"Z":
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def processes_gone_within(mark: str, seconds: float) -> list[int]:
+    """processes_marked(mark) once it is empty, or after ``seconds``: a killed process's children are reaped by
+    whoever adopts them, a moment later."""
+    deadline = time.monotonic() + seconds
+    while (left := processes_marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -151,17 +152,22 @@ def time_limit(seconds: float | None, said: str) -> Iterator[None]:
     within HUNG_GRACE_SECONDS more (a plugin hung inside a C call that never returns, or with SIGALRM blocked), a
     watchdog thread ends the process: the worker processes it started are killed, ``said`` is the one line, exit 124.
     Records judged before are saved already (written whole, atomically). A C call that also holds the GIL stops the
-    watchdog too; nothing in-process can end that. Elsewhere than the main thread (llmb as a library, in a thread),
-    or without setitimer, no limit is set."""
+    watchdog too (no Python runs in the process at all): for it a process of its own (llmb/api/last_resort.py,
+    started here, waiting on a pipe) says the same line HUNG_GRACE_SECONDS later still, kills the worker processes
+    and then the command (SIGKILL, exit 137). Elsewhere than the main thread (llmb as a library, in a thread), or
+    without setitimer, no limit is set."""
     main = threading.current_thread() is threading.main_thread()
     if not seconds or seconds <= 0 or not main or not hasattr(signal, "setitimer"):
         yield
         return
-    watchdog = threading.Timer(seconds + HUNG_GRACE_SECONDS, _end_hung_process, args=(said,))
+    last_resort = _start_last_resort(seconds + 2 * HUNG_GRACE_SECONDS, said)
+    watchdog = threading.Timer(seconds + HUNG_GRACE_SECONDS, _end_hung_process, args=(said, last_resort))
     watchdog.daemon = True
 
     def handler(signum, frame):
-        watchdog.cancel()  # the main thread is back in Python: it unwinds, every `finally` runs
+        # The main thread is back in Python: it unwinds, every `finally` runs, however long that takes.
+        watchdog.cancel()
+        _stop(last_resort)
         raise TimeLimitReached(said)
 
     previous = signal.signal(signal.SIGALRM, handler)
@@ -173,13 +179,45 @@ def time_limit(seconds: float | None, said: str) -> Iterator[None]:
         watchdog.cancel()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        _stop(last_resort)
 
 
-def _end_hung_process(said: str) -> None:
+def _start_last_resort(seconds: float, said: str) -> subprocess.Popen | None:
+    """llmb/api/last_resort.py, waiting ``seconds`` on a pipe from this process: by path, with site and the
+    environment ignored (-S -I: the standard library only, started in milliseconds), in a session of its own (a
+    Ctrl-C at the terminal is this process's to handle, not its). None where it cannot be started: the limit and the
+    watchdog still hold."""
+    line = (
+        f"error: {one_line(said)} (its main thread held the interpreter {2 * HUNG_GRACE_SECONDS:g} s more, inside a "
+        "call that did not return; killed)"
+    )
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "last_resort.py")
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-S", "-I", script, f"{seconds:.3f}", line],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        return None
+
+
+def _stop(last_resort: subprocess.Popen | None) -> None:
+    if last_resort is not None:
+        last_resort.kill()
+        last_resort.wait()
+        last_resort.stdin.close()
+
+
+def _end_hung_process(said: str, last_resort: subprocess.Popen | None = None) -> None:
     """The watchdog's end of a process whose main thread is hung: no `finally` can run, so what it would stop is
-    stopped here (the worker processes started through multiprocessing), then one line and exit 124 at once."""
+    stopped here (the last resort, the worker processes started through multiprocessing), then one line and exit
+    124 at once."""
     import multiprocessing  # lazy: loaded by the process that started workers already; llmb.api stays light
 
+    if last_resort is not None:
+        last_resort.kill()
     for child in multiprocessing.active_children():
         child.kill()
     sys.stderr.write(
