@@ -6,9 +6,12 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import re
 import shutil
 import struct
+import tarfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -435,3 +438,52 @@ def test_csv_cells_never_start_a_formula(tmp_path, value):
             if cell.lstrip().startswith("-"):
                 float(cell)  # a negative number is a number, never text that a spreadsheet evaluates
     assert any(row["device"].startswith("'") for row in rows)
+
+
+@pytest.mark.parametrize("command", ["report", "features"])
+def test_a_folder_that_cannot_be_listed_is_named_not_passed_over(tmp_path, monkeypatch, command):
+    """A sub-folder of results that the reader may not list (no permission) was passed over in silence: exit 0, its
+    runs missing from the tables, nothing said. It is named now, as an unreadable file is. The permission is taken
+    away by a stand-in for os.scandir (this suite runs as root, which can list a folder whatever its mode)."""
+    folder = write_records(tmp_path / "r", make_result())
+    locked = folder / "locked"
+    locked.mkdir()
+    write_result(make_result(batch_size=2), locked)
+    real = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(locked))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "open", lambda path, *a, _real=os.open, **k: _deny(path, locked) or _real(path, *a, **k))
+    result = CliRunner().invoke(cli, [command, str(folder)])
+    assert f"skipped: {locked}: unreadable (Permission denied)" in result.output, result.output
+    assert "Traceback" not in result.output, result.output
+
+
+def _deny(path, locked) -> None:
+    if os.fspath(path) == str(locked):
+        raise PermissionError(13, "Permission denied", str(locked))
+
+
+def test_a_bundles_archive_reads_as_its_folder_and_a_broken_one_is_one_line(tmp_path):
+    """`llmb report` takes submission bundles, and a bundle travels as the .tar.gz `package-submission --archive`
+    writes: it was read as one JSON file and refused ("not UTF-8"). It is unpacked as `llmb verify` unpacks one, its
+    runs are the folder's, and its files are named as inside the archive, never where it was unpacked."""
+    folder = Path(__file__).resolve().parents[1] / "submissions" / "llmb" / "cpu-reference"
+    archive = tmp_path / "cpu-reference.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname="cpu-reference")
+    from_folder = CliRunner().invoke(cli, ["report", str(folder), "--format", "json"])
+    from_archive = CliRunner().invoke(cli, ["report", str(archive), "--format", "json"])
+    assert from_archive.exit_code == 0, from_archive.output
+    rows = [json.loads(r.output)["points"] for r in (from_folder, from_archive)]
+    assert [p["run_id"] for p in rows[1]] == [p["run_id"] for p in rows[0]] and rows[1]
+    assert all(p["source"].startswith(f"{archive}/results/") for p in rows[1]), rows[1][0]["source"]
+    broken = tmp_path / "broken.tar.gz"
+    broken.write_bytes(archive.read_bytes()[:200])
+    refused = CliRunner().invoke(cli, ["report", str(broken)])
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert refused.output.startswith(f"error: {broken}: bundle refused: ") and refused.output.count("\n") == 1

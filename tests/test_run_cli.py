@@ -120,6 +120,9 @@ def test_repeats_report_the_median_window(tmp_path):
         (["--device", "nosuchdevice"], 2, "cannot parse device"),
         (["--device", "cuda"], 2, "serves cpu, not 'cuda'"),
         (["--device", "no" * 50_000], 2, "(100000 characters)"),  # said by its start and length, not echoed whole
+        # torch keeps a device index in 8 bits and takes any index on the CPU: both once ran and wrote results.
+        (["--device", "cpu:999"], 2, "index 999 is out of range"),
+        (["--device", "cpu:3"], 2, "the host's CPU is one device"),
         (["--hidden-size", "65"], 2, "not divisible"),
         (["--plugin", "nosuch"], 2, "no plugin named"),
         (["-O", "nosetting=1"], 2, "has no setting"),
@@ -135,6 +138,24 @@ def test_bad_input_is_one_line_and_an_exit_code(args, code, message, tmp_path):
     assert "Traceback" not in result.output
     assert len(result.output) < 1000, result.output[:300]
     assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    "folder, said",
+    [
+        (lambda tmp: tmp / ("a" * 300), "a name of 300 bytes"),
+        (lambda tmp: tmp.joinpath(*["b" * 250] * 20), "a path of"),
+    ],
+    ids=["name", "path"],
+)
+def test_an_out_folder_the_file_system_cannot_hold_is_refused_before_anything_is_measured(tmp_path, folder, said):
+    """A --out folder to be made whose name, or whole path, is longer than the file system takes was accepted and
+    failed only when the result was written, after the whole run (the record then went to the temporary folder)."""
+    result = CliRunner().invoke(cli, ["run", *TINY, "--out", str(folder(tmp_path))])
+    assert result.exit_code == 2, result.output
+    assert "is not a writable folder" in result.output and said in result.output, result.output
+    assert "step" not in result.output.lower() and "Traceback" not in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", [["peak", "--precision", "FP32"], ["commbench", "--nproc-per-node", "2"]])

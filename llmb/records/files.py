@@ -219,12 +219,19 @@ def under(directory: Path, *patterns: str) -> list[Path]:
     """The files a reader of many records reads in a folder (searched recursively), sorted: every name matching one
     of ``patterns`` but those on a hidden path, which hold a sweep's scratch (a trial in flight) and the temporary
     files of atomic writes. A folder named x.json is searched like any folder, not read; anything else found (a
-    FIFO, a link to a folder, which is never followed) is for ``read_object`` to name."""
+    FIFO, a link to a folder, which is never followed, a folder that cannot be listed) is for ``read_object`` to
+    name."""
     # os.walk, not Path.rglob: a sub-folder that vanishes or is replaced while the folder is walked (a sweep writing
     # beside the reader, a user tidying up) is passed by, where rglob raised FileNotFoundError out of every reader.
-    # Neither follows a link to a folder; hidden folders are not entered (nothing under them is read).
+    # Neither follows a link to a folder; hidden folders are not entered (nothing under them is read). A folder that
+    # cannot be listed (no permission) is found as itself, so that its reader names it: never passed over in silence.
     found = []
-    for root, folders, names in os.walk(directory):
+
+    def unlisted(exc: OSError) -> None:
+        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)) and exc.filename is not None:
+            found.append(Path(exc.filename))
+
+    for root, folders, names in os.walk(directory, onerror=unlisted):
         folders[:] = [name for name in folders if not name.startswith(".")]
         links = [name for name in folders if (Path(root) / name).is_symlink()]  # a folder found is walked, not read
         found += [Path(root) / name for name in links + names if any(fnmatchcase(name, p) for p in patterns)]

@@ -9,7 +9,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import UsageError, shown
 from llmb.records import Result
 from llmb.records.files import read_object
 from llmb.records.outputs import name_part
@@ -107,6 +107,9 @@ def check_writable(out_dir: Path, what: str = "--out") -> None:
             os.rmdir(tempfile.mkdtemp(prefix=".llmb-write-check-", dir=parent))
         except OSError as exc:
             raise UsageError(f"{what} {out_dir} is not a writable folder ({parent}: {exc.strerror or exc})") from None
+        too_long = _too_long(out_dir.absolute(), parent)
+        if too_long:
+            raise UsageError(f"{what} {shown(str(out_dir))} is not a writable folder ({too_long})")
         return
     try:
         fd, probe = tempfile.mkstemp(prefix=".llmb-write-check-", dir=out_dir)
@@ -119,6 +122,26 @@ def check_writable(out_dir: Path, what: str = "--out") -> None:
             os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"{what} {out_dir} is not a writable folder ({exc.strerror or exc})") from None
+
+
+# Room kept in a path for the file llmb writes into the folder: a result's name is under 100 bytes.
+_FILE_NAME_ROOM = 128
+
+
+def _too_long(out_dir: Path, parent: Path) -> str | None:
+    """Why the folders under ``parent`` that make ``out_dir`` could not be made, with a file in the last: a name
+    longer than the file system takes, or a path too long with the file's name; None where neither is (or the file
+    system does not say its limits)."""
+    try:
+        name_max, path_max = os.pathconf(parent, "PC_NAME_MAX"), os.pathconf(parent, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return None
+    for part in out_dir.relative_to(parent).parts:
+        if len(os.fsencode(part)) > name_max:
+            return f"a name of {len(os.fsencode(part))} bytes, where the file system takes {name_max} at most"
+    if len(os.fsencode(str(out_dir))) + _FILE_NAME_ROOM >= path_max:
+        return f"a path of {len(os.fsencode(str(out_dir)))} bytes, where the file system takes {path_max} at most"
+    return None
 
 
 def save_result(record: Result, out_dir: Path) -> tuple[Path, str | None]:

@@ -3,11 +3,14 @@ what they ran, with each group's headline by the rule the sweep and summary.md s
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmb.api.errors import LlmbError, UsageError
+from llmb.bundle import reader as bundle_io
+from llmb.bundle.reader import Refused
 from llmb.records import (
     RECORD_LIMIT,
     RESULT_SCHEMAS,
@@ -111,14 +114,48 @@ class Inputs:
 
 
 def load(paths: list[Path]) -> Inputs:
-    """Result JSON files, directories of them, sweep directories and submission bundles (searched recursively)."""
+    """Result JSON files, directories of them, sweep directories and submission bundles (searched recursively), a
+    bundle's .tar.gz too: unpacked under the limits `llmb verify` keeps, its files named as inside the archive."""
     if not paths:
         raise UsageError("give at least one result file or directory")
+    unpacked: dict[str, str] = {}  # where an archive was unpacked -> the archive's path as given
+
+    def named(text: str) -> str:
+        for root, archive in unpacked.items():
+            text = text.replace(root, archive)
+        return text
+
+    with contextlib.ExitStack() as stack:
+        given = []
+        for path in map(_usable, paths):
+            if path.is_file() and path.name.endswith(ARCHIVE_SUFFIXES):
+                try:
+                    root = stack.enter_context(bundle_io.open_bundle(path))
+                except Refused as exc:
+                    raise LlmbError(f"{path}: bundle refused: {exc}") from None
+                unpacked[str(root)] = str(path)
+                path = root
+            given.append(path)
+        try:
+            inputs = _load(given)
+        except LlmbError as exc:  # a usage error stays one; the message names the archive, not where it was unpacked
+            raise (UsageError if isinstance(exc, UsageError) else LlmbError)(named(str(exc))) from None
+    inputs.sources = [named(s) for s in inputs.sources]
+    inputs.skipped = [named(s) for s in inputs.skipped]
+    for point in inputs.points:
+        point.source = named(point.source)
+    return inputs
+
+
+# A bundle's archive, as `llmb package-submission --archive` writes it.
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
+
+
+def _load(paths: list[Path]) -> Inputs:
     records: dict[str, tuple[Result, Path]] = {}
     logs, log_files = [], []
     inputs = Inputs()
     for path in paths:
-        path = _usable(path)
         if not path.exists():
             raise UsageError(f"{path} does not exist")
         inputs.sources.append(str(path))

@@ -28,7 +28,10 @@ AUTO_SELECTED = " (auto-selected: no installed plugin with its hardware present 
 
 
 def check_device_present(device: torch.device) -> None:
-    """Allocate one element on the device, so an absent device fails before any work is done."""
+    """Allocate one element on the device, so an absent device fails before any work is done. The host's CPU is one
+    device, `cpu` or `cpu:0`: torch takes any index there and ignores it, so another is refused here."""
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise UsageError(f"device {str(device)!r} is not available: the host's CPU is one device, 'cpu' (or 'cpu:0')")
     try:
         torch.empty(1, device=device)
     except Exception as exc:
