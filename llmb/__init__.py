@@ -4,10 +4,15 @@ The public API for plugins is what this module exports. Importing it imports no 
 must not wait for torch); `llmb.CpuBackend` is loaded, with torch, on first use.
 """
 
+from typing import TYPE_CHECKING
+
 from llmb.api.backend import Backend, EnergyCounter, Peak, PrecisionFact
 from llmb.api.errors import LlmbError, UsageError
 from llmb.api.hookspecs import hookimpl
 from llmb.api.settings import PluginSettings, Setting, option
+
+if TYPE_CHECKING:
+    from llmb.default_plugins.cpu import CpuBackend
 
 __all__ = [
     "Backend",
@@ -25,7 +30,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> "str | type[CpuBackend]":
     # Loaded on first use (PEP 562): the reference backend imports torch, and importlib.metadata (llmb.spec.version)
     # costs a few hundred ms on a loaded machine, which `llmb --help` must not pay.
     if name == "__version__":

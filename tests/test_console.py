@@ -217,9 +217,10 @@ def test_unknown_baseline_is_a_usage_error_naming_the_methods(tmp_path):
 
     for tps in (100.0, 120.0):
         (tmp_path / f"r{tps:.0f}.json").write_text(json.dumps(make_result(tokens_per_second=tps).to_dict()))
-    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--baseline", "foo"])
-    assert result.exit_code == 2, result.output
-    assert "'foo' is no method" in result.output and "methods: cpu" in result.output
+    for given in ("foo", "", " "):  # an empty one too (an unset variable in a script): never "no baseline", exit 0
+        result = CliRunner().invoke(cli, ["report", str(tmp_path), "--baseline", given])
+        assert result.exit_code == 2, result.output
+        assert f"{given!r} is no method" in result.output and "methods: cpu" in result.output
 
 
 def test_debug_shapes_refused_once_with_their_count():

@@ -52,7 +52,8 @@ def test_the_reference_covers_every_export_method_hook_and_record():
     api, schema = module.api_page(), module.schema_page()
     assert all(f"## {name}\n" in api for name in llmb.__all__ if not name.startswith("_"))
     assert all(f"### `{name}(" in api for name, v in vars(Backend).items() if callable(v) and not name[0] == "_")
-    assert "### `register_backends(register)`" in api and hookspecs.register_backends.__doc__.strip() in api
+    assert "### `register_backends(register: Callable[[Backend], None]) -> None`" in api
+    assert hookspecs.register_backends.__doc__.strip() in api
     for cls in (records.Result, records.Conformance, records.Commbench):
         assert f"schema id `{cls.SCHEMA}`" in schema and f"<!-- fields:{cls.__name__} -->" in schema
     assert "| `timing` | [Timing](#timing) |" in schema and "| `window_seconds` | number |" in schema

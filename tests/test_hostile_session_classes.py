@@ -120,6 +120,15 @@ def test_sizes_too_long_to_be_a_message_are_a_usage_error(sizes):
         commbench.parse_sizes(sizes)
 
 
+@pytest.mark.parametrize(("option", "said"), [("--sizes", "--sizes: cannot read ''"), ("--device", "is empty")])
+def test_an_empty_value_is_a_usage_error_not_the_default(option, said):
+    """An unset variable in a script gives an option an empty value: it is said at once, never taken as the option
+    left out (commbench's default sizes, the plugin's device), which ran and exited 0."""
+    args = {"--sizes": ["--device", "cpu", "--sizes", ""], "--device": ["--device", ""]}[option]
+    result = CliRunner().invoke(cli, ["commbench", *args])
+    assert result.exit_code == 2 and said in result.output, result.output
+
+
 @pytest.mark.parametrize(
     ("text", "why"),
     [

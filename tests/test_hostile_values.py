@@ -103,6 +103,15 @@ def _result_dict(**changes) -> dict:
     return data
 
 
+@pytest.mark.parametrize("field", ["peak_memory_bytes", "warmup_steps", "parameters", "model_flops_per_token"])
+def test_a_record_with_a_negative_count_is_refused(field):
+    """A count no run gives (negative bytes of peak memory; a worker records an unknown one as null) is no record:
+    a copied bundle's result re-sealed with -1 passed verify."""
+    with pytest.raises(RecordError, match=f"^{field}: -1 \\(0 or more\\)$"):
+        Result.from_dict(_result_dict(**{field: -1}))
+    assert Result.from_dict(_result_dict(peak_memory_bytes=None)).peak_memory_bytes is None
+
+
 @pytest.mark.parametrize("seed", [-1, SEED_MAX + 1, 2**64])
 def test_a_record_with_a_seed_no_run_takes_is_refused(seed):
     with pytest.raises(RecordError, match="seed"):

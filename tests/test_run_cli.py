@@ -123,6 +123,9 @@ def test_repeats_report_the_median_window(tmp_path):
         # torch keeps a device index in 8 bits and takes any index on the CPU: both once ran and wrote results.
         (["--device", "cpu:999"], 2, "index 999 is out of range"),
         (["--device", "cpu:3"], 2, "the host's CPU is one device"),
+        # An unset variable in a script (--device "$DEVICE"): said, not run on the plugin's default device.
+        (["--device", ""], 2, "'--device': is empty"),
+        (["--device", "  "], 2, "'--device': is empty"),
         (["--hidden-size", "65"], 2, "not divisible"),
         (["--plugin", "nosuch"], 2, "no plugin named"),
         (["-O", "nosetting=1"], 2, "has no setting"),

@@ -21,6 +21,7 @@ from conftest import TINY, TINY_CPU, install_plugin, invoke, plugin_env
 from llmb import CpuBackend
 from llmb.api import errors
 from llmb.api.errors import TimeLimitReached, time_limit
+from llmb.api.last_resort import children_of
 
 # Hangs wherever `HANG_IN` names: in the worker, set up for any precision but FP32 (so a `--precision all` run judges
 # FP32 first), or in the sweep's own process, asked for its precisions. In Python (time.sleep), which the limit's
@@ -301,17 +302,35 @@ def test_the_last_resort_goes_with_the_limit_and_with_its_process(tmp_path):
     assert not processes_gone_within(mark, 10)
 
 
+def test_an_interrupt_while_the_limit_is_set_up_leaves_no_last_resort(monkeypatch):
+    """A Ctrl-C that lands after the last resort started and before the limit holds (here: as the SIGALRM handler is
+    set) is raised from time_limit with the last resort already stopped: it never outlives the limit's block, even
+    while the interrupt's traceback keeps the block's frame alive."""
+    set_handler = signal.signal
+
+    def interrupted(number, handler):
+        if number == signal.SIGALRM:
+            raise KeyboardInterrupt
+        return set_handler(number, handler)
+
+    monkeypatch.setattr(errors.signal, "signal", interrupted)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with time_limit(600, "never said"):
+            pass
+    assert raised.traceback and not last_resorts_of(os.getpid())
+
+
 def last_resorts_of(parent: int) -> list[int]:
-    """The live last-resort processes whose parent is ``parent`` (Linux's /proc)."""
+    """The live last-resort processes whose parent is ``parent`` (Linux's /proc, read as the last resort reads it)."""
     found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    for pid in children_of(parent):
         try:
-            words = cmdline.read_bytes().split(b"\0")
-            stat = (cmdline.parent / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
-            continue
-        if any(word.endswith(b"last_resort.py") for word in words) and int(stat[1]) == parent and stat[0] != b"Z":
-            found.append(int(cmdline.parent.name))
+            continue  # ended meanwhile
+        if any(word.endswith(b"last_resort.py") for word in words) and state != b"Z":
+            found.append(pid)
     return found
 
 

@@ -161,24 +161,26 @@ def time_limit(seconds: float | None, said: str) -> Iterator[None]:
         yield
         return
     last_resort = _start_last_resort(seconds + 2 * HUNG_GRACE_SECONDS, said)
-    watchdog = threading.Timer(seconds + HUNG_GRACE_SECONDS, _end_hung_process, args=(said, last_resort))
-    watchdog.daemon = True
+    try:  # from here on, however the block is left (an interrupt while the limit is set up too), the last resort goes
+        watchdog = threading.Timer(seconds + HUNG_GRACE_SECONDS, _end_hung_process, args=(said, last_resort))
+        watchdog.daemon = True
 
-    def handler(signum, frame):
-        # The main thread is back in Python: it unwinds, every `finally` runs, however long that takes.
-        watchdog.cancel()
-        _stop(last_resort)
-        raise TimeLimitReached(said)
+        def handler(signum: int, frame: object) -> None:
+            # The main thread is back in Python: it unwinds, every `finally` runs, however long that takes.
+            watchdog.cancel()
+            _stop(last_resort)
+            raise TimeLimitReached(said)
 
-    previous = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    watchdog.start()
-    try:
-        yield
+        previous = signal.signal(signal.SIGALRM, handler)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+            watchdog.start()
+            yield
+        finally:
+            watchdog.cancel()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     finally:
-        watchdog.cancel()
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
         _stop(last_resort)
 
 

@@ -12,12 +12,18 @@ hands out ``llm.Model`` instances.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from pluggy import HookimplMarker, HookspecMarker
+
+if TYPE_CHECKING:
+    from llmb.api.backend import Backend
 
 hookspec = HookspecMarker("llmb")
 hookimpl = HookimplMarker("llmb")
 
 
 @hookspec
-def register_backends(register):
+def register_backends(register: Callable[[Backend], None]) -> None:
     """Call ``register(backend)`` once for each `llmb.Backend` instance this plugin provides."""

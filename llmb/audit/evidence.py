@@ -30,7 +30,7 @@ MODEL_SCOPE = "model"
 PARTIAL_SCOPE = "rank 0's part"
 
 
-def digest_scope(layout) -> str:
+def digest_scope(layout: object) -> str:
     """What the digests of a job with this layout cover (a layout object or a record's layout dict)."""
     get = layout.get if isinstance(layout, dict) else (lambda key, default: getattr(layout, key, default))
     try:

@@ -8,6 +8,7 @@ the plugin's own facts, and a matmul probe run on the device in the run's real b
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -177,7 +178,7 @@ def state_changes(before: tuple, after: tuple) -> list[str]:
     return [f"{name}: {old.get(name)!r} -> {value!r}" for name, value in after if old.get(name) != value]
 
 
-def tensor_dtypes(tensors) -> dict[str, int]:
+def tensor_dtypes(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
     """Count of tensors per dtype name."""
     counts: dict[str, int] = {}
     for t in tensors:
@@ -187,7 +188,7 @@ def tensor_dtypes(tensors) -> dict[str, int]:
     return counts
 
 
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer):
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
     for state in optimizer.state.values():
         for key, value in state.items():
             if key != "step" and isinstance(value, torch.Tensor):
@@ -200,7 +201,10 @@ def _format_of_dtype_name(name: str) -> str | None:
 
 
 def matmul_probe(
-    device: torch.device, autocast_dtype: torch.dtype | None, sync, shape: tuple[int, int, int] | None = None
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    sync: Callable[[], None],
+    shape: tuple[int, int, int] | None = None,
 ) -> dict:
     """Multiply FP32 matrices on the device in the run's backend state and compare with float64 on the CPU.
 
@@ -258,7 +262,7 @@ def audit(
     device: torch.device,
     recipe: Recipe,
     plugin_facts: list[PrecisionFact],
-    sync,
+    sync: Callable[[], None],
     probe_shape: tuple[int, int, int] | None = None,
 ) -> dict:
     """Collect every piece of evidence of the numeric format after one training step; return the audit record.

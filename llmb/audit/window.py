@@ -22,6 +22,8 @@ a handful of attribute reads between steps; the reductions at each edge and the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from llmb.audit import evidence, guard, precision
@@ -146,7 +148,7 @@ class WindowAudit:
         self._step += 1
         self._check_state(f"after step {self._step} of the window")
 
-    def audit_step(self, step, rows: int | None = None) -> None:
+    def audit_step(self, step: Callable[[], object], rows: int | None = None) -> None:
         """One untimed step (``step()``, the harness's own) under the dispatch recorder, after the last window
         closed: what the operators received, at the cost of one eager step that no clock sees. `rows`: how many of
         the window's rows it steps, where fewer than the window's (llmb.run.audit_step). The recorder is kept only

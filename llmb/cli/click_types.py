@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -30,7 +31,7 @@ class IntRange(_NoLongerThanShown, click.IntRange):
 class FiniteFloatRange(_NoLongerThanShown, click.FloatRange):
     """click.FloatRange that also refuses NaN (every comparison with NaN is false, so a range alone lets it in)."""
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{shown(value)} is not a finite number.", param, ctx)
@@ -65,7 +66,7 @@ class Choice(_NoLongerThanShown, click.Choice):
         self.what = what
         self.aliases = {k.lower(): v for k, v in (aliases or {}).items()}
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         if isinstance(value, str) and value.lower() in self.aliases:
             value = self.aliases[value.lower()]
         try:

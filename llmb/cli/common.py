@@ -160,7 +160,7 @@ def pop_shape(params: dict[str, Any]) -> dict[str, int | None]:
     return {name: params.pop(name) for name in names.SHAPE_FIELDS}
 
 
-def known_plugin(ctx, param, value: str | None) -> str | None:
+def known_plugin(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--plugin checked as it is parsed, from installed metadata (no torch import): a typo is answered at once."""
     from llmb.registry import plugins  # lazy: the entry points are read only when --plugin is given
 
@@ -172,11 +172,13 @@ def known_plugin(ctx, param, value: str | None) -> str | None:
     return value
 
 
-def device_spelling(ctx, param, value: str | None) -> str | None:
+def device_spelling(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--device in any case (`CPU`, `Cuda:1`): torch's device types are lower case, and so is what a record, a
     sweep's log and its --resume compare."""
     if value is None:
         return None
+    if not value.strip():  # an unset variable in a script (--device "$DEVICE"): said, never read as the default
+        raise click.BadParameter("is empty: give a device torch accepts (cpu, cuda:0), or leave it out (the plugin's)")
     kind, sep, index = value.strip().partition(":")
     return f"{kind.lower()}{sep}{index}"
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
@@ -26,6 +27,9 @@ from llmb.spec import vocab as names
 from llmb.terminal import console as term
 from llmb.terminal.progress import Pace
 from llmb.terminal.streams import stdout_to_stderr
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @click.command(name="peak")
@@ -53,7 +57,19 @@ from llmb.terminal.streams import stdout_to_stderr
 @json_option
 @json_out_option
 @handle_errors
-def peak_command(plugin, device, options, precisions, preset, batch_size, square, repeats, as_json, out, **shape):
+def peak_command(
+    plugin: str | None,
+    device: str | None,
+    options: tuple[str, ...],
+    precisions: tuple[str, ...],
+    preset: str,
+    batch_size: int,
+    square: int | None,
+    repeats: int,
+    as_json: bool,
+    out: Path | None,
+    **shape: int | None,
+) -> None:
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
     # Lazy, here and in every command below: the modules that do the work import torch; --help must not.
     from llmb.records import ROOFLINE_SCHEMA, device_label, envelope
@@ -144,7 +160,16 @@ def peak_command(plugin, device, options, precisions, preset, batch_size, square
 )
 @json_out_option
 @handle_errors
-def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtype, out) -> None:
+def commbench_command(
+    plugin: str | None,
+    device: str | None,
+    nproc_per_node: int | None,
+    sizes: str | None,
+    iters: int,
+    warmup: int,
+    dtype: str,
+    out: Path | None,
+) -> None:
     """All-reduce bus bandwidth over message sizes through the plugin's torch.distributed backend."""
     # Lazy, as in every command of this module: the modules that do the work import torch; --help must not.
     from llmb.distributed import job as distributed
@@ -154,7 +179,7 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
     options = commbench.CommOptions(plugin=plugin, device=device, iters=iters, warmup=warmup, dtype=dtype)
     if out is not None:
         check_out_file(out)  # before anything is measured
-    if sizes:
+    if sizes is not None:  # an empty --sizes is a usage error, not the default sizes
         options.sizes = commbench.parse_sizes(sizes)
     if distributed.current_world() is not None:  # under torchrun: every rank measures, rank 0 reports
         record = commbench.run(options)
@@ -210,20 +235,20 @@ def commbench_command(plugin, device, nproc_per_node, sizes, iters, warmup, dtyp
 @json_option
 @handle_errors
 def project_command(
-    layers,
-    hidden,
-    ffn,
-    heads,
-    seq,
-    global_batch,
-    tp,
-    pp,
-    dp,
-    bytes_per_element,
-    result_path,
-    comm_path,
-    check_path,
-    as_json,
+    layers: int | None,
+    hidden: int | None,
+    ffn: int | None,
+    heads: int | None,
+    seq: int | None,
+    global_batch: int | None,
+    tp: int,
+    pp: int,
+    dp: int,
+    bytes_per_element: int,
+    result_path: Path,
+    comm_path: Path,
+    check_path: Path | None,
+    as_json: bool,
 ) -> None:
     """Project the step time and seed FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and
     beta; with --check, hold the projection against a measured run."""

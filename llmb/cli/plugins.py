@@ -102,7 +102,18 @@ def setting_line(s: dict) -> Text:
 @click.option("--seed", default=0, show_default=True, type=bounds.SEED)
 @click.option("--out", default="conformance.json", show_default=True, type=click.Path(dir_okay=False, path_type=Path))
 @handle_errors
-def check_plugin(plugin, device, options, precision_name, mode, preset, steps, batch_size, seed, out) -> None:
+def check_plugin(
+    plugin: str | None,
+    device: str | None,
+    options: tuple[str, ...],
+    precision_name: str,
+    mode: str,
+    preset: str,
+    steps: int,
+    batch_size: int,
+    seed: int,
+    out: Path,
+) -> None:
     """Check that a plugin preserves the model's function against the FP32 CPU reference; exit 1 if not."""
     # Lazy: the conformance check and the results import torch; --help must not.
     from llmb.conformance import check as conformance

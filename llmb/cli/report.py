@@ -41,7 +41,14 @@ from llmb.terminal import console as term
     "only; plotted in panels of its own.",
 )
 @handle_errors
-def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
+def report_command(
+    paths: tuple[Path, ...],
+    fmt: str | None,
+    out: Path | None,
+    plot_dir: Path | None,
+    baseline: str | None,
+    reference: str | None,
+) -> None:
     """Tables and plots from result files, sweep directories and submission bundles."""
     from llmb.records.result_files import check_writable
     from llmb.report import report  # lazy: the report imports the records and matplotlib
@@ -72,7 +79,7 @@ def report_command(paths, fmt, out, plot_dir, baseline, reference) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--markdown", is_flag=True, help="Print markdown tables instead.")
 @handle_errors
-def features_command(paths, markdown) -> None:
+def features_command(paths: tuple[Path, ...], markdown: bool) -> None:
     """The feature matrix from result, conformance and attempt records: each feature by single device, DDP and
     FSDP, and each pair of features (yes only where a run exists and conformed)."""
     from llmb.run import feature_matrix as features  # lazy: the records it loads import torch

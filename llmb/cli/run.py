@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -111,7 +112,7 @@ def run(
     replay_whole: float,
     replay_budget: float,
     time_limit: float | None,
-    **fields,
+    **fields: Any,
 ) -> None:
     """Run the training benchmark and write one result JSON per precision."""
     # Lazy: the model's config, the results and the runner import torch; --help must not.

@@ -47,18 +47,18 @@ from llmb.terminal import console as term
 @click.option("--force", is_flag=True, help="Replace an existing bundle of the same name.")
 @handle_errors
 def package_submission(
-    submitter,
-    system_name,
-    results_dir,
-    out,
-    archive,
-    system_file,
-    include_debug,
-    allow_debug_shapes,
-    no_run_conformance,
-    release_sources,
-    note,
-    force,
+    submitter: str,
+    system_name: str,
+    results_dir: Path,
+    out: Path,
+    archive: bool,
+    system_file: Path | None,
+    include_debug: bool,
+    allow_debug_shapes: bool,
+    no_run_conformance: bool,
+    release_sources: tuple[Path, ...],
+    note: str,
+    force: bool,
 ) -> None:
     """Write a submission bundle: results, system, code diff, plugin source, conformance, summary, manifest."""
     # Lazy: packaging may run check-plugin, and the records import torch; --help must not.

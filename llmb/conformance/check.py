@@ -65,6 +65,7 @@ import gc
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.text import Text
@@ -94,6 +95,11 @@ from llmb.spec.vocab import CONFORMANCE_BATCH_SIZE as DEFAULT_BATCH_SIZE
 from llmb.spec.vocab import CONFORMANCE_PRESETS
 from llmb.spec.vocab import CONFORMANCE_STEPS as DEFAULT_STEPS
 from llmb.terminal import console as term
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from llmb.distributed.job import World
 
 REFERENCE_PLUGIN = "cpu"
 
@@ -211,7 +217,7 @@ def candidate(options: RunOptions) -> dict:
     }
 
 
-def candidate_task(jobs: list[RunOptions], link, world) -> Iterator[bytes]:
+def candidate_task(jobs: list[RunOptions], link: clean_worker.Link | None, world: World | None) -> Iterator[bytes]:
     """check-plugin's work in the worker (llmb.run.clean_worker.worker_main): each requested precision (ALL: every one
     the plugin supports) prepared and traced there, sent to the judge as tensors and plain data (`pack`)."""
     for options in clean_worker.expand_all(jobs, link):
@@ -307,7 +313,7 @@ def _figure(value) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def print_table(record: Conformance, console) -> None:
+def print_table(record: Conformance, console: Console) -> None:
     """One row per check, then the verdict (the CLI's view of the record)."""
     prec = record.precision
     title = (

@@ -7,6 +7,7 @@ import os
 import platform
 import resource
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,7 @@ class CpuBackend(Backend):
     def available(self) -> bool:
         return True
 
-    def setup(self, device, precision, settings) -> None:
+    def setup(self, device: torch.device, precision: str, settings: CpuSettings) -> None:
         # Before the model exists: a compiler or FP8 that cannot run here is one line, not a traceback mid-run.
         features.check(settings)
         self.host_allocator = host_memory.keep_freed_memory(bool(settings.get("keep_freed_memory")))
@@ -70,28 +71,35 @@ class CpuBackend(Backend):
         else:  # chosen before the run with the host's load in view: threads beyond the free cores only contend
             torch.set_num_threads(min(torch.get_num_threads(), sysinfo.free_cores()[2]))
 
-    def process_model(self, model, optimizer, device, precision, settings):
+    def process_model(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        precision: str,
+        settings: CpuSettings,
+    ) -> torch.nn.Module:
         return features.apply(model, settings)
 
-    def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
+    def precision_facts(self, device: torch.device, precision: str, settings: CpuSettings) -> list[PrecisionFact]:
         return features.facts(settings)
 
-    def optimizer_options(self, device, precision, settings) -> dict:
+    def optimizer_options(self, device: torch.device, precision: str, settings: CpuSettings) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}
 
-    def synchronize(self, device) -> None:
+    def synchronize(self, device: torch.device) -> None:
         pass  # eager CPU kernels have finished when they return
 
-    def peak_memory_bytes(self, device) -> int | None:
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
         # Process max RSS: an upper bound on the training memory (includes the interpreter and the libraries). It is
         # a high-water mark that cannot be reset, so reset_peak_memory keeps the base class's no-op.
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return rss if sys.platform == "darwin" else rss * 1024
 
-    def energy_counter(self, device) -> EnergyCounter | str:
+    def energy_counter(self, device: torch.device) -> EnergyCounter | str:
         return energy.rapl_counter()
 
-    def device_name(self, device) -> str:
+    def device_name(self, device: torch.device) -> str:
         try:
             with open("/proc/cpuinfo") as f:
                 for line in f:
@@ -101,7 +109,7 @@ class CpuBackend(Backend):
             pass
         return platform.processor() or "cpu"
 
-    def run_facts(self, device) -> dict:
+    def run_facts(self, device: torch.device) -> dict:
         return {
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
@@ -109,7 +117,7 @@ class CpuBackend(Backend):
             "host_allocator": self.host_allocator,
         }
 
-    def distributed_backend(self, device) -> str | None:
+    def distributed_backend(self, device: torch.device) -> str | None:
         return "gloo"
 
 
@@ -124,5 +132,5 @@ def thread_count(threads: int) -> int:
 
 
 @hookimpl
-def register_backends(register):
+def register_backends(register: Callable[[Backend], None]) -> None:
     register(CpuBackend())

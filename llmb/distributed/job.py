@@ -18,9 +18,9 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,11 @@ from llmb.api.errors import LlmbError, UsageError, describe, first_line, message
 from llmb.distributed import cluster
 from llmb.registry.plugins import call
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS, PARALLEL  # noqa: F401  (PARALLEL: re-exported, the CLI's vocabulary)
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from llmb.api.backend import Backend
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 _LLMB_ERROR = re.compile(r"^(LlmbError|UsageError|PluginError): (rank \d+: )?")
@@ -87,7 +92,7 @@ def rank_device(device: torch.device, world: World) -> torch.device:
 
 
 @contextlib.contextmanager
-def errors_name_the_rank():
+def errors_name_the_rank() -> Iterator[None]:
     """In a job, any error leaves as one llmb error line that starts with the rank (a usage error stays one); the
     traceback stays in the rank's error file. Outside a job, errors pass unchanged."""
     world = current_world()
@@ -276,7 +281,7 @@ def _headline(text: str) -> str:
 # The process group and the parallel wrapper
 
 
-def init_process_group(plugin, device: torch.device, world: World, timeout_seconds: float) -> str:
+def init_process_group(plugin: Backend, device: torch.device, world: World, timeout_seconds: float) -> str:
     """Join the job's process group (once per process) with the plugin's backend; returns the backend's name.
     `plugin` is the run's `llmb.Backend`."""
     if dist.is_initialized():
@@ -394,7 +399,7 @@ def barrier() -> None:
     dist.barrier()
 
 
-def grad_scaler(parallel: str, device: torch.device):
+def grad_scaler(parallel: str, device: torch.device) -> ShardedGradScaler | None:
     """FSDP's loss scaler for FP16: each rank holds a shard of the gradients, so whether they overflowed is agreed
     across ranks (or one rank would skip a step the others take). DDP's gradients are whole, None keeps torch.amp's."""
     if parallel not in ("fsdp", "hsdp"):

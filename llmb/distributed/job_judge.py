@@ -3,11 +3,17 @@ trains on its share of the challenge, and the digests each rank seals are made t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch.distributed as dist
 
 from llmb.audit.evidence import MODEL_SCOPE, PARTIAL_SCOPE
 from llmb.distributed.job import World
 from llmb.training.loop import LocalJudge
+
+if TYPE_CHECKING:
+    from llmb.api.protocols import WindowJudge
+    from llmb.distributed.mesh import Layout
 
 
 class JobJudge:
@@ -17,7 +23,7 @@ class JobJudge:
     (DDP), summed over the shards (FSDP; HSDP divides by its replicas); with tensor or pipeline parallelism each rank
     holds a different part, so the digest is rank 0's part only and says so (`digest_scope`)."""
 
-    def __init__(self, inner, world: World, layout) -> None:
+    def __init__(self, inner: WindowJudge | None, world: World, layout: Layout) -> None:
         self.inner = inner if inner is not None else LocalJudge()
         self.world = world
         self.clean = getattr(self.inner, "clean", False)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,6 +33,11 @@ from llmb.api.errors import UsageError
 from llmb.model import DecoderLayer, LlamaModel, ModelConfig, causal_lm_loss
 from llmb.spec.vocab import SCHEDULES
 from llmb.training.loop import Trainer
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 STRATEGIES = ("ddp", "fsdp", "hsdp")
 
@@ -114,7 +121,7 @@ def check(layout: Layout, config: ModelConfig, batch_size: int) -> None:
         raise UsageError("--sequence-parallel needs --tp 2 or more")
 
 
-def build_mesh(layout: Layout, device_type: str):
+def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     """The job's DeviceMesh, pipeline outermost, tensor innermost."""
     # Lazy: torch.distributed's device mesh loads only in the jobs that use it (one process never does).
     from torch.distributed.device_mesh import init_device_mesh
@@ -139,7 +146,7 @@ def coordinates(layout: Layout, rank: int) -> Coordinates:
     return Coordinates(pp=rank // (layout.dp * layout.tp), dp=(rank // layout.tp) % layout.dp, tp=rank % layout.tp)
 
 
-def data_mesh(mesh, layout: Layout):
+def data_mesh(mesh: DeviceMesh, layout: Layout) -> DeviceMesh:
     return mesh["dp_replicate", "dp_shard"] if layout.strategy == "hsdp" else mesh["dp"]
 
 
@@ -204,7 +211,7 @@ def stage_input(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
 # Tensor parallel
 
 
-def tensor_parallel(model: nn.Module, tp_mesh, sequence_parallel: bool) -> None:
+def tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """torch's plans on every decoder layer; each attention instance computes its share of the heads."""
     # Lazy: torch.distributed's tensor parallelism loads only in the jobs that use it (one process never does).
     from torch.distributed.tensor import Replicate, Shard
@@ -270,7 +277,7 @@ def _sequence_edges(model: nn.Module, tp_mesh) -> None:
 # Data parallel
 
 
-def data_parallel(model: nn.Module, layout: Layout, mesh) -> nn.Module:
+def data_parallel(model: nn.Module, layout: Layout, mesh: DeviceMesh) -> nn.Module:
     """DDP over the data group, or FSDP2 (each decoder layer a unit, then the root) on the data mesh."""
     if layout.dp == 1 and layout.strategy == "ddp":
         return model  # nothing to replicate: tensor/pipeline groups only
@@ -293,7 +300,7 @@ def data_parallel(model: nn.Module, layout: Layout, mesh) -> nn.Module:
     return model
 
 
-def parallelize(model: nn.Module, layout: Layout, mesh, coords: Coordinates) -> nn.Module:
+def parallelize(model: nn.Module, layout: Layout, mesh: DeviceMesh, coords: Coordinates) -> nn.Module:
     """The whole layout on the plugin's post-processed model: pipeline cut, tensor plans, data wrapper."""
     if layout.pp > 1:
         model = pipeline_stage(model, layout, coords.pp)
@@ -323,12 +330,19 @@ def optimizer_options(model: nn.Module, options: dict) -> tuple[dict, str | None
 # The step
 
 
-def dp_batch(config: ModelConfig, batch_size: int, seed: int, dp_rank: int, device, synthetic) -> torch.Tensor:
+def dp_batch(
+    config: ModelConfig,
+    batch_size: int,
+    seed: int,
+    dp_rank: int,
+    device: torch.device,
+    synthetic: Callable[[ModelConfig, int, int, torch.device], torch.Tensor],
+) -> torch.Tensor:
     """This data-parallel rank's batch: seeded by the dp rank, so the ranks of a tensor/pipeline group agree."""
     return synthetic(config, batch_size, seed + dp_rank, device)
 
 
-def no_gradient_sync(model: nn.Module):
+def no_gradient_sync(model: nn.Module) -> contextlib.AbstractContextManager[None]:
     """DDP's no_sync, or FSDP2's set_requires_gradient_sync(False) for the duration."""
     if hasattr(model, "no_sync"):
         return model.no_sync()
@@ -346,7 +360,9 @@ def no_gradient_sync(model: nn.Module):
     return contextlib.nullcontext()
 
 
-def pipeline_schedule(stage_module: nn.Module, layout: Layout, coords: Coordinates, device, mesh):
+def pipeline_schedule(
+    stage_module: nn.Module, layout: Layout, coords: Coordinates, device: torch.device, mesh: DeviceMesh
+) -> PipelineScheduleSingle:
     # Lazy: torch.distributed's pipelining loads only in the jobs that use it (one process never does).
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -363,7 +379,7 @@ class AccumulatingTrainer(Trainer):
     """K forward/backward passes on K slices of the rank's batch, then one AdamW step: the gradients are reduced
     across data-parallel ranks on the last pass only (no_sync / set_requires_gradient_sync(False) before it)."""
 
-    def __init__(self, *args, accumulation: int, **kwargs) -> None:
+    def __init__(self, *args: Any, accumulation: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.accumulation = accumulation
 
@@ -407,7 +423,15 @@ class PipelineTrainer(Trainer):
     their gradients sent between stages), then AdamW on this stage's parameters. The last stage's loss (the mean over
     microbatches) is shared with the pipeline group, so every rank reports the step's loss."""
 
-    def __init__(self, *args, schedule, first: bool, last: bool, pp_group, **kwargs) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        schedule: PipelineScheduleSingle,
+        first: bool,
+        last: bool,
+        pp_group: ProcessGroup,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         if self.scaler is not None:
             raise UsageError("--pp with FP16 loss scaling is not supported: use BF16 or FP32")

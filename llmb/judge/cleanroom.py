@@ -30,7 +30,9 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Listener, Pipe, wait
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from llmb.api.errors import LlmbError, describe, message
 from llmb.api.settings import env_flag
@@ -46,6 +48,14 @@ from llmb.judge.verdict import (  # noqa: F401  (finish, JudgedWindow, installed
     result_of,
 )
 from llmb.toolkit import host_memory
+
+if TYPE_CHECKING:  # annotations only: the job launcher loads only when a job runs (see _launch_ranks)
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
+    from llmb.api.protocols import RunProgress
+    from llmb.distributed.job import LaunchSpec
+    from llmb.records import Result
 
 # What a window's seal may add to its answer: the digests at its two edges, and what they cover (a job's).
 SEALED_KEYS = ("digest_start", "digest_end", "moments_end", "moments_projection", "digest_scope")
@@ -66,7 +76,13 @@ class Judge:
 
     clean = True
 
-    def __init__(self, progress=None, notes=None, on_result=None, preparation=None) -> None:
+    def __init__(
+        self,
+        progress: RunProgress | None = None,
+        notes: Callable[[str], None] | None = None,
+        on_result: Callable[[object, list[JudgedWindow], float], None] | None = None,
+        preparation: ReplayPreparation | None = None,
+    ) -> None:
         self.key = secrets.token_bytes(32)
         # Called here with each result and its windows as it arrives, while the worker waits (the replay must not
         # share the CPU with the next measurement): `llmb run --precision all` keeps each precision at once.
@@ -179,7 +195,7 @@ class Judge:
             return True
         return False
 
-    def keep_results(self, worker) -> None:
+    def keep_results(self, worker: BaseProcess) -> None:
         """Until `worker` (a process) ends, run on_result here for each result it hands over, the worker waiting.
         Blocks on the worker's sentinel and the wake-up pipe: nothing wakes while a window runs."""
         while True:
@@ -217,7 +233,7 @@ class PlainUnpickler(pickle.Unpickler):
     numbers, strings, bytes, lists, tuples, dicts, sets). The worker is the plugin's process, and unpickling runs
     whatever callable a pickle names: a plugin that found the link could otherwise run code in the judge."""
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> NoReturn:
         raise pickle.UnpicklingError(f"{module}.{name} instead of plain data")
 
 
@@ -225,7 +241,7 @@ class RefusedMessage(ValueError):
     """What the worker sent is not a message of llmb's."""
 
 
-def receive(connection) -> tuple:
+def receive(connection: Connection) -> tuple:
     """One message from the worker, as plain data: a non-empty tuple (EOFError when the worker has gone)."""
     data = connection.recv_bytes()
     try:
@@ -237,13 +253,19 @@ def receive(connection) -> tuple:
     return message
 
 
-def start_worker(*args) -> None:
+def start_worker(*args: Any) -> None:
     """The spawned worker's first call, in its own process: llmb.run.clean_worker.worker_main, imported there."""
     importlib.import_module(WORKER_MODULE).worker_main(*args)
 
 
 def serve(
-    task, jobs: list, launch=None, progress=None, notes=None, on_result=None, preparation=None
+    task: Callable[..., Iterator[object]] | str,
+    jobs: list,
+    launch: LaunchSpec | None = None,
+    progress: RunProgress | None = None,
+    notes: Callable[[str], None] | None = None,
+    on_result: Callable[[object, list[JudgedWindow], float], None] | None = None,
+    preparation: ReplayPreparation | None = None,
 ) -> tuple[list, LlmbError | None]:
     """Run ``task`` over ``jobs`` in a worker judged from this process, which imports no plugin. Returns what the
     worker sent, each result with the windows the judge's clock timed for it, and the worker's error (one line), if
@@ -293,7 +315,7 @@ def serve(
     return judge.results, error
 
 
-def stop(worker, grace: float = 5.0) -> None:
+def stop(worker: BaseProcess, grace: float = 5.0) -> None:
     """End the worker process: SIGTERM, then SIGKILL if it is still there after `grace` seconds (a plugin may catch
     SIGTERM)."""
     worker.terminate()
@@ -343,13 +365,13 @@ def _launch_ranks(launch, task, jobs: list, judge: Judge) -> None:
 
 def run_clean(
     runs: list,
-    launch=None,
-    progress=None,
-    notes=None,
+    launch: LaunchSpec | None = None,
+    progress: RunProgress | None = None,
+    notes: Callable[[str], None] | None = None,
     replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
     replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
     replay_budget: float = evidence.DEFAULT_REPLAY_BUDGET,
-):
+) -> list[Result]:
     """Run each RunOptions in a worker judged from this process; returns the finished records (none on the other
     ranks of a torchrun job)."""
     records, error = run_clean_keeping(
@@ -362,15 +384,15 @@ def run_clean(
 
 def run_clean_keeping(
     runs: list,
-    launch=None,
-    progress=None,
-    notes=None,
+    launch: LaunchSpec | None = None,
+    progress: RunProgress | None = None,
+    notes: Callable[[str], None] | None = None,
     replay_steps: int = evidence.DEFAULT_REPLAY_STEPS,
-    on_record=None,
-    on_pending=None,
+    on_record: Callable[[Result], None] | None = None,
+    on_pending: Callable[[Result], None] | None = None,
     replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
     replay_budget: float = evidence.DEFAULT_REPLAY_BUDGET,
-) -> tuple[list[dict], LlmbError | None]:
+) -> tuple[list[Result], LlmbError | None]:
     """`run_clean` that also returns, judged, the records finished before the worker failed (`--precision all`: BF16
     failing must not lose the FP32 result already measured), with the failure for the caller to raise after saving.
     ``on_record(record)`` gets each judged record as soon as it exists: in a single worker, while the worker waits
@@ -382,7 +404,7 @@ def run_clean_keeping(
     from llmb.distributed import job as distributed
 
     world = distributed.current_world()
-    judged: list[dict] = []
+    judged: list[Result] = []
     asked = AskedRuns(runs, launch, world)
     replays = replay_steps > 0 and (world is None or world.rank == 0)
     preparation = ReplayPreparation(asked) if replays else None

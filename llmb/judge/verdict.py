@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from llmb.api.errors import LlmbError
 from llmb.audit import evidence, precision
@@ -16,6 +18,10 @@ from llmb.spec import peak_table as peaks
 from llmb.spec.presets import official_reasons
 from llmb.spec.shape import ModelConfig
 from llmb.spec.tolerances import MIN_STEP_SHARE_OF_WINDOW, SEAL_SLACK_SECONDS, SEAL_STEPS, seal_allowance
+
+if TYPE_CHECKING:  # annotations only: the job launcher loads only when a job runs
+    from llmb.distributed.job import LaunchSpec, World
+    from llmb.judge.initial import InitialModels
 
 # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host: the worker's window must lie inside the
 # judge's. Slack for the two clock reads' own granularity.
@@ -57,7 +63,7 @@ class AskedRuns:
     options it sent, the job it launched), never fields of the worker's record. `--precision all` is one request
     that the worker answers with one record per precision the plugin supports, in llmb's order."""
 
-    def __init__(self, runs: list, launch=None, world=None) -> None:
+    def __init__(self, runs: list, launch: LaunchSpec | None = None, world: World | None = None) -> None:
         self.runs = list(runs)
         if launch is not None:
             self.world_size, self.nodes, self.job = launch.nproc_per_node * launch.nnodes, launch.nnodes, True
@@ -68,7 +74,7 @@ class AskedRuns:
         self.index = 0
         self.last_precision: str | None = None
 
-    def upcoming(self):
+    def upcoming(self) -> Any:
         """The options of the run the worker answers next (an ALL request's precisions share their shape and seed)."""
         return self.runs[min(self.index, len(self.runs) - 1)]
 
@@ -93,7 +99,7 @@ class AskedRuns:
         return judge_figures(options, requested, self.world_size, self.nodes, self.job)
 
 
-def judge_figures(options, requested: str | None, world_size: int, nodes: int, job: bool) -> dict:
+def judge_figures(options: Any, requested: str | None, world_size: int, nodes: int, job: bool) -> dict:
     """The figures of one asked run, from the options and the job's size alone (`requested` None: `--precision
     all` asked for whichever benchmark precision the worker ran)."""
     dp = world_size // max(1, options.tp * options.pp)
@@ -188,10 +194,10 @@ def finish(
     record: dict,
     windows: list[JudgedWindow],
     replay_steps: int,
-    on_pending=None,
-    asked=None,
+    on_pending: Callable[[Result | dict], None] | None = None,
+    asked: dict | None = None,
     replay_whole: float = evidence.DEFAULT_REPLAY_WHOLE,
-    initial=None,
+    initial: InitialModels | None = None,
     run_seconds: float | None = None,
     replay_budget: float = evidence.DEFAULT_REPLAY_BUDGET,
 ) -> dict:

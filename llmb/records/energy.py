@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llmb.api.backend import Backend, EnergyCounter
 from llmb.api.errors import describe, text_of
 from llmb.records.files import as_record_value
+
+if TYPE_CHECKING:
+    from llmb.records.parts import Energy
+    from llmb.records.schemas import Result
 
 # No single device sold draws more on average (a GB200 superchip: about 2.7 kW): a plugin that claims a higher limit,
 # or none, is held to this one.
@@ -33,7 +38,7 @@ RAPL_ROOT = Path("/sys/class/powercap")
 class Meter:
     """The backend's counter for one device, asked once, read by the trainer at each window's edges."""
 
-    def __init__(self, backend: Backend, device) -> None:
+    def __init__(self, backend: Backend, device: Any) -> None:
         try:
             offered = backend.energy_counter(device)
         except Exception as exc:  # a plugin's failure costs the run its energy figure, never the run
@@ -171,7 +176,7 @@ def rapl_counter(root: Path = RAPL_ROOT) -> EnergyCounter | str:
     return EnergyCounter(counter.read, f"RAPL {names}: the whole CPU socket, every process on it")
 
 
-def energy_cell(section) -> str:
+def energy_cell(section: Energy | None) -> str:
     """A record's tokens per joule with its average power, or n/a and why: one wording for `llmb run`'s table,
     summary.md and the leaderboard. ``section`` is a Result's energy (records.Energy) or None (an older record)."""
     if section is None:
@@ -181,7 +186,7 @@ def energy_cell(section) -> str:
     return f"{section.tokens_per_joule:,.4g} ({section.watts:,.1f} W)"
 
 
-def record_problems(result) -> list[str]:
+def record_problems(result: Result) -> list[str]:
     """A result's energy figures against its own windows (`llmb verify`): the judge's sums and ratios recomputed from
     each window's joules and the record's judged window times, with the same plausibility checks. A record with no
     figure (an older one, or one that says why) claims nothing to check."""

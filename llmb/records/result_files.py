@@ -136,11 +136,12 @@ def _too_long(out_dir: Path, parent: Path) -> str | None:
         name_max, path_max = os.pathconf(parent, "PC_NAME_MAX"), os.pathconf(parent, "PC_PATH_MAX")
     except (OSError, ValueError):
         return None
-    for part in out_dir.relative_to(parent).parts:
-        if len(os.fsencode(part)) > name_max:
-            return f"a name of {len(os.fsencode(part))} bytes, where the file system takes {name_max} at most"
-    if len(os.fsencode(str(out_dir))) + _FILE_NAME_ROOM >= path_max:
-        return f"a path of {len(os.fsencode(str(out_dir)))} bytes, where the file system takes {path_max} at most"
+    for size in (len(os.fsencode(part)) for part in out_dir.relative_to(parent).parts):
+        if size > name_max:
+            return f"a name of {size} bytes, where the file system takes {name_max} at most"
+    size = len(os.fsencode(out_dir))
+    if size + _FILE_NAME_ROOM >= path_max:
+        return f"a path of {size} bytes, where the file system takes {path_max} at most"
     return None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llmb.records.codec import (
     COMMBENCH_SCHEMA,
@@ -38,6 +38,9 @@ from llmb.records.parts import (
 from llmb.spec.presets import PRESETS
 from llmb.spec.shape import ModelConfig
 from llmb.spec.vocab import SEED_MAX
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # The records
 
@@ -142,8 +145,8 @@ class Result(Record):
                 raise RecordError(f"{_join(path, name)}: {getattr(self, name)} (at least 1)")
         if not 0 <= self.seed <= SEED_MAX:
             raise RecordError(f"{_join(path, 'seed')}: {self.seed} (a seed llmb runs with is 0 to {SEED_MAX})")
-        for name in ("warmup_steps", "parameters", "model_flops_per_token"):
-            if getattr(self, name) < 0:
+        for name in ("warmup_steps", "parameters", "model_flops_per_token", "peak_memory_bytes"):
+            if (getattr(self, name) or 0) < 0:  # peak_memory_bytes: None where the device's is unknown
                 raise RecordError(f"{_join(path, name)}: {getattr(self, name)} (0 or more)")
 
     @property
@@ -325,7 +328,9 @@ class SweepTrial(Typed):
         return (self.precision, self.phase, self.batch_size, self.index)
 
 
-def read_sweep_log(path, limit: int = RECORD_LIMIT, skipped: list[str] | None = None) -> tuple[dict, list[SweepTrial]]:
+def read_sweep_log(
+    path: Path, limit: int = RECORD_LIMIT, skipped: list[str] | None = None
+) -> tuple[dict, list[SweepTrial]]:
     """The header and the trials of a sweep log (read only); a last line torn by a kill mid-write is left out.
     Raises RecordError naming the line and field of anything else that is not a log line; given a ``skipped``
     list, a bad trial line is named there instead (one line each, with why) and the others are read."""

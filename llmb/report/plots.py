@@ -5,10 +5,14 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from llmb.api.errors import LlmbError
 from llmb.report.points import Point, batch_medians, by_group, headline
 from llmb.report.tables import Table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Plots (matplotlib's Agg canvas through Figure, so no pyplot state and no display is needed)
 
@@ -143,7 +147,9 @@ def _colors(points: list[Point]) -> dict[tuple, str]:
     return {group: f"C{i % 10}" for i, group in enumerate(by_group(points))}
 
 
-def versus_batch_figure(points: list[Point], value: Callable, ylabel: str, title: str, mark_best: bool = False):
+def versus_batch_figure(
+    points: list[Point], value: Callable, ylabel: str, title: str, mark_best: bool = False
+) -> Figure | None:
     """The figure of a value against batch size, one panel per plot_panels entry; None when nothing has the value."""
     panels = plot_panels(points)
     if not any(value(p) is not None for groups in panels.values() for ps in groups.values() for p in ps if p.ok):
@@ -167,7 +173,7 @@ def _versus_batch(
     return None if fig is None else _png(fig)
 
 
-def efficiency_figure(points: list[Point]):
+def efficiency_figure(points: list[Point]) -> Figure | None:
     """Both efficiencies against batch size, one panel each: MFU against the datasheet peak, and model GEMM FLOP/s
     against the matmul peak measured in the run. Ratios share a scale, so every single-device series (the reference
     too) is in the same panel; None when no run has either."""

@@ -139,6 +139,8 @@ def load(paths: list[Path]) -> Inputs:
         try:
             inputs = _load(given)
         except LlmbError as exc:  # a usage error stays one; the message names the archive, not where it was unpacked
+            if not unpacked:
+                raise
             raise (UsageError if isinstance(exc, UsageError) else LlmbError)(named(str(exc))) from None
     inputs.sources = [named(s) for s in inputs.sources]
     inputs.skipped = [named(s) for s in inputs.skipped]

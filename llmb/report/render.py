@@ -194,7 +194,7 @@ def report(
     for line in inputs.skipped if warn is not None else []:  # every file left out is named
         warn(line)
     labels = sorted({p.label for p in inputs.points})
-    if baseline and baseline not in labels:  # a typo must not read as "no baseline" with exit 0
+    if baseline is not None and baseline not in labels:  # a typo must not read as "no baseline" with exit 0
         raise UsageError(f"--baseline {baseline!r} is no method in these results (methods: {', '.join(labels)})")
     tables = build_tables(inputs.points, baseline, reference=reference is not None)
     if baseline and not any(t.name == "methods" for t in tables):

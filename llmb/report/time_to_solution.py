@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from llmb.api.errors import UsageError
 from llmb.spec import flops
 from llmb.spec.shape import OFFICIAL_CONFIG
 from llmb.terminal import console as term
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass(frozen=True)
@@ -207,7 +211,7 @@ def check_against(measured: dict, result: dict, comm: dict) -> dict:
     return projection
 
 
-def table(p: dict):
+def table(p: dict) -> Table:
     """Each term with its formula and numbers, then the step time and the FOM."""
     shape = p["shape"]
     s, d, layers, b = shape["seq"], shape["hidden"], shape["layers"], p["batch_per_replica"]

@@ -14,10 +14,14 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Client
+from typing import TYPE_CHECKING, Any
 
 from llmb.api.errors import LlmbError
 from llmb.judge.link import error_line
 from llmb.spec.vocab import ALL_PRECISIONS, expand_precision
+
+if TYPE_CHECKING:  # annotations only: torch loads in the worker's process only (see worker_main)
+    from llmb.distributed.job import World
 
 
 class Link:
@@ -25,7 +29,7 @@ class Link:
 
     clean = True
 
-    def __init__(self, address, key: bytes) -> None:
+    def __init__(self, address: tuple[str, int], key: bytes) -> None:
         self.connection = Client(tuple(address), authkey=key)
 
     def setup(self, device: str) -> None:
@@ -59,7 +63,7 @@ class Link:
         """The window's digests, computed after the judge's clock stopped (llmb.training.loop.Trainer.measure)."""
         self.connection.send(("seal", evidence))
 
-    def send(self, *message) -> None:
+    def send(self, *message: Any) -> None:
         self.connection.send(message)
 
     def result(self, result: object) -> None:
@@ -95,7 +99,9 @@ def task_named(task: Callable | str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-def worker_main(task: Callable | str, jobs: list, address, key: bytes, every_rank: bool = True) -> list | None:
+def worker_main(
+    task: Callable | str, jobs: list, address: tuple[str, int], key: bytes, every_rank: bool = True
+) -> list | None:
     """The worker: the only process that imports a plugin. Sends what ``task(jobs, link, world)`` yields to the
     judge (and any error, as one line). ``task`` is a module-level function of llmb or its dotted name: run_task
     for `llmb run`, conformance.candidate_task for `llmb check-plugin`."""
@@ -125,7 +131,7 @@ def worker_main(task: Callable | str, jobs: list, address, key: bytes, every_ran
     return None
 
 
-def run_task(runs: list, link: Link | None, world) -> Iterator:
+def run_task(runs: list, link: Link | None, world: World | None) -> Iterator:
     """`llmb run`'s work in the worker: each RunOptions trained, its windows judged through the link."""
     from llmb.run import runner  # lazy: the runner (torch, the plugins) loads in the worker's process only
 

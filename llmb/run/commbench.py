@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,9 @@ from llmb.run.device import check_device_present, plugin_device
 from llmb.run.plugin_returns import PluginReturns
 from llmb.spec.vocab import DEFAULT_TIMEOUT_SECONDS, MAX_PROCESSES_PER_NODE
 from llmb.terminal import console as term
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 # 1 KiB to 64 MiB by x16: latency-bound to bandwidth-bound (nccl-tests sweeps 8 B to 128 MiB by x2).
 DEFAULT_SIZES = tuple(2**k for k in range(10, 27, 4))
@@ -177,7 +181,7 @@ def default_nproc(options: CommOptions) -> int:
     return max(2, count)
 
 
-def table(record: Commbench):
+def table(record: Commbench) -> Table:
     """The sweep as nccl-tests prints it: size, time, algbw, busbw (GB/s = 1e9 bytes/s)."""
     title = f"all-reduce, {record.backend} on {record.world_size} x {record.device.name} ({record.dtype})"
     out = term.table(title)

@@ -13,6 +13,7 @@ import itertools
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmb.api.errors import UsageError, describe, shown
 from llmb.records import envelope
@@ -21,6 +22,9 @@ from llmb.records.result_files import read_result, write_json_atomic
 from llmb.registry.plugins import resolve_settings, select_backend
 from llmb.run import sweep as sweeps
 from llmb.terminal import console as term
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SEARCH_SUMMARY_NAME = "search-summary.json"
 _VALUE = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -64,7 +68,7 @@ def logged_folder(out: Path, grid: dict[str, list[str]]) -> Path | None:
     return next((folder for folder in folders if (folder / sweeps.LOG_NAME).is_file()), None)
 
 
-def search(options, grid: dict[str, list[str]], display=None) -> dict:
+def search(options: sweeps.SweepOptions, grid: dict[str, list[str]], display: sweeps.Display | None = None) -> dict:
     """One sweep per combination in its own sub-folder of options.out; the search summary written beside them."""
     out = Path(options.out)
     combos = combinations(grid)
@@ -134,7 +138,7 @@ def best_by_precision(out: Path, entries: list[dict]) -> dict[str, dict]:
     return best
 
 
-def print_search(summary: dict, console) -> None:
+def print_search(summary: dict, console: Console) -> None:
     """The combinations' headlines per precision, and the winner of each precision."""
     names = sorted({n for e in summary["combinations"] for n in (e.get("precisions") or {})})
     # The folders, statuses and errors are text from the sweeps (a plugin's exception): plain text, never markup.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import platform
 import uuid
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,12 @@ from llmb.spec import flops
 from llmb.spec import peak_table as peaks
 from llmb.spec.presets import official_reasons
 
+if TYPE_CHECKING:
+    from llmb.api.backend import Backend
+    from llmb.registry.plugins import Registration
+    from llmb.run.options import RunOptions
+    from llmb.training.loop import Measurement, Trainer
+
 
 def loss_problems(config: ModelConfig, initial_loss: float, measurements: list) -> list[str]:
     """The cheap loss guard of every run: finite, first loss near ln(vocab), and moving over the run."""
@@ -41,22 +48,22 @@ def loss_problems(config: ModelConfig, initial_loss: float, measurements: list) 
 
 def build_record(
     *,
-    options,
-    plugin,
-    settings,
-    device,
-    parameters,
-    audit,
-    measurements,
-    chosen,
-    initial_loss,
-    peak_memory,
-    invalid,
-    fingerprint,
-    trainer,
+    options: RunOptions,
+    plugin: Registration,
+    settings: dict,
+    device: torch.device,
+    parameters: int,
+    audit: dict,
+    measurements: list[Measurement],
+    chosen: Measurement,
+    initial_loss: float,
+    peak_memory: int | None,
+    invalid: list[str],
+    fingerprint: str,
+    trainer: Trainer,
     facts: dict,
-    job=None,
-    host=None,
+    job: dict | None = None,
+    host: records.Host | None = None,
     warmup_seconds: list[float] | None = None,
     matmul: roofline.Roofline | None = None,
 ) -> Result:
@@ -183,7 +190,7 @@ def _jsonable(value):
 
 
 def choose_peak(
-    name: str, backend, device: torch.device, device_name: str, effective: str, measured: float | None = None
+    name: str, backend: Backend, device: torch.device, device_name: str, effective: str, measured: float | None = None
 ) -> peaks.PeakChoice:
     """llmb's table peak for the device and the label; the backend's declared llmb.Peak only where the table lacks
     the device, and never below `measured`, the matmul rate the run measured on it (llmb.spec.peak_table.choose)."""
@@ -195,7 +202,7 @@ def choose_peak(
     return peaks.choose(device_name, effective, declared.flops, declared.source, measured)
 
 
-def run_facts(backend, device, returned: PluginReturns | None = None) -> dict:
+def run_facts(backend: Backend, device: torch.device, returned: PluginReturns | None = None) -> dict:
     """The run's facts: the backend's (as the record can hold them; `returned` says where they were no object), and
     the vendor-library replacements the guard accepted. Read when the last window and its audit are done, before
     llmb's own measurements beside the run (the roofline), so a fact that counts work (torch-xla's graphs compiled)

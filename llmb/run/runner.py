@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,6 +44,9 @@ from llmb.run.plugin_returns import PluginReturns
 from llmb.run.record import build_record, loss_problems, run_facts
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT, model_fingerprint
 from llmb.training.loop import Trainer, build_optimizer, median_measurement, optimizer_problems
+
+if TYPE_CHECKING:
+    from llmb.api.backend import Backend
 
 
 def run(options: RunOptions, progress: RunProgress | None = None, judge: WindowJudge | None = None) -> Result | None:
@@ -88,7 +92,7 @@ class Session:
     rows: int = 0  # samples of the global batch this rank contributes per step (0 on a tensor/pipeline peer)
 
     @property
-    def backend(self):
+    def backend(self) -> Backend:
         return self.plugin.backend
 
 

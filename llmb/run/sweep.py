@@ -60,11 +60,13 @@ from llmb.terminal import console as term
 if TYPE_CHECKING:
     import torch
 
+    from llmb.registry.plugins import Registration
+
 
 # The sweep.
 
 
-def precisions_to_sweep(plugin, requested: str) -> tuple[list[str], list[str]]:
+def precisions_to_sweep(plugin: Registration, requested: str) -> tuple[list[str], list[str]]:
     """(precisions to sweep, precisions the plugin does not support) for a --precision value."""
     return names.expand_precision(requested, call(plugin.backend.precisions))
 

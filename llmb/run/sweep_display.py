@@ -55,7 +55,7 @@ class LiveDisplay(Display):
             self.live.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.current = ""
         if self.live is not None:
             self.live.__exit__(*exc)
@@ -99,7 +99,7 @@ class LiveDisplay(Display):
         if headline is not None:
             self.bests[precision_name] = headline
 
-    def render(self):
+    def render(self) -> Group:
         if not self.rows and not self.current:  # nothing yet: a sweep refused before its first trial draws nothing
             return Group()
         table = Table(title="llmb sweep", title_justify="left")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from llmb.records import SweepTrial as Trial
@@ -126,7 +127,7 @@ def confirming(points: Points) -> int | None:
     return _unconfirmed(points, [best, *ran[max(at - 1, 0) : at], *ran[at + 1 : at + 2]])
 
 
-def next_point(points: Points, search) -> tuple[int | None, str]:
+def next_point(points: Points, search: Callable[[Points], tuple[int | None, str]]) -> tuple[int | None, str]:
     """The search's next size, else a confirmation of the best size and its neighbours, else None and the reason the
     search stopped. Each size gets at most CONFIRM_TRIALS trials, so this ends."""
     batch, reason = search(points)

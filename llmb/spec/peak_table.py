@@ -233,7 +233,7 @@ def _peak_of(record) -> dict:
     return peak if isinstance(peak, dict) else {}
 
 
-def peak_note(record) -> str:
+def peak_note(record: object) -> str:
     """How a record's MFU peak is described wherever the MFU is shown: its origin and source ("" when no peak)."""
     peak = _peak_of(record)
     if not peak.get("flops"):
@@ -242,6 +242,6 @@ def peak_note(record) -> str:
     return f"peak {peak['flops'] / 1e12:.4g} TFLOP/s, {origin}: {peak.get('source')}"
 
 
-def declared(record) -> bool:
+def declared(record: object) -> bool:
     """Whether a record's MFU is against a peak the plugin declared (reports mark it)."""
     return _peak_of(record).get("origin") == ORIGIN_DECLARED

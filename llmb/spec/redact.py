@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TypeVar
 
 REDACTED = "<redacted>"
 # A name holding one of these words is a credential (XLA_PASSWD, PJRT_AUTH, TORCH_HUB_CREDENTIALS, license_token).
@@ -104,7 +105,10 @@ def scrub(value: str) -> str:
     return _HOME_PATTERN.sub("~", value)
 
 
-def value_for_record(name: str, value):
+T = TypeVar("T")
+
+
+def value_for_record(name: str, value: T) -> T | str:
     """What a record keeps of one named value: nothing for a credential's name, a scrubbed text otherwise."""
     if is_secret(name):
         return REDACTED

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -148,7 +149,7 @@ def warning(*parts: object) -> None:
     say(("warning:", "yellow"), " ", *parts, stderr=True)
 
 
-def table(title: object = None, *, show_header: bool = True, **kwargs) -> Table:
+def table(title: object = None, *, show_header: bool = True, **kwargs: Any) -> Table:
     """A table whose title is external text on one line (a device name's line break cannot forge a line of its
     own); add columns with ``column()`` so that nothing is cut."""
     caption = title if isinstance(title, Text) or title is None else line(title)

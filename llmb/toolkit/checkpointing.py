@@ -12,10 +12,14 @@ The parameters stay the same objects, so the optimizer built before post-process
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+if TYPE_CHECKING:
+    from torch.utils.checkpoint import SelectiveCheckpointContext
 
 MODES = ("none", "selective-layers", "selective-ops", "full")
 HELP = (
@@ -48,7 +52,9 @@ SAVED_OPS = _ops(
 )
 
 
-def save_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+def save_matmuls_policy(
+    ctx: SelectiveCheckpointContext, op: torch._ops.OpOverload, *args: Any, **kwargs: Any
+) -> CheckpointPolicy:
     """torch's selective-checkpoint policy: save what is costly to recompute, recompute the rest."""
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -62,7 +68,7 @@ class CheckpointedLayer(nn.Module):
         self._checkpoint_wrapped_module = layer
         self.per_op = per_op
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.per_op:
             context_fn = functools.partial(create_selective_checkpoint_contexts, save_matmuls_policy)
             return checkpoint(

@@ -8,6 +8,7 @@ Settings (-O key=value): compile, fused_adamw, activation_checkpointing, fp8, fp
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -152,7 +153,7 @@ class CudaBackend(Backend):
 
     # Backend setup and model post-processing
 
-    def setup(self, device, precision, settings) -> None:
+    def setup(self, device: torch.device, precision: str, settings: CudaSettings) -> None:
         # The harness has set the TF32 switches for the precision; here the current device is chosen, and a compiler
         # or FP8 that cannot run here is one line before the model exists, not a traceback mid-run.
         if device.index is not None and torch.cuda.is_available():
@@ -164,7 +165,7 @@ class CudaBackend(Backend):
             if reason:
                 raise UsageError(f"fp8={recipe}: {reason} (fp8_emulate=true checks the numerics without them)")
 
-    def fp8_unsupported(self, device) -> str | None:
+    def fp8_unsupported(self, device: torch.device) -> str | None:
         """Why this device has no float8 GEMMs (one line), or None."""
         if device.type != "cuda" or not torch.cuda.is_available():
             return None  # no GPU to ask (a test on the CPU device): torchao's own checks decide
@@ -177,45 +178,52 @@ class CudaBackend(Backend):
             )
         return None
 
-    def process_model(self, model, optimizer, device, precision, settings):
+    def process_model(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        precision: str,
+        settings: CudaSettings,
+    ) -> torch.nn.Module:
         return features.apply(model, settings)
 
-    def optimizer_options(self, device, precision, settings) -> dict:
+    def optimizer_options(self, device: torch.device, precision: str, settings: CudaSettings) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}
 
     # Device services
 
-    def synchronize(self, device) -> None:
+    def synchronize(self, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
-    def new_event(self, device):
+    def new_event(self, device: torch.device) -> torch.cuda.Event:
         return torch.cuda.Event(enable_timing=True)
 
-    def reset_peak_memory(self, device) -> None:
+    def reset_peak_memory(self, device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
-    def peak_memory_bytes(self, device) -> int | None:
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
         return torch.cuda.max_memory_allocated(device)
 
-    def energy_counter(self, device) -> EnergyCounter | str:
+    def energy_counter(self, device: torch.device) -> EnergyCounter | str:
         return nvml_energy_counter(device)
 
-    def device_name(self, device) -> str:
+    def device_name(self, device: torch.device) -> str:
         return torch.cuda.get_device_name(device_index(device))
 
-    def device_count(self, device) -> int:
+    def device_count(self, device: torch.device) -> int:
         return torch.cuda.device_count()
 
-    def device_memory_bytes(self, device) -> int | None:
+    def device_memory_bytes(self, device: torch.device) -> int | None:
         return int(torch.cuda.get_device_properties(device_index(device)).total_memory)
 
-    def peak_flops(self, device, precision) -> Peak | None:
+    def peak_flops(self, device: torch.device, precision: str) -> Peak | None:
         return match_peak(self.device_name(device), precision, self.peaks)
 
     def peak_sources(self) -> dict[str, str]:
         return {entry.label: entry.source for entry in self.peaks}
 
-    def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
+    def precision_facts(self, device: torch.device, precision: str, settings: CudaSettings) -> list[PrecisionFact]:
         # None of the others lowers FP32 math by itself (inductor's GEMMs follow the TF32 switches the audit already
         # reads); they are recorded so a reader sees what else ran. Fused AdamW keeps FP32 math for FP32 parameters.
         # FP8 does (the cpu plugin's fact, so both plugins' records say it alike); the audit's dtype census finds
@@ -237,7 +245,7 @@ class CudaBackend(Backend):
             )
         return facts
 
-    def run_facts(self, device) -> dict:
+    def run_facts(self, device: torch.device) -> dict:
         props = torch.cuda.get_device_properties(device_index(device))
         return {
             "gpu": props.name,
@@ -250,10 +258,10 @@ class CudaBackend(Backend):
             "nccl": nccl_version(),
         }
 
-    def distributed_backend(self, device) -> str | None:
+    def distributed_backend(self, device: torch.device) -> str | None:
         return "nccl"
 
 
 @hookimpl
-def register_backends(register):
+def register_backends(register: Callable[[Backend], None]) -> None:
     register(CudaBackend())

@@ -11,12 +11,13 @@ tunableop and hipblaslt.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from llmb_cuda import CudaBackend, CudaSettings, PeakEntry, device_index, nccl_version, smi_index
 
-from llmb import EnergyCounter, PrecisionFact, hookimpl, option
+from llmb import Backend, EnergyCounter, PrecisionFact, hookimpl, option
 
 
 @dataclass(frozen=True, eq=False)
@@ -89,7 +90,7 @@ class RocmBackend(CudaBackend):
     def available(self) -> bool:
         return torch.version.hip is not None and torch.cuda.is_available() and torch.cuda.device_count() > 0
 
-    def setup(self, device, precision, settings) -> None:
+    def setup(self, device: torch.device, precision: str, settings: RocmSettings) -> None:
         os.environ.update(env_for(settings))
         # The environment is read when the BLAS handles are created; the runtime switches cover a process that
         # already used the GPU.
@@ -98,10 +99,10 @@ class RocmBackend(CudaBackend):
             torch.backends.cuda.preferred_blas_library("hipblaslt" if settings.hipblaslt else "cublas")
         super().setup(device, precision, settings)  # the device, and the compiler and FP8 checks
 
-    def energy_counter(self, device) -> EnergyCounter | str:
+    def energy_counter(self, device: torch.device) -> EnergyCounter | str:
         return amdsmi_energy_counter(device)
 
-    def fp8_unsupported(self, device) -> str | None:
+    def fp8_unsupported(self, device: torch.device) -> str | None:
         # HIP reports no CUDA compute capability that says float8 (MI250X answers 9.0): the GPU architecture does.
         if device.type != "cuda" or torch.version.hip is None or not torch.cuda.is_available():
             return None
@@ -110,7 +111,7 @@ class RocmBackend(CudaBackend):
             return None
         return f"{arch or 'this GPU'} has no float8 GEMMs in torch._scaled_mm; they need MI300 (gfx942) or newer"
 
-    def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
+    def precision_facts(self, device: torch.device, precision: str, settings: RocmSettings) -> list[PrecisionFact]:
         # TunableOp and the BLAS choice pick among kernels of the same GEMM type; they do not lower its format, but
         # a reader should see them. HIPBLASLT_ALLOW_TF32 lets hipBLASLt run FP32 GEMMs as XF32 on MI300 when torch's
         # TF32 switch is also on; the audit's TF32 flags and matmul probe judge what it did.
@@ -119,7 +120,7 @@ class RocmBackend(CudaBackend):
         facts.append(PrecisionFact("HIPBLASLT_ALLOW_TF32", os.environ.get("HIPBLASLT_ALLOW_TF32")))
         return facts
 
-    def run_facts(self, device) -> dict:
+    def run_facts(self, device: torch.device) -> dict:
         props = torch.cuda.get_device_properties(device_index(device))
         return {
             "gpu": props.name,
@@ -136,5 +137,5 @@ class RocmBackend(CudaBackend):
 
 
 @hookimpl
-def register_backends(register):
+def register_backends(register: Callable[[Backend], None]) -> None:
     register(RocmBackend())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -113,14 +114,14 @@ class XlaBackend(Backend):
 
     Settings = XlaSettings
 
-    def device_types(self):
+    def device_types(self) -> list[str]:
         return ["xla"]
 
-    def precisions(self):
+    def precisions(self) -> list[str]:
         # No TF32 (TPUs have none; XLA's "high" is not TF32 either) and no FP16 (TPUs have no FP16 matrix unit).
         return ["FP32", "BF16"]
 
-    def available(self):
+    def available(self) -> bool:
         if importlib.util.find_spec("torch_xla") is None:
             return False
         try:
@@ -129,7 +130,7 @@ class XlaBackend(Backend):
             return False
         return (xr.device_type() or "CPU") != "CPU"
 
-    def setup(self, device, precision, settings) -> _RunState:
+    def setup(self, device: torch.device, precision: str, settings: XlaSettings) -> _RunState:
         try:
             import torch_xla
             import torch_xla.backends
@@ -161,7 +162,14 @@ class XlaBackend(Backend):
                 backends_logger.setLevel(level)
         return state
 
-    def process_model(self, model, optimizer, device, precision, settings):
+    def process_model(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        precision: str,
+        settings: XlaSettings,
+    ) -> torch.nn.Module:
         if precision in ("FP16", "BF16") and any(p.dtype == torch.float32 for p in model.parameters()):
             # --precision-mode amp (FP32 weights under autocast). Measured with torch-xla 2.9: XLA's autocast does not
             # cast scaled_dot_product_attention's inputs, and the rotary-embedded q/k stay FP32 while v is BF16, so
@@ -172,19 +180,19 @@ class XlaBackend(Backend):
             )
         return model
 
-    def step_end(self, device):
+    def step_end(self, device: torch.device) -> None:
         import torch_xla
 
         torch_xla.sync()  # cut the traced graph here: one compiled graph per training step, dispatched now
 
-    def synchronize(self, device):
+    def synchronize(self, device: torch.device) -> None:
         import torch_xla
         import torch_xla.core.xla_model as xm
 
         torch_xla.sync()  # dispatch anything still traced, so the wait below covers all work issued so far
         xm.wait_device_ops()
 
-    def peak_memory_bytes(self, device):
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
         import torch_xla.core.xla_model as xm
 
         try:
@@ -194,27 +202,27 @@ class XlaBackend(Backend):
         # A high-water mark since the runtime started: XLA has no call to reset it.
         return info.get("peak_bytes_used")
 
-    def device_name(self, device):
+    def device_name(self, device: torch.device) -> str:
         kind = _kind(device)
         if _hardware(device) == "CPU":
             return f"XLA CPU ({CpuBackend().device_name(torch.device('cpu'))})"
         return kind
 
-    def device_count(self, device):
+    def device_count(self, device: torch.device) -> int:
         import torch_xla.runtime as xr
 
         return xr.addressable_device_count()
 
-    def peak_flops(self, device, precision):
+    def peak_flops(self, device: torch.device, precision: str) -> Peak | None:
         if precision != "BF16" or _hardware(device) != "TPU":
             return None
         entry = PEAK_BF16_TFLOPS.get(_kind(device))
         return Peak(entry[0] * 1e12, entry[1]) if entry else None
 
-    def peak_sources(self):
+    def peak_sources(self) -> dict[str, str]:
         return {f"{kind} (BF16)": source for kind, (_, source) in PEAK_BF16_TFLOPS.items()}
 
-    def precision_facts(self, device, precision, settings):
+    def precision_facts(self, device: torch.device, precision: str, settings: XlaSettings) -> list[PrecisionFact]:
         import torch_xla.backends
 
         value = torch_xla.backends.get_mat_mul_precision()
@@ -226,7 +234,7 @@ class XlaBackend(Backend):
                 facts.append(PrecisionFact(name, raw, "BF16" if raw not in ("", "0") else None))
         return facts
 
-    def run_facts(self, device, state: _RunState | None = None):
+    def run_facts(self, device: torch.device, state: _RunState | None = None) -> dict:
         import torch_xla
         import torch_xla.runtime as xr
 
@@ -249,10 +257,10 @@ class XlaBackend(Backend):
         facts["xla_compile_seconds"] = round(seconds - seconds_before, 3)
         return facts
 
-    def distributed_backend(self, device):
+    def distributed_backend(self, device: torch.device) -> str | None:
         return "xla"
 
 
 @hookimpl
-def register_backends(register):
+def register_backends(register: Callable[[Backend], None]) -> None:
     register(XlaBackend())

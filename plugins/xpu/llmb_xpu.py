@@ -11,12 +11,13 @@ the only place this plugin's IPEX path can run without an Intel GPU (llmb's test
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from llmb import CpuBackend, EnergyCounter, LlmbError, Peak, PluginSettings, PrecisionFact, hookimpl, option
+from llmb import Backend, CpuBackend, EnergyCounter, LlmbError, Peak, PluginSettings, PrecisionFact, hookimpl, option
 
 # Dense peak FLOP/s per torch device, only for figures confirmed against a vendor datasheet. None so far: Intel
 # publishes no per-precision matrix peak for the Data Center GPU Max series that we could confirm (torchtitan
@@ -70,12 +71,19 @@ class XpuBackend(CpuBackend):
         # 2.8.0 wheels (llmb/audit/vendor_releases/), so the guard accepts what an unmodified release does.
         return ["intel-extension-for-pytorch"]
 
-    def setup(self, device, precision, settings) -> None:
+    def setup(self, device: torch.device, precision: str, settings: XpuSettings) -> None:
         if settings.ipex:
             _import_ipex()  # fail before the model is built, not after
         self._services(device).select(device)
 
-    def process_model(self, model, optimizer, device, precision, settings):
+    def process_model(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        precision: str,
+        settings: XpuSettings,
+    ) -> torch.nn.Module:
         if not settings.ipex:
             return model
         ipex = _import_ipex()
@@ -98,10 +106,10 @@ class XpuBackend(CpuBackend):
             raise LlmbError("intel_extension_for_pytorch.optimize returned a new optimizer; llmb keeps its own AdamW")
         return optimized
 
-    def optimizer_options(self, device, precision, settings) -> dict:
+    def optimizer_options(self, device: torch.device, precision: str, settings: XpuSettings) -> dict:
         return {"fused": True} if settings.fused_adamw else {}
 
-    def precision_facts(self, device, precision, settings) -> list[PrecisionFact]:
+    def precision_facts(self, device: torch.device, precision: str, settings: XpuSettings) -> list[PrecisionFact]:
         if not settings.ipex:
             return []
         dtype = IPEX_DTYPES[precision]
@@ -114,37 +122,37 @@ class XpuBackend(CpuBackend):
         """torch.xpu's services on "xpu"; on "cpu" the cpu backend's, inherited (IPEX's CPU path)."""
         return _INTEL_GPU if device.type == "xpu" else _HostCpu(self)
 
-    def synchronize(self, device) -> None:
+    def synchronize(self, device: torch.device) -> None:
         self._services(device).synchronize(device)
 
-    def new_event(self, device):
+    def new_event(self, device: torch.device) -> torch.xpu.Event | None:
         return self._services(device).new_event(device)
 
-    def reset_peak_memory(self, device) -> None:
+    def reset_peak_memory(self, device: torch.device) -> None:
         self._services(device).reset_peak_memory(device)
 
-    def peak_memory_bytes(self, device) -> int | None:
+    def peak_memory_bytes(self, device: torch.device) -> int | None:
         return self._services(device).peak_memory_bytes(device)
 
-    def energy_counter(self, device) -> EnergyCounter | str:
+    def energy_counter(self, device: torch.device) -> EnergyCounter | str:
         return self._services(device).energy_counter(device)
 
-    def device_name(self, device) -> str:
+    def device_name(self, device: torch.device) -> str:
         return self._services(device).device_name(device)
 
-    def device_count(self, device) -> int:
+    def device_count(self, device: torch.device) -> int:
         return self._services(device).device_count(device)
 
-    def device_memory_bytes(self, device) -> int | None:
+    def device_memory_bytes(self, device: torch.device) -> int | None:
         return self._services(device).device_memory_bytes(device)
 
-    def peak_flops(self, device, precision) -> Peak | None:
+    def peak_flops(self, device: torch.device, precision: str) -> Peak | None:
         return self._services(device).peak_flops(device, precision)
 
     def peak_sources(self) -> dict[str, str]:
         return {model: source for model, (_, source) in PEAK_TFLOPS.items()}
 
-    def run_facts(self, device) -> dict:
+    def run_facts(self, device: torch.device) -> dict:
         facts = self._services(device).run_facts(device)
         try:  # from the metadata: importing IPEX next to another torch prints an error and exits
             facts["ipex"] = version("intel-extension-for-pytorch")
@@ -152,7 +160,7 @@ class XpuBackend(CpuBackend):
             pass
         return facts
 
-    def distributed_backend(self, device) -> str | None:
+    def distributed_backend(self, device: torch.device) -> str | None:
         return self._services(device).distributed_backend(device)
 
 
@@ -231,5 +239,5 @@ class _HostCpu:
 
 
 @hookimpl
-def register_backends(register):
+def register_backends(register: Callable[[Backend], None]) -> None:
     register(XpuBackend())
