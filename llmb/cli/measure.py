@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import click
 
-from llmb.api.errors import LlmbError
 from llmb.api.settings import parse_options
 from llmb.cli import click_types as bounds
 from llmb.cli.common import (
@@ -72,9 +71,8 @@ def peak_command(
 ) -> None:
     """The roofline: achievable dense matmul FLOP/s per precision at the model's GEMM shapes and a square GEMM."""
     # Lazy, here and in every command below: the modules that do the work import torch; --help must not.
-    from llmb.records import ROOFLINE_SCHEMA, device_label, envelope
     from llmb.records.result_files import check_out_file, write_json_atomic
-    from llmb.run import roofline, sysinfo
+    from llmb.run import roofline, roofline_report
     from llmb.spec.presets import build_config
 
     if out:
@@ -88,10 +86,9 @@ def peak_command(
             f"llmb peak on {kind}: the {preset} shape's GEMMs (--preset official measures the official ones)",
             stderr=True,
         )
-    emulated = sysinfo.cpu_emulated_precisions() if kind == "cpu" else []
     pace = Pace()  # what is left, from the precisions already measured
 
-    def measured(result, total: int) -> None:
+    def measured(result: roofline.Roofline, total: int) -> None:
         pace.done(total=total)
         if not as_json:  # --json's output is the JSON alone, for a script
             term.say(f"{result.precision} measured ({pace.finished} of {total}){pace.left()}", stderr=True)
@@ -108,34 +105,13 @@ def peak_command(
             repeats=repeats,
             measured=measured,
         )
-    data = {
-        **envelope(ROOFLINE_SCHEMA),
-        "preset": preset,
-        "batch_size": batch_size,
-        "emulated": [r.precision for r in results if r.precision in emulated],
-        "rooflines": [r.to_dict() for r in results],
-    }
+    record = roofline_report.peak_record(results, kind, preset, batch_size)
     if out:
-        write_json_atomic(out, data)
+        write_json_atomic(out, record)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(record, indent=2))
         return
-    for result in results:
-        # The device name comes from the plugin: text, never markup.
-        title = f"{result.precision} matmul on {device_label(result.device, result.device_name)}, median of {repeats}"
-        if result.precision in emulated:
-            title += " (emulated: this CPU has no native matmul for it, so it is slow)"
-        table = term.table(title)
-        for column in ("GEMM", "m x n x k", "iters", "TFLOP/s"):
-            term.column(table, column, numeric=column != "GEMM")
-        for rate in result.rates:
-            g = rate.gemm
-            table.add_row(g.name, f"{g.m} x {g.n} x {g.k}", str(rate.iters), f"{rate.flops_per_second / 1e12:.4g}")
-        console.print(table)
-        line = f"measured matmul peak {result.peak_flops / 1e12:.4g} TFLOP/s"
-        if result.model_gemm_flops:
-            line += f"; the model's GEMMs together {result.model_gemm_flops / 1e12:.4g} TFLOP/s"
-        term.say(line)
+    roofline_report.print_rooflines(record, results, repeats, console)
 
 
 @click.command(name="commbench")
@@ -253,22 +229,9 @@ def project_command(
     """Project the step time and seed FOM of a TP x PP x DP training (the ALCF 1T model) from measured alpha and
     beta; with --check, hold the projection against a measured run."""
     # Lazy: loaded when the command runs, not for --help.
-    from llmb.records import Commbench, RecordError, Result
-    from llmb.records.result_files import load_result
     from llmb.report import time_to_solution as project
 
-    try:
-        result, comm = load_result(result_path), load_result(comm_path)
-        measured = load_result(check_path) if check_path else None
-    except (OSError, ValueError) as exc:
-        raise LlmbError(f"cannot read JSON: {exc}") from None
-    checked = [(result_path, result, Result), (comm_path, comm, Commbench)]
-    checked += [(check_path, measured, Result)] if measured is not None else []
-    for path, data, kind in checked:
-        try:
-            kind.from_dict(data)  # strict: a file that is not the record it should be is named with its bad field
-        except RecordError as exc:
-            raise LlmbError(f"{path} is not an llmb {kind.__name__.lower()} record: {exc}") from None
+    result, comm, measured = project.read_inputs(result_path, comm_path, check_path)
     if measured is not None:
         projection = project.check_against(measured, result, comm)
     else:

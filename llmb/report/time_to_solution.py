@@ -34,12 +34,16 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from llmb.api.errors import UsageError
+from llmb.api.errors import LlmbError, UsageError
+from llmb.records import Commbench, RecordError, Result
+from llmb.records.result_files import load_result
 from llmb.spec import flops
 from llmb.spec.shape import OFFICIAL_CONFIG
 from llmb.terminal import console as term
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.table import Table
 
 
@@ -197,6 +201,24 @@ def shape_of(record: dict) -> Shape:
         )
     except (KeyError, TypeError) as exc:
         raise UsageError(f"the --check file is not an llmb run result (missing {exc})") from None
+
+
+def read_inputs(result_path: Path, comm_path: Path, check_path: Path | None) -> tuple[dict, dict, dict | None]:
+    """The records a projection reads: a result, a commbench record and (--check) a measured run, each checked
+    strictly against its schema, so a file that is not the record it should be is named with its bad field."""
+    try:
+        result, comm = load_result(result_path), load_result(comm_path)
+        measured = load_result(check_path) if check_path else None
+    except (OSError, ValueError) as exc:
+        raise LlmbError(f"cannot read JSON: {exc}") from None
+    checked = [(result_path, result, Result), (comm_path, comm, Commbench)]
+    checked += [(check_path, measured, Result)] if measured is not None else []
+    for path, data, kind in checked:
+        try:
+            kind.from_dict(data)
+        except RecordError as exc:
+            raise LlmbError(f"{path} is not an llmb {kind.__name__.lower()} record: {exc}") from None
+    return result, comm, measured
 
 
 def check_against(measured: dict, result: dict, comm: dict) -> dict:
