@@ -462,3 +462,36 @@ def test_verify_memory_does_not_grow_with_the_bundles_results(tmp_path):
         peaks[count] = json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
     grown = peaks[32] - peaks[8]
     assert grown < 40 * 2**20, {n: f"{p / 2**20:.0f} MiB" for n, p in peaks.items()}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("created", ["2026"], "created: expected a string, got a list"),
+        ("created", "yesterday", "created: 'yesterday' is no ISO 8601 time"),
+        ("llmb_version", {"a": 1}, "llmb_version: expected a string, got an object"),
+        ("division", "premier", "division: 'premier' (one of closed, open)"),
+        ("note", 7, "note: expected a string, got a number"),
+        ("results", ["results/a.json", 3], "results[1]: expected a string, got a number"),
+        ("debug", {"is_debug": "no"}, "debug.is_debug: expected true or false, got a string"),
+        ("extra", "\x1b[31mred", "extra: unknown field"),
+    ],
+)
+def test_a_submission_index_of_other_types_than_the_packager_writes_fails_verify(bundle, key, value, said):
+    """submission.json is read strictly, as a result is (llmb.records.Submission, the type the packager writes): a
+    re-sealed index with a list for its date, a division no rule knows or a field nobody wrote fails its check with
+    the field named, where only five of its keys were checked before (and --accept-debug passed the rest)."""
+    index = json.loads((bundle / "submission.json").read_text())
+    index[key] = value
+    (bundle / "submission.json").write_text(json.dumps(index))
+    resign(bundle)
+    rows = {row.check: row for row in verify.verify(bundle, accept_debug=True)}
+    assert not rows["submission.json"].passed and said in rows["submission.json"].detail
+
+
+def test_the_packager_writes_the_index_the_verifier_reads():
+    """One type for submission.json: the reference bundle's index reads back as a Submission, field for field."""
+    from llmb.records import Submission
+
+    index = json.loads((REFERENCE / "submission.json").read_text())
+    assert Submission.from_dict(index).to_dict() == index

@@ -11,7 +11,7 @@ happened), what makes two runs comparable (never pooled otherwise), and the loss
 run a plugin.
 
 Its modules: codec (schema ids, the envelope, strict reading), parts (a record's sections), judged (a result's
-evidence and judge), schemas (the records, and the reader of older results),
+evidence and judge), schemas (the records, and the reader of older results), submission (a bundle's index),
 headline (the one headline rule), and the files' side: files, result_files, outputs, energy. Every name other code
 reads is named here.
 """
@@ -88,6 +88,7 @@ from llmb.records.schemas import (
     over_peak_warning,
     read_sweep_log,
 )
+from llmb.records.submission import DIVISIONS, DebugInfo, DebugResult, Submission, SubmittedPlugin
 
 __all__ = [
     "RESULT_SCHEMA",
@@ -149,6 +150,11 @@ __all__ = [
     "SWEEP_SUMMARY_NAME",
     "SweepTrial",
     "read_sweep_log",
+    "DIVISIONS",
+    "DebugResult",
+    "DebugInfo",
+    "SubmittedPlugin",
+    "Submission",
     "RunGroup",
     "median_index",
     "Headline",

@@ -53,13 +53,15 @@ from llmb.records import (
     CODE_SCHEMA,
     CONFORMANCE_SCHEMA,
     RESULT_SCHEMAS,
-    SUBMISSION_SCHEMA,
     SWEEP_LOG_NAME,
     Conformance,
+    DebugInfo,
+    DebugResult,
     RecordError,
     Result,
+    Submission,
+    SubmittedPlugin,
     counted_runs,
-    envelope,
     group_runs,
     outputs,
     read_sweep_log,
@@ -404,24 +406,23 @@ def _write_bundle(root, org, name, options, records, conformance, plugins, relea
     write_text(root / CODE_DIFF, diff)
     changed = [e["path"] for e in status if e["status"] != "unchanged"]
     reasons = sorted({reason.split(":")[0] for entry in debug for reason in entry["reasons"]})
-    submission = {
-        **envelope(SUBMISSION_SCHEMA),
-        "submitter": org,
-        "system_name": name,
-        "division": "open" if changed else "closed",
-        "llmb_changes": changed,
-        "debug": {
-            "is_debug": bool(debug),
-            "reasons": reasons,
-            "allow_debug_shapes": options.allow_debug_shapes,
-            "include_debug": options.include_debug,
-            "results": debug,
-        },
-        "note": options.note,
-        "plugins": plugins,
-        "results": result_paths,
-        "conformance": conformance_paths,
-    }
+    submission = Submission(
+        submitter=org,
+        system_name=name,
+        division="open" if changed else "closed",
+        llmb_changes=changed,
+        debug=DebugInfo(
+            is_debug=bool(debug),
+            reasons=reasons,
+            allow_debug_shapes=options.allow_debug_shapes,
+            include_debug=options.include_debug,
+            results=[DebugResult(**entry) for entry in debug],
+        ),
+        note=options.note,
+        plugins=[SubmittedPlugin(**plugin) for plugin in plugins],
+        results=result_paths,
+        conformance=conformance_paths,
+    ).to_dict()
     write_json_atomic(root / SUBMISSION_JSON, submission)
     system = sysinfo.complete(sysinfo.collect([r.to_dict() for r in records], plugins), given_system)
     system.update(submitter=org, system_name=name, division=submission["division"])

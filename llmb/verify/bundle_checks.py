@@ -29,10 +29,10 @@ from llmb.records import (
     CONFORMANCE_SCHEMA,
     PLUGIN_SOURCE_SCHEMA,
     RESULT_SCHEMA,
-    SUBMISSION_SCHEMA,
     Conformance,
     RecordError,
     Result,
+    Submission,
 )
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.spec.redact import value_for_record
@@ -85,11 +85,10 @@ def check_submission(b: Bundle) -> None:
     except ValueError as exc:
         b.add("submission.json", [str(exc)], "")
         return
-    if sub.get("schema") != SUBMISSION_SCHEMA:
-        problems.append(f"schema is {sub.get('schema')!r}, expected {SUBMISSION_SCHEMA}")
-    for key, kind in (("submitter", str), ("system_name", str), ("plugins", list), ("debug", dict), ("results", list)):
-        if not isinstance(sub.get(key), kind):
-            problems.append(f"{key} missing or not a {kind.__name__}")
+    try:  # strictly, as a result is read: every field of the type the packager writes, none unknown
+        Submission.from_dict(sub)
+    except RecordError as exc:
+        problems.append(str(exc))
     for key in ("submitter", "system_name"):  # folder names, as the packager wrote them: no markup, no escapes
         if isinstance(sub.get(key), str) and not NAME_PATTERN.match(sub[key]):
             problems.append(f"{key} {sub[key][:100]!r} does not match {NAME_PATTERN.pattern}")
