@@ -110,6 +110,9 @@ def test_features_of_files_that_hold_no_record_is_a_one_line_error(tmp_path):
         assert out.exit_code == 1, out.output
         assert "error: no llmb records found in" in out.output and "Traceback" not in out.output
         assert "Feature support" not in out.output
+        # One line says it all, the files left out included: not a warning line and then the error.
+        assert len(out.output.strip().splitlines()) == 1 and "(skipped: " in out.output, out.output
+        assert out.output.count("broken.json: not JSON") == 1, out.output
 
 
 def _checker():

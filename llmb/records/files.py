@@ -243,6 +243,13 @@ def skipped_line(path: Path | str, why: object) -> str:
     return f"{path}: {why}"
 
 
+def none_read_line(what: str, paths: Iterable[Path | str], skipped: list[str]) -> str:
+    """The one line of a reader that found nothing to read: where it looked and, first, the files it left out
+    (the reason, said once, not a warning line and then an error)."""
+    left_out = f" (skipped: {'; '.join(skipped[:3])})" if skipped else ""
+    return f"no llmb {what} found in {', '.join(map(str, paths))}{left_out}"
+
+
 def duplicate_line(path: Path | str, run_id: str, kept: Path | str) -> str:
     """The one line for a result left out because a run with the same id was read first."""
     return f"{path}: run {run_id} already read from {kept} (a second record of one run; this one is left out)"

@@ -201,8 +201,7 @@ def _load(paths: list[Path]) -> Inputs:
             inputs.skipped.append(f"{file}: incomplete sweep log ({exc.__class__.__name__}: {exc})")
         inputs.skipped.extend(missing_results(trials, records, file))
     if not inputs.points:
-        skipped = f" (skipped: {'; '.join(inputs.skipped[:3])})" if inputs.skipped else ""
-        raise LlmbError(f"no llmb results found in {', '.join(map(str, paths))}{skipped}")
+        raise LlmbError(record_files.none_read_line("results", paths, inputs.skipped))
     return inputs
 
 

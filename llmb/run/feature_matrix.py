@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmb.api.errors import LlmbError
 from llmb.records import ATTEMPT_SCHEMA, CONFORMANCE_SCHEMA, RESULT_SCHEMAS
 from llmb.records import files as record_files
 from llmb.records.schemas import Result
@@ -117,6 +118,7 @@ def _number(value: object) -> bool:
 def load_records(paths: Iterable[Path]) -> Records:
     """Every llmb result, conformance and attempt record under the given files and folders; every other file is
     left out, and each that does not read as a record is named in ``skipped`` with why."""
+    paths = list(paths)
     found = Records([], [], [])
     seen: dict[str, Path] = {}
     for path in paths:
@@ -143,6 +145,9 @@ def load_records(paths: Iterable[Path]) -> Records:
                 found.conformance.append(record)
             elif schema == ATTEMPT_SCHEMA:
                 found.attempts.append(record)
+    if not (found.results or found.conformance or found.attempts):
+        # An empty matrix with exit 0 would read as "nothing supported"; it is "nothing read".
+        raise LlmbError(record_files.none_read_line("records", paths, found.skipped))
     return found
 
 
