@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from llmb.api.errors import UsageError
 from llmb.api.settings import parse_options
 from llmb.cli import click_types as bounds
 from llmb.cli.common import (
@@ -100,18 +99,8 @@ def sweep(
     # A search keeps one sweep per combination in a sub-folder: it resumes from the first combination's log.
     searched = grid.parse_search(search_items, parse_options(options))
     logged_in = (grid.logged_folder(out, searched) if searched else out) or out
-    if resume and not (logged_in / sweeps.LOG_NAME).is_file():
-        # Nothing to continue: starting a sweep here would run whatever the defaults are (the official shape, every
-        # precision) where the user meant to resume one.
-        what = "search to continue in its combinations' folders" if searched else "sweep to continue"
-        raise UsageError(
-            f"--resume: {out} holds no {what} (no {sweeps.LOG_NAME}); leave out --resume to start one there"
-            + ("" if searched else " (a search resumes with its --search options given again)")
-        )
     if resume:  # the options not given again are the log's: a resumed sweep needs no retyping
-        logged = sweep_log.logged_options(logged_in, given=given_on_command_line())
-        if searched and "options" in logged:  # the combination's own values are the search's, not fixed settings
-            logged["options"] = tuple(o for o in logged["options"] if o.partition("=")[0] not in searched)
+        logged = sweep_log.resume_options(out, logged_in, given_on_command_line(), searched)
         plugin, device = logged.get("plugin", plugin), logged.get("device", device)
         mode, preset = logged.get("mode", mode), logged.get("preset", preset)
         steps, warmup_steps = logged.get("steps", steps), logged.get("warmup_steps", warmup_steps)

@@ -106,6 +106,24 @@ def logged_options(out: Path, given: set[str]) -> dict:
     return {k: v for k, v in taken.items() if k not in given}
 
 
+def resume_options(out: Path, folder: Path, given: set[str], searched: dict[str, list[str]]) -> dict:
+    """For `llmb sweep --resume`: the options to continue with from the log in ``folder`` (``out``, or a search's
+    first combination's sub-folder), by parameter name, those ``given`` again left out. With a search, the logged
+    settings lose the searched ones (each combination's own values are the search's, not fixed settings). Nothing to
+    continue is a usage error: starting a sweep there would run whatever the defaults are (the official shape, every
+    precision) where the user meant to resume one."""
+    if not (folder / LOG_NAME).is_file():
+        what = "search to continue in its combinations' folders" if searched else "sweep to continue"
+        raise UsageError(
+            f"--resume: {out} holds no {what} (no {LOG_NAME}); leave out --resume to start one there"
+            + ("" if searched else " (a search resumes with its --search options given again)")
+        )
+    logged = logged_options(folder, given)
+    if searched and "options" in logged:
+        logged["options"] = tuple(o for o in logged["options"] if o.partition("=")[0] not in searched)
+    return logged
+
+
 def read_log(path: Path, skipped: list[str] | None = None) -> tuple[dict, list[Trial]]:
     """The header and the trials of a sweep log; a line torn by a kill mid-write is left out (the file is untouched:
     a reader never writes; SweepLog.open repairs). Given ``skipped``, a bad trial line is named there and left out."""
