@@ -378,7 +378,9 @@ def code_page() -> str:
     out.append(
         "Each folder of `llmb/` is one layer. A package imports only the layers below it: `lint-imports` (tox's lint "
         "env and `tests/test_layers.py`) checks the layers contract and the forbidden imports below on every import, "
-        "at the top of a module or inside a function. Highest layer first:\n\n"
+        "at the top of a module or inside a function. Modules stay under 500 lines, and every public function "
+        "(here and in the first-party plugins) has type hints (`tests/test_layers.py`, `tests/test_style.py`). "
+        "Highest layer first:\n\n"
     )
     config = contracts()
     for layer in layer_order(config):

@@ -2,6 +2,7 @@
 
 import ast
 import importlib.util
+import typing
 
 import pytest
 from click.testing import CliRunner
@@ -62,6 +63,11 @@ def test_generated_module_registers_a_backend_overriding_what_it_changes(tmp_pat
     assert overridden(backend) == ["device_types", "precisions", "available", "settings", "distributed_backend"]
     assert (backend.device_types(), backend.precisions(), backend.available()) == (["cpu"], ["FP32"], False)
     assert resolve_settings(backend, {"example": "true"}) == {"example": True}
+    # What a vendor starts from is typed as llmb is, and every name its annotations use is imported (evaluated here:
+    # an annotation is a string under `from __future__ import annotations`, so a missing import shows only to a tool).
+    for function in [module.register_backends, *(getattr(type(backend), name) for name in public_methods())]:
+        hints = typing.get_type_hints(function, vars(module))
+        assert "return" in hints, function.__name__
 
 
 def test_default_directory_is_named_after_the_distribution(tmp_path, monkeypatch):

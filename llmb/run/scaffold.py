@@ -8,6 +8,7 @@ the base class, whose body is llmb's default); a vendor replaces them and delete
 from __future__ import annotations
 
 import inspect
+import json
 import keyword
 import os
 import re
@@ -39,7 +40,10 @@ STUB_BODIES = {
         # Detect your hardware here. True makes llmb pick this backend when --plugin is not given.
         return False
     """,
-    "settings": f"return [Setting({_EX.name!r}, {_EX.type.__name__}, {_EX.default!r}, {_EX.help!r})]",
+    # Double-quoted, as ruff format writes them: the package a vendor starts from is formatted as it would format it.
+    "settings": "return [Setting({})]".format(
+        ", ".join([json.dumps(_EX.name), _EX.type.__name__, repr(_EX.default), json.dumps(_EX.help)])
+    ),
     "setup": "# e.g. torch.backends flags, environment variables, vendor library initialisation.",
     "process_model": "# e.g. torch.compile, fused kernels, wrappers. Keep the parameters: the optimizer holds them.",
     "optimizer_options": '# Only "foreach", "fused" and "capturable" are accepted; anything else is refused.',
@@ -146,11 +150,11 @@ the methods you do not need: a method a backend does not define is `llmb.Backend
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from llmb import Backend, Peak, PrecisionFact, Setting, hookimpl
+from llmb import Backend, EnergyCounter, Peak, PrecisionFact, Setting, hookimpl
 
 DEVICE_TYPE = "cpu"  # your torch device type, e.g. "cuda", "xpu", "hpu"
 
@@ -163,7 +167,7 @@ class {class_name}(Backend):
     footer = f"""
 
 @hookimpl
-def register_backends(register):
+def register_backends(register: Callable[[Backend], None]) -> None:
     register({class_name}())
 """
     return header + "\n".join(methods) + footer
