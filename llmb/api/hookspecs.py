@@ -3,7 +3,7 @@
 A plugin module (found through the ``llmb`` entry point group) registers its `llmb.Backend` instances::
 
     @llmb.hookimpl
-    def register_backends(register):
+    def register_backends(register: Callable[[llmb.Backend], None]) -> None:
         register(MyBackend())
 
 Everything else a plugin does is a method of its Backend (llmb/api/backend.py), as simonw/llm's ``register_models``
