@@ -495,3 +495,24 @@ def test_the_packager_writes_the_index_the_verifier_reads():
 
     index = json.loads((REFERENCE / "submission.json").read_text())
     assert Submission.from_dict(index).to_dict() == index
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"number_of_nodes": "1"}, "number_of_nodes: expected an integer, got a string"),
+        ({"accelerators_per_node": -1}, "accelerators_per_node: -1 (0 or more)"),
+        ({"environment": "PATH=/x"}, "environment: expected an object, got a string"),
+    ],
+)
+def test_a_system_description_whose_filled_fields_are_retyped_fails_verify(bundle, given, said):
+    """system.json's fields llmb fills keep their types in a re-sealed bundle too; a field of the submitter's own
+    (a rack, a note) is theirs and passes."""
+    system = json.loads((bundle / "system.json").read_text())
+    (bundle / "system.json").write_text(json.dumps({**system, **given, "rack": {"row": 3}}))
+    resign(bundle)
+    rows = {row.check: row for row in verify.verify(bundle, accept_debug=True)}
+    assert not rows["system.json"].passed and said in rows["system.json"].detail
+    (bundle / "system.json").write_text(json.dumps({**system, "rack": {"row": 3}}))
+    resign(bundle)
+    assert {row.check: row for row in verify.verify(bundle, accept_debug=True)}["system.json"].passed

@@ -6,6 +6,7 @@ gives; plot labels are drawn as written, and matplotlib's warnings never quote t
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -146,6 +147,38 @@ def test_a_system_file_too_deep_or_holding_what_json_cannot_carry_is_refused(tmp
     path.write_text(text)
     with pytest.raises(UsageError, match=why):
         package.read_json_file(path)
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"number_of_nodes": "two"}, "number_of_nodes: expected an integer, got a string"),
+        ({"accelerators_per_node": True}, "accelerators_per_node: expected an integer, got a boolean"),
+        ({"host_processor_core_count": -4}, "host_processor_core_count: -4 (0 or more)"),
+        ({"host_memory_capacity": 512}, "host_memory_capacity: expected a string, got a number"),
+        ({"devices": {"gpu": 8}}, "devices: expected a list, got an object"),
+    ],
+)
+def test_a_system_file_that_retypes_a_field_llmb_fills_is_refused_before_anything_runs(tmp_path, given, said):
+    """system.json's fields llmb fills keep their types (llmb.records.SYSTEM_FIELDS): a --system-file that gives one
+    another is a usage error naming the field, before any result is read or check-plugin runs; its own fields are
+    free (MLPerf's system description has more)."""
+    from llmb.submit import package
+
+    system_file = tmp_path / "system.json"
+    system_file.write_text(json.dumps({**given, "rack": {"row": 3}}))
+    options = package.PackageOptions(
+        submitter="Acme", system="box", results=tmp_path / "absent", out=tmp_path / "out", system_file=system_file
+    )
+    with pytest.raises(UsageError, match=f"^--system-file {system_file}: {re.escape(said)}$"):
+        package.package(options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_system_files_own_fields_are_free():
+    from llmb.records import system_problems
+
+    assert system_problems({"rack": [1, "a"], "host_processor_threads": None, "number_of_nodes": 2}) == []
 
 
 @pytest.mark.parametrize("command", [["peak", "--device", "cpu", "--preset", "tiny"], ["commbench", "--device", "cpu"]])

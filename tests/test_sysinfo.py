@@ -5,7 +5,7 @@ import dataclasses
 
 from records_factory import make_result
 
-from llmb.records import DeviceRef
+from llmb.records import SYSTEM_FIELDS, DeviceRef, system_problems
 from llmb.run import sysinfo
 
 
@@ -16,6 +16,15 @@ def test_the_cpu_plugin_s_named_device_is_the_accelerator():
     assert system["accelerators_per_node"] == 1
     assert system["accelerator_type"] == "cpu"
     assert "host CPU" in system["accelerator_memory_capacity"]
+
+
+def test_what_llmb_fills_in_system_json_is_the_typed_table_verify_holds_it_to():
+    """One list of system.json's own fields (llmb.records.SYSTEM_FIELDS): every field the packager fills is in it,
+    with the type it writes, so verify never fails an honest bundle's system.json nor misses a retyped field."""
+    plugins = [{"name": "cpu", "distribution": "llmb", "version": "0"}]
+    system = sysinfo.complete(sysinfo.collect([make_result().to_dict()], plugins), {})
+    system.update(submitter="org", system_name="box", division="closed")  # as the packager completes it
+    assert set(system) == set(SYSTEM_FIELDS) and system_problems(system) == []
 
 
 def test_a_multi_device_job_counts_its_devices_per_node():

@@ -88,7 +88,15 @@ from llmb.records.schemas import (
     over_peak_warning,
     read_sweep_log,
 )
-from llmb.records.submission import DIVISIONS, DebugInfo, DebugResult, Submission, SubmittedPlugin
+from llmb.records.submission import (
+    DIVISIONS,
+    SYSTEM_FIELDS,
+    DebugInfo,
+    DebugResult,
+    Submission,
+    SubmittedPlugin,
+    system_problems,
+)
 
 __all__ = [
     "RESULT_SCHEMA",
@@ -155,6 +163,8 @@ __all__ = [
     "DebugInfo",
     "SubmittedPlugin",
     "Submission",
+    "SYSTEM_FIELDS",
+    "system_problems",
     "RunGroup",
     "median_index",
     "Headline",

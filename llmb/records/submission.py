@@ -1,14 +1,15 @@
 """submission.json, a bundle's index, as a typed record: the packager writes it from this type and `llmb verify`
 reads it back strictly, so a bundle whose index holds a value of another type (a list for its date, a number for a
-result's path) is refused with the field named, as a result file is."""
+result's path) is refused with the field named, as a result file is. And system.json's fields that llmb fills, by
+type: a user's --system-file may add fields of its own (MLPerf's system description has more), never retype these."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from llmb.records.codec import SUBMISSION_SCHEMA, Record, RecordError, Typed, _join
+from llmb.records.codec import SUBMISSION_SCHEMA, Record, RecordError, Typed, _join, _kind
 
 DIVISIONS = ("closed", "open")  # closed: llmb as released; open: llmb's own files changed (llmb_changes)
 
@@ -67,3 +68,41 @@ class Submission(Record):
             datetime.fromisoformat(self.created)
         except ValueError:
             raise RecordError(f"{_join(path, 'created')}: {self.created[:40]!r} is no ISO 8601 time") from None
+
+
+# system.json's fields that llmb fills (llmb.run.sysinfo.collect, then the packager), with the JSON type each holds;
+# counts are integers of 0 or more (host_processor_threads null where the OS does not say).
+SYSTEM_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(
+        ("number_of_nodes", "host_processors_per_node", "host_processor_core_count", "accelerators_per_node"), (int,)
+    ),
+    "host_processor_threads": (int, type(None)),
+    **dict.fromkeys(
+        (
+            "host_processor_model_name", "host_memory_capacity", "accelerator_model_name", "accelerator_type",
+            "accelerator_memory_capacity", "accelerator_interconnect", "framework", "operating_system", "python",
+            "llmb_version", "status", "cooling", "hw_notes", "submitter", "system_name", "division",
+        ),
+        (str,),
+    ),
+    **dict.fromkeys(("devices", "plugins", "fields_to_complete"), (list,)),
+    **dict.fromkeys(("runtime_versions", "software_versions", "environment"), (dict,)),
+}  # fmt: skip
+_JSON_TYPE = {int: "an integer", type(None): "null", str: "a string", list: "a list", dict: "an object"}
+
+
+def system_problems(system: dict[str, Any]) -> list[str]:
+    """What in a system description (system.json, or the --system-file merged over it) gives one of the fields llmb
+    fills a value of another type, or a negative count; one line each, the field named. Other fields are free."""
+    problems = []
+    for name, types in SYSTEM_FIELDS.items():
+        if name not in system:
+            continue
+        value = system[name]
+        wrong = isinstance(value, bool) or not isinstance(value, types)  # JSON's true is no count
+        if wrong:
+            wanted = " or ".join(_JSON_TYPE[t] for t in types)
+            problems.append(f"{name}: expected {wanted}, got {_kind(value)}")
+        elif isinstance(value, int) and value < 0:
+            problems.append(f"{name}: {value} (0 or more)")
+    return problems

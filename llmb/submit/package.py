@@ -65,6 +65,7 @@ from llmb.records import (
     group_runs,
     outputs,
     read_sweep_log,
+    system_problems,
 )
 from llmb.records import files as record_files
 from llmb.records.result_files import result_filename, write_json_atomic
@@ -339,6 +340,9 @@ def package(options: PackageOptions) -> tuple[Path, list[str]]:
     if refused:
         raise LlmbError(f"the release manifest shipped with llmb is broken: {refused[0]}")
     given_system = read_json_file(options.system_file) if options.system_file else {}
+    retyped = system_problems(given_system)  # before anything runs: a field llmb fills keeps its type
+    if retyped:
+        raise UsageError(f"--system-file {options.system_file}: {retyped[0]}")
 
     results, given_conformance, unread = load_inputs(Path(options.results))
     results, pooled = counted_results(results, sweep_phases(Path(options.results), unread))

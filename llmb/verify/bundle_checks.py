@@ -33,6 +33,7 @@ from llmb.records import (
     RecordError,
     Result,
     Submission,
+    system_problems,
 )
 from llmb.spec.fingerprint import RELEASED_MODEL_FINGERPRINT
 from llmb.spec.redact import value_for_record
@@ -108,10 +109,9 @@ def check_system(b: Bundle) -> None:
     for key in ("submitter", "system_name"):
         if system.get(key) != sub.get(key):
             problems.append(f"{key} {system.get(key)!r} differs from submission.json's {sub.get(key)!r}")
+    problems += system_problems(system)  # the fields llmb fills keep their types; a user's own are free
     environment = system.get("environment", {})
-    if not isinstance(environment, dict):
-        problems.append("environment is not an object")
-    else:
+    if isinstance(environment, dict):
         problems += [
             f"variable {k} holds a credential-like value" for k, v in environment.items() if value_for_record(k, v) != v
         ]
