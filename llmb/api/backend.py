@@ -66,7 +66,9 @@ class Backend:
     ``device`` is a ``torch.device``; ``precision`` one of FP32, TF32, FP16, BF16; ``settings`` the backend's
     validated settings, every declared setting present, given or default: an instance of the backend's ``Settings``
     class where it declares one (``settings.compile``), else a dict. ``state``, in a method that names it, is what
-    this run's ``setup`` returned (pluggy's rule: a method gets only the arguments it names).
+    this run's ``setup`` returned (pluggy's rule: a method gets only the arguments it names). ``settings`` is typed
+    ``Any`` here so that a subclass may name its own class (``settings: AcmeSettings``) and a type checker still
+    holds the rest of its signatures to these.
     """
 
     #: The name `llmb run --plugin` takes; a plugin's backends are named after its entry point
@@ -103,7 +105,7 @@ class Backend:
 
     # Backend setup and model post-processing
 
-    def setup(self, device: torch.device, precision: str, settings: dict) -> Any:
+    def setup(self, device: torch.device, precision: str, settings: Any) -> Any:
         """Configure the framework before the model exists: backend flags, environment, vendor libraries. What it
         returns is this run's state: the later methods that name a ``state`` parameter get it (None: no state), so
         nothing of one run lives on in module globals or on the registered instance."""
@@ -114,12 +116,12 @@ class Backend:
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         precision: str,
-        settings: dict,
+        settings: Any,
     ) -> torch.nn.Module:
         """Return the post-processed model (compile, fused kernels, wrappers); never build a new model."""
         return model
 
-    def optimizer_options(self, device: torch.device, precision: str, settings: dict) -> dict:
+    def optimizer_options(self, device: torch.device, precision: str, settings: Any) -> dict:
         """AdamW implementation options only: any of foreach, fused, capturable."""
         return {}
 
@@ -187,7 +189,7 @@ class Backend:
         """Every device this backend knows a peak for, with the figure's public source (listed by `llmb plugins`)."""
         return {}
 
-    def precision_facts(self, device: torch.device, precision: str, settings: dict) -> list[PrecisionFact]:
+    def precision_facts(self, device: torch.device, precision: str, settings: Any) -> list[PrecisionFact]:
         """Facts about backend state that decide the numeric format that runs (read by the precision audit)."""
         return []
 

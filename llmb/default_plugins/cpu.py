@@ -9,6 +9,7 @@ import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -47,6 +48,9 @@ class CpuSettings(features.FeatureSettings):
 
 
 class CpuBackend(Backend):
+    """The host CPU through plain PyTorch. Public (`llmb.CpuBackend`) for plugins whose hardware also runs on the
+    host; its methods take ``settings: Any``, as `llmb.Backend`'s do, so such a subclass may name its own class."""
+
     name = "cpu"
     Settings = CpuSettings
     # What the host allocator does in this process (llmb.toolkit.host_memory), set by setup, stated in run_facts.
@@ -62,7 +66,7 @@ class CpuBackend(Backend):
     def available(self) -> bool:
         return True
 
-    def setup(self, device: torch.device, precision: str, settings: CpuSettings) -> None:
+    def setup(self, device: torch.device, precision: str, settings: Any) -> None:
         # Before the model exists: a compiler or FP8 that cannot run here is one line, not a traceback mid-run.
         features.check(settings)
         self.host_allocator = host_memory.keep_freed_memory(bool(settings.get("keep_freed_memory")))
@@ -77,14 +81,14 @@ class CpuBackend(Backend):
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         precision: str,
-        settings: CpuSettings,
+        settings: Any,
     ) -> torch.nn.Module:
         return features.apply(model, settings)
 
-    def precision_facts(self, device: torch.device, precision: str, settings: CpuSettings) -> list[PrecisionFact]:
+    def precision_facts(self, device: torch.device, precision: str, settings: Any) -> list[PrecisionFact]:
         return features.facts(settings)
 
-    def optimizer_options(self, device: torch.device, precision: str, settings: CpuSettings) -> dict:
+    def optimizer_options(self, device: torch.device, precision: str, settings: Any) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}
 
     def synchronize(self, device: torch.device) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -133,7 +134,8 @@ def nccl_version() -> str | None:
 
 
 class CudaBackend(Backend):
-    """NVIDIA GPUs through torch.cuda. The rocm plugin's backend subclasses this one (HIP is torch's "cuda")."""
+    """NVIDIA GPUs through torch.cuda. The rocm plugin's backend subclasses this one (HIP is torch's "cuda"), with
+    settings of its own: the methods take ``settings: Any``, as `llmb.Backend`'s do."""
 
     name = "cuda"
     Settings = CudaSettings
@@ -153,7 +155,7 @@ class CudaBackend(Backend):
 
     # Backend setup and model post-processing
 
-    def setup(self, device: torch.device, precision: str, settings: CudaSettings) -> None:
+    def setup(self, device: torch.device, precision: str, settings: Any) -> None:
         # The harness has set the TF32 switches for the precision; here the current device is chosen, and a compiler
         # or FP8 that cannot run here is one line before the model exists, not a traceback mid-run.
         if device.index is not None and torch.cuda.is_available():
@@ -184,11 +186,11 @@ class CudaBackend(Backend):
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         precision: str,
-        settings: CudaSettings,
+        settings: Any,
     ) -> torch.nn.Module:
         return features.apply(model, settings)
 
-    def optimizer_options(self, device: torch.device, precision: str, settings: CudaSettings) -> dict:
+    def optimizer_options(self, device: torch.device, precision: str, settings: Any) -> dict:
         return {"fused": True} if settings.get("fused_adamw") else {}
 
     # Device services
@@ -223,7 +225,7 @@ class CudaBackend(Backend):
     def peak_sources(self) -> dict[str, str]:
         return {entry.label: entry.source for entry in self.peaks}
 
-    def precision_facts(self, device: torch.device, precision: str, settings: CudaSettings) -> list[PrecisionFact]:
+    def precision_facts(self, device: torch.device, precision: str, settings: Any) -> list[PrecisionFact]:
         # None of the others lowers FP32 math by itself (inductor's GEMMs follow the TF32 switches the audit already
         # reads); they are recorded so a reader sees what else ran. Fused AdamW keeps FP32 math for FP32 parameters.
         # FP8 does (the cpu plugin's fact, so both plugins' records say it alike); the audit's dtype census finds
