@@ -3,14 +3,19 @@ benchmark's runs, and the equivalence checks' gradients and updates)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from llmb.distributed import job as distributed
 from llmb.run.options import RunOptions, resolve
 from llmb.run.runner import prepare, run
 
+if TYPE_CHECKING:
+    from llmb.records import Result
 
-def run_job(runs: list[RunOptions]) -> list[dict]:
+
+def run_job(runs: list[RunOptions]) -> list[Result]:
     """Each rank's entrypoint: the runs (one per precision) in this process's group; rank 0 returns the records."""
     try:
         return [record for record in (run(options) for options in runs) if record is not None]
@@ -18,7 +23,7 @@ def run_job(runs: list[RunOptions]) -> list[dict]:
         distributed.shutdown()
 
 
-def launch_runs(spec: distributed.LaunchSpec, runs: list[RunOptions]) -> list[dict]:
+def launch_runs(spec: distributed.LaunchSpec, runs: list[RunOptions]) -> list[Result]:
     """Launch the runs on every rank; the records come back from rank 0 (none on the other nodes)."""
     return distributed.launch(spec, run_job, runs).get(0) or []
 

@@ -239,7 +239,7 @@ def _run(
     settings: dict,
     progress: RunProgress,
     judge: WindowJudge | None = None,
-) -> Result:
+) -> Result | None:
     # Shown before the plugin's setup and post-processing run: a plugin that hangs there leaves the user a line that
     # says where the run is, not a blank terminal (the display draws on events only, never by a timer).
     progress.phase("setup", 1)
