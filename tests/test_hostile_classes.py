@@ -193,9 +193,13 @@ def test_reproduce_names_a_bundle_result_that_does_not_read(tmp_path, monkeypatc
     bad.write_text("[" * 100_000)
     monkeypatch.setattr(reproduce, "reproduce_one", lambda root, record, runs, timeout: [record] * runs)
     warned: list[str] = []
-    rows = reproduce.reproduce(bundle, warn=warned.append)
+    said: list[str] = []
+    rows = reproduce.reproduce(bundle, warn=warned.append, say=said.append)
     assert rows and all(row.passed for row in rows)
     assert len(warned) == 1 and warned[0].startswith(str(bad.relative_to(bundle))) and "nested" in warned[0]
+    # The bundle no longer verifies (its manifest's hash of that file, the file's schema): said before any run.
+    assert said[0].startswith("this bundle does not verify (") and "it does not make it valid" in said[0], said[0]
+    assert all(line.startswith("reproducing ") for line in said[1:])
 
 
 # Outputs: nothing llmb did not write is replaced; a name from a record or a bundle is never a path.

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import tomllib
 
+from llmb import verify
 from llmb.api.errors import LlmbError, UsageError, describe
 from llmb.bundle import reader as bundle_io
 from llmb.records import Result, group_runs, headline
@@ -166,6 +167,16 @@ def reproduce(
     except bundle_io.Refused as exc:
         raise LlmbError(f"bundle refused: {exc}") from None
     try:
+        # A reproduction measures the bundle's configuration here; it does not make a bundle that fails its checks
+        # valid. So where it does not verify (read only: no code of it runs, about a second), the reviewer is told
+        # first, and `llmb verify` names each failing check.
+        failing = [row.check for row in verify.verify_folder(root, accept_debug=True) if not row.passed]
+        if failing and say is not None:
+            say(
+                f"this bundle does not verify ({len(failing)} checks fail: {', '.join(failing[:3])}"
+                f"{', ...' if len(failing) > 3 else ''}); a reproduction measures its configuration here, it does not "
+                f"make it valid (llmb verify {path} names each failure)"
+            )
         results = []
         for file in record_files.under(root / "results", "*.json") if (root / "results").is_dir() else []:
             try:
