@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
-from llmb.records.codec import SUBMISSION_SCHEMA, Record, RecordError, Typed, _join, _kind
+from llmb.records.codec import SUBMISSION_SCHEMA, Record, RecordError, Typed, _join, _parse
 
 DIVISIONS = ("closed", "open")  # closed: llmb as released; open: llmb's own files changed (llmb_changes)
 
@@ -70,39 +70,39 @@ class Submission(Record):
             raise RecordError(f"{_join(path, 'created')}: {self.created[:40]!r} is no ISO 8601 time") from None
 
 
-# system.json's fields that llmb fills (llmb.run.sysinfo.collect, then the packager), with the JSON type each holds;
-# counts are integers of 0 or more (host_processor_threads null where the OS does not say).
-SYSTEM_FIELDS: dict[str, tuple[type, ...]] = {
+# system.json's fields that llmb fills (llmb.run.sysinfo.collect, then the packager), with the type each holds, read
+# as every record's fields are (codec._parse); counts are integers of 0 or more (host_processor_threads null where
+# the OS does not say).
+SYSTEM_FIELDS: dict[str, Any] = {
     **dict.fromkeys(
-        ("number_of_nodes", "host_processors_per_node", "host_processor_core_count", "accelerators_per_node"), (int,)
+        ("number_of_nodes", "host_processors_per_node", "host_processor_core_count", "accelerators_per_node"), int
     ),
-    "host_processor_threads": (int, type(None)),
+    "host_processor_threads": int | None,
     **dict.fromkeys(
         (
             "host_processor_model_name", "host_memory_capacity", "accelerator_model_name", "accelerator_type",
             "accelerator_memory_capacity", "accelerator_interconnect", "framework", "operating_system", "python",
             "llmb_version", "status", "cooling", "hw_notes", "submitter", "system_name", "division",
         ),
-        (str,),
+        str,
     ),
-    **dict.fromkeys(("devices", "plugins", "fields_to_complete"), (list,)),
-    **dict.fromkeys(("runtime_versions", "software_versions", "environment"), (dict,)),
+    **dict.fromkeys(("devices", "plugins", "fields_to_complete"), list[Any]),
+    **dict.fromkeys(("runtime_versions", "software_versions", "environment"), dict[str, Any]),
 }  # fmt: skip
-_JSON_TYPE = {int: "an integer", type(None): "null", str: "a string", list: "a list", dict: "an object"}
 
 
 def system_problems(system: dict[str, Any]) -> list[str]:
     """What in a system description (system.json, or the --system-file merged over it) gives one of the fields llmb
     fills a value of another type, or a negative count; one line each, the field named. Other fields are free."""
     problems = []
-    for name, types in SYSTEM_FIELDS.items():
+    for name, hint in SYSTEM_FIELDS.items():
         if name not in system:
             continue
-        value = system[name]
-        wrong = isinstance(value, bool) or not isinstance(value, types)  # JSON's true is no count
-        if wrong:
-            wanted = " or ".join(_JSON_TYPE[t] for t in types)
-            problems.append(f"{name}: expected {wanted}, got {_kind(value)}")
-        elif isinstance(value, int) and value < 0:
+        try:
+            value = _parse(system[name], hint, name)
+        except RecordError as exc:
+            problems.append(str(exc))
+            continue
+        if isinstance(value, int) and value < 0:
             problems.append(f"{name}: {value} (0 or more)")
     return problems

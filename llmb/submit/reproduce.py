@@ -168,8 +168,8 @@ def reproduce(
         raise LlmbError(f"bundle refused: {exc}") from None
     try:
         # A reproduction measures the bundle's configuration here; it does not make a bundle that fails its checks
-        # valid. So where it does not verify (read only: no code of it runs, about a second), the reviewer is told
-        # first, and `llmb verify` names each failing check.
+        # valid. So where it does not verify (read only, no code of it runs; 0.05 s on the reference bundle), the
+        # reviewer is told first, and `llmb verify` names each failing check.
         failing = [row.check for row in verify.verify_folder(root, accept_debug=True) if not row.passed]
         if failing and say is not None:
             say(
